@@ -1,0 +1,185 @@
+"""The metric catalogue: every name the project emits, with unit, source and attributes.
+
+One list that code, docs/metrics.md (generated: ``python -m collectors.catalogue``) and the
+Grafana generator read, so a name is spelled once. OpenTelemetry semantic conventions are used
+where one exists (``hw.gpu.*``, ``hw.*``, ``gen_ai.*``); everything else is ``seedance.*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectors._points import MetricKind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricSpec:
+    """One catalogue entry (unit in UCUM, as OpenTelemetry writes it)."""
+
+    name: str
+    unit: str
+    kind: MetricKind
+    source: str
+    description: str
+    attributes: tuple[str, ...] = ()
+
+
+G, S, H = MetricKind.GAUGE, MetricKind.SUM, MetricKind.HISTOGRAM
+_GPU = ("hw.id", "hw.name", "gpu.index", "gpu.pci_address", "host.name")
+_JOB = ("service.name", "host.name", "seedance.rank", "seedance.config.version")
+
+GPU_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(name="hw.gpu.up", unit="1", kind=G, source="nvml", attributes=_GPU,
+               description="1 while the GPU answers NVML, 0 once it is lost"),
+    MetricSpec(name="hw.gpu.utilization", unit="1", kind=G, source="nvml",
+               attributes=_GPU + ("hw.gpu.task",),
+               description="Fraction of time a kernel ran (nvmlDeviceGetUtilizationRates.gpu)"),
+    MetricSpec(name="hw.gpu.memory.utilization", unit="1", kind=G, source="nvml",
+               attributes=_GPU,
+               description="Fraction of time device memory was read or written "
+               "(nvmlDeviceGetUtilizationRates.memory)"),
+    MetricSpec(name="hw.gpu.memory.usage", unit="By", kind=G, source="nvml", attributes=_GPU,
+               description="Device memory in use"),
+    MetricSpec(name="hw.gpu.memory.limit", unit="By", kind=G, source="nvml", attributes=_GPU,
+               description="Device memory in total"),
+    MetricSpec(name="hw.gpu.io", unit="By/s", kind=G, source="nvml",
+               attributes=_GPU + ("network.io.direction",),
+               description="PCIe throughput, direction transmit|receive "
+               "(nvmlDeviceGetPcieThroughput)"),
+    MetricSpec(name="seedance.gpu.pcie.link.generation", unit="1", kind=G, source="nvml",
+               attributes=_GPU + ("state",),
+               description="PCIe link generation, state current|max"),
+    MetricSpec(name="seedance.gpu.pcie.link.width", unit="{lane}", kind=G, source="nvml",
+               attributes=_GPU + ("state",),
+               description="PCIe link width in lanes, state current|max"),
+    MetricSpec(name="seedance.gpu.pcie.link.peak_bandwidth", unit="By/s", kind=G,
+               source="nvml (derived)", attributes=_GPU,
+               description="Peak one-direction PCIe bandwidth of the current link "
+               "(generation x width)"),
+    MetricSpec(name="seedance.gpu.nvlink.throughput", unit="By/s", kind=G, source="nvml",
+               attributes=_GPU + ("network.io.direction",),
+               description="NVLink throughput summed over links, where supported"),
+    MetricSpec(name="hw.power", unit="W", kind=G, source="nvml", attributes=_GPU,
+               description="Board power draw"),
+    MetricSpec(name="seedance.gpu.power.limit", unit="W", kind=G, source="nvml",
+               attributes=_GPU, description="Enforced power limit"),
+    MetricSpec(name="seedance.gpu.clock", unit="MHz", kind=G, source="nvml",
+               attributes=_GPU + ("clock",),
+               description="Current clock, clock sm|memory|graphics"),
+    MetricSpec(name="seedance.gpu.clock.max", unit="MHz", kind=G, source="nvml",
+               attributes=_GPU + ("clock",), description="Maximum clock, clock sm|memory"),
+    MetricSpec(name="seedance.gpu.memory.bus_width", unit="bit", kind=G, source="nvml",
+               attributes=_GPU, description="Memory bus width"),
+    MetricSpec(name="seedance.gpu.memory.peak_bandwidth", unit="By/s", kind=G,
+               source="nvml (derived)", attributes=_GPU,
+               description="Peak memory bandwidth: bus width x max memory clock x 2 (DDR)"),
+    MetricSpec(name="hw.temperature", unit="Cel", kind=G, source="nvml", attributes=_GPU,
+               description="GPU die temperature"),
+    MetricSpec(name="seedance.gpu.throttle_reasons", unit="1", kind=G, source="nvml",
+               attributes=_GPU + ("reason",),
+               description="1 while the named clock-throttle reason is active"),
+    MetricSpec(name="hw.errors", unit="{error}", kind=S, source="nvml",
+               attributes=_GPU + ("error.type",),
+               description="ECC errors (error.type ecc_corrected|ecc_uncorrected) and XID events "
+               "(error.type xid)"),
+    MetricSpec(name="seedance.gpu.info", unit="1", kind=G, source="nvml",
+               attributes=_GPU + ("hw.gpu.uuid", "numa.node"),
+               description="Always 1; carries the GPU's identity as attributes"),
+)
+
+TRAINING_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(name="seedance.train.step.duration", unit="s", kind=H, source="torch client",
+               attributes=_JOB, description="Wall time of one optimizer step"),
+    MetricSpec(name="seedance.train.data_wait.duration", unit="s", kind=H,
+               source="torch client", attributes=_JOB,
+               description="Time the step waited for its next batch"),
+    MetricSpec(name="seedance.train.tokens_per_second", unit="{token}/s", kind=G,
+               source="torch client", attributes=_JOB, description="Tokens per second"),
+    MetricSpec(name="seedance.train.samples_per_second", unit="{sample}/s", kind=G,
+               source="torch client", attributes=_JOB, description="Samples per second"),
+    MetricSpec(name="seedance.train.loss", unit="1", kind=G, source="torch client",
+               attributes=_JOB, description="Training loss of the last step"),
+    MetricSpec(name="seedance.train.step", unit="{step}", kind=G, source="torch client",
+               attributes=_JOB, description="Index of the last completed step"),
+    MetricSpec(name="seedance.train.grad.norm", unit="1", kind=G, source="torch client",
+               attributes=_JOB, description="Global L2 norm of the gradients (unscaled)"),
+    MetricSpec(name="seedance.train.grad.group_norm", unit="1", kind=G, source="torch client",
+               attributes=_JOB + ("seedance.module_group",),
+               description="L2 norm of one module group's gradients"),
+    MetricSpec(name="seedance.train.grad.nonfinite", unit="{element}", kind=G,
+               source="torch client", attributes=_JOB + ("seedance.module_group",),
+               description="Gradient elements that are NaN or infinite"),
+    MetricSpec(name="seedance.train.grad.zero_fraction", unit="1", kind=G,
+               source="torch client", attributes=_JOB + ("seedance.module_group",),
+               description="Fraction of gradient elements that are exactly zero"),
+    MetricSpec(name="seedance.train.grad_scaler.scale", unit="1", kind=G,
+               source="torch client", attributes=_JOB, description="GradScaler loss scale"),
+    MetricSpec(name="seedance.train.learning_rate", unit="1", kind=G, source="torch client",
+               attributes=_JOB, description="Learning rate of the first param group"),
+)
+
+COLLECTIVE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(name="seedance.comm.allreduce.duration", unit="s", kind=H,
+               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
+               description="Latency of one bucket's all-reduce"),
+    MetricSpec(name="seedance.comm.allreduce.bytes", unit="By", kind=S, source="DDP comm hook",
+               attributes=_JOB + ("seedance.comm.backend",),
+               description="Bytes all-reduced (bucket buffer size)"),
+    MetricSpec(name="seedance.comm.allreduce.calls", unit="{call}", kind=S,
+               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
+               description="All-reduce calls (one per bucket per step)"),
+    MetricSpec(name="seedance.comm.allreduce.algbw", unit="By/s", kind=G,
+               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
+               description="Algorithm bandwidth: bytes / latency"),
+    MetricSpec(name="seedance.comm.allreduce.busbw", unit="By/s", kind=G,
+               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
+               description="Bus bandwidth (nccl-tests): algbw x 2(n-1)/n"),
+    MetricSpec(name="seedance.comm.step_bytes", unit="By", kind=G, source="DDP comm hook",
+               attributes=_JOB, description="Bytes all-reduced in the last step"),
+)
+
+SERVING_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(name="gen_ai.server.time_to_first_token", unit="s", kind=H,
+               source="serving client", attributes=_JOB,
+               description="Time to first token"),
+    MetricSpec(name="gen_ai.server.time_per_output_token", unit="s", kind=H,
+               source="serving client", attributes=_JOB,
+               description="Time per output token after the first"),
+    MetricSpec(name="gen_ai.server.request.duration", unit="s", kind=H,
+               source="serving client", attributes=_JOB, description="End-to-end latency"),
+    MetricSpec(name="seedance.serve.tokens_per_second", unit="{token}/s", kind=G,
+               source="serving client", attributes=_JOB, description="Generated tokens per second"),
+    MetricSpec(name="seedance.serve.batch_size", unit="{request}", kind=G,
+               source="serving client", attributes=_JOB, description="Requests in the decode batch"),
+    MetricSpec(name="seedance.serve.queue_depth", unit="{request}", kind=G,
+               source="serving client", attributes=_JOB, description="Requests waiting"),
+    MetricSpec(name="seedance.serve.kv_cache.bytes", unit="By", kind=G,
+               source="serving client", attributes=_JOB,
+               description="Bytes the KV cache holds (measured from its tensors)"),
+    MetricSpec(name="seedance.serve.kv_cache.bits", unit="bit", kind=G,
+               source="serving client", attributes=_JOB + ("seedance.kv.part",),
+               description="KV-cache bit-width in force (16 = unquantised)"),
+    MetricSpec(name="seedance.serve.kv_cache.usage", unit="1", kind=G,
+               source="serving client / vllm", attributes=_JOB,
+               description="Fraction of the KV cache in use"),
+    MetricSpec(name="seedance.serve.kv.quantize.duration", unit="s", kind=H,
+               source="serving client", attributes=_JOB, description="Time spent quantising"),
+    MetricSpec(name="seedance.serve.kv.dequantize.duration", unit="s", kind=H,
+               source="serving client", attributes=_JOB, description="Time spent dequantising"),
+    MetricSpec(name="seedance.serve.prefix_cache.hits", unit="{request}", kind=S,
+               source="serving client / vllm", attributes=_JOB, description="Prefix-cache hits"),
+    MetricSpec(name="seedance.serve.prefix_cache.queries", unit="{request}", kind=S,
+               source="serving client / vllm", attributes=_JOB,
+               description="Prefix-cache look-ups"),
+    MetricSpec(name="seedance.serve.prefix_cache.misses", unit="{request}", kind=S,
+               source="serving client", attributes=_JOB, description="Prefix-cache misses"),
+    MetricSpec(name="seedance.serve.prefix_cache.evictions", unit="{entry}", kind=S,
+               source="serving client", attributes=_JOB, description="Prefix-cache evictions"),
+    MetricSpec(name="seedance.serve.preemptions", unit="{request}", kind=S, source="vllm",
+               attributes=_JOB, description="Requests preempted"),
+)
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    GPU_METRICS + TRAINING_METRICS + COLLECTIVE_METRICS + SERVING_METRICS
+)
+BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

@@ -1,0 +1,1 @@
+"""Showing it: weekly report, Grafana dashboards, approval pages."""

@@ -1,0 +1,1 @@
+"""Deciding what is wrong: cost models, detectors and the engine that runs them."""
