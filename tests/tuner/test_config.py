@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner._config import ConfigError, load_config
+from tuner._timeparse import TimeParseError, parse_duration_s, parse_instant_ns
+
+
+def test_defaults_listen_on_loopback_otlp_port() -> None:
+    config = load_config(environ={})
+    assert (config.host, config.port) == ("127.0.0.1", 4318)
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "seedance.toml"
+    path.write_text('[sidecar]\njob = "llm"\nlisten = "127.0.0.1:5000"\nprometheus_port = 9400\n')
+    config = load_config(path, environ={"SEEDANCE_LISTEN": "127.0.0.1:6000"},
+                         overrides={"prometheus_port": 9500, "store": None})
+    assert config.job == "llm"
+    assert config.port == 6000
+    assert config.prometheus_port == 9500
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('listen = "nohost"', "listen"),
+        ("prometheus_port = 70000", "prometheus_port"),
+        ('nvml = "sometimes"', "nvml"),
+        ("unknown_knob = 1", "unknown_knob"),
+        ("[[sidecar.scrape]]\nkind = 'dcgm'", "scrape.0.url"),
+    ],
+)
+def test_bad_field_is_named_in_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text if text.startswith("[[") else f"[sidecar]\n{text}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(path) in message and expected in message
+
+
+def test_missing_and_unparsable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.toml", environ={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[sidecar\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken, environ={})
+
+
+def test_durations_and_instants() -> None:
+    assert parse_duration_s("10m") == 600
+    assert parse_instant_ns("1h", now_ns=7_200_000_000_000) == 3_600_000_000_000
+    assert parse_instant_ns("1970-01-01T00:00:01") == 1_000_000_000
+    with pytest.raises(TimeParseError):
+        parse_instant_ns("yesterday")

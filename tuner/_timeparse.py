@@ -1,0 +1,39 @@
+"""Parse the times users type: `10m`, `2h`, `7d`, or an ISO-8601 instant."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, timezone
+
+from collectors._errors import SeedanceError
+
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+
+
+class TimeParseError(SeedanceError):
+    """A time or duration the user typed could not be read."""
+
+
+def parse_duration_s(text: str) -> float:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise TimeParseError(f"{text!r} is not a duration like 30s, 10m, 2h, 7d")
+    return float(match.group(1)) * _UNITS_S[match.group(2)]
+
+
+def parse_instant_ns(text: str, *, now_ns: int | None = None) -> int:
+    """A duration means that long before now; anything else must be ISO-8601 (UTC if naive)."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    if _DURATION.match(text.strip()):
+        return now_ns - int(parse_duration_s(text) * 1e9)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise TimeParseError(
+            f"{text!r} is neither a duration (10m) nor an ISO time (2026-11-30T12:00)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1e9)
