@@ -1,0 +1,173 @@
+"""`seedancectl`: the operator's command line.
+
+Every user mistake ends in one red line and exit code 2, never a traceback: commands raise
+SeedanceError subclasses and `main()` turns them into that line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from collectors._errors import SeedanceError
+from tuner._config import load_config
+from tuner._timeparse import parse_instant_ns
+
+app = typer.Typer(
+    name="seedancectl",
+    help="Attach to a live PyTorch job, find what holds it back, and tune it safely.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+metrics_app = typer.Typer(help="Look at what the time-series store holds.", no_args_is_help=True)
+config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
+app.add_typer(metrics_app, name="metrics")
+app.add_typer(config_app, name="config")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML configuration file.")
+]
+StoreOption = Annotated[
+    Path, typer.Option("--store", help="Time-series store file.")
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+class UsageError(SeedanceError):
+    """A command was given input it cannot use."""
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@app.command()
+def sidecar(
+    config: ConfigOption = None,
+    job: Annotated[str | None, typer.Option(help="Job name (service.name).")] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT for the API and OTLP receiver.")
+    ] = None,
+    store: Annotated[Path | None, typer.Option(help="Time-series store file.")] = None,
+    upstream: Annotated[
+        str | None, typer.Option("--upstream", help="Upstream OTLP/HTTP endpoint to forward to.")
+    ] = None,
+    prometheus_port: Annotated[
+        int | None, typer.Option(help="Also serve /metrics on 127.0.0.1:PORT.")
+    ] = None,
+    nvml: Annotated[
+        str | None, typer.Option(help="auto | off | replay:TRACE (replayed data is labelled).")
+    ] = None,
+) -> None:
+    """Run the agent: OTLP receiver, NVML sampler, store, API on loopback."""
+    settings = load_config(config, overrides={
+        "job": job, "listen": listen, "store": store, "upstream_otlp_endpoint": upstream,
+        "prometheus_port": prometheus_port, "nvml": nvml,
+    })
+    from tuner._sidecar import run_sidecar
+
+    err.print(f"[bold]seedance sidecar[/] job={settings.job} listening on "
+              f"http://{settings.listen} store={settings.store}")
+    run_sidecar(settings)
+
+
+@config_app.command("check")
+def config_check(path: Annotated[Path, typer.Argument(help="TOML file to check.")]) -> None:
+    """Validate a configuration file and print the effective settings."""
+    settings = load_config(path)
+    out.print(f"[green]ok[/] {path}")
+    print_json(settings.model_dump(mode="json"))
+
+
+def _open_store(path: Path) -> Any:
+    from collectors._store import TimeSeriesStore
+
+    if not path.exists():
+        raise UsageError(f"{path}: no store here (start `seedancectl sidecar --store {path}`)")
+    return TimeSeriesStore(path, readonly=True)
+
+
+@metrics_app.command("list")
+def metrics_list(
+    store: StoreOption = Path("seedance-data/metrics.db"), json_out: JsonFlag = False
+) -> None:
+    """Every metric name in the store, with its series and point counts."""
+    with _open_store(store) as ts:
+        frame = ts.metrics()
+    if json_out:
+        print_json(frame.to_dict(orient="records"))
+        return
+    table = Table("name", "series", "points", "first", "last")
+    for row in frame.itertuples(index=False):
+        table.add_row(str(row.name), str(row.series), str(row.points),
+                      str(row.first), str(row.last))
+    out.print(table)
+
+
+def _parse_where(items: list[str]) -> dict[str, str]:
+    where = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--where {item!r}: expected KEY=VALUE")
+        where[key] = value
+    return where
+
+
+@metrics_app.command("query")
+def metrics_query(
+    name: Annotated[str, typer.Argument(help="Metric name, e.g. seedance.train.loss.")],
+    since: Annotated[str, typer.Option(help="Start: a duration ago (10m) or ISO time.")] = "1h",
+    until: Annotated[str | None, typer.Option(help="End: duration ago or ISO time.")] = None,
+    where: Annotated[
+        list[str] | None, typer.Option(help="Attribute filter KEY=VALUE (repeatable).")
+    ] = None,
+    resolution: Annotated[str, typer.Option(help="auto | raw | 1m | 1h")] = "auto",
+    limit: Annotated[int, typer.Option(help="Rows to print in the table view.")] = 20,
+    store: StoreOption = Path("seedance-data/metrics.db"),
+    json_out: JsonFlag = False,
+) -> None:
+    """Points of one metric, filtered by attributes and time range."""
+    if resolution not in ("auto", "raw", "1m", "1h"):
+        raise UsageError(f"--resolution {resolution!r}: expected auto, raw, 1m or 1h")
+    filters = _parse_where(where or [])
+    since_ns = parse_instant_ns(since)
+    until_ns = parse_instant_ns(until) if until else None
+    with _open_store(store) as ts:
+        frame = ts.query(name, where=filters, since_ns=since_ns,
+                         until_ns=until_ns, resolution=resolution)
+    if json_out:
+        records = frame.assign(time=frame["time"].astype(str)).to_dict(orient="records")
+        print_json({"name": name, "points": records})
+        return
+    if frame.empty:
+        out.print(f"no points for {name} in that range")
+        return
+    table = Table(*[str(c) for c in frame.columns])
+    for row in frame.tail(limit).itertuples(index=False):
+        table.add_row(*[str(v) for v in row])
+    out.print(table)
+    out.print(f"{len(frame)} points")
+
+
+def main() -> None:
+    """Entry point: one line and exit 2 for a user mistake (click handles usage errors)."""
+    try:
+        app()
+    except SeedanceError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
