@@ -1,0 +1,281 @@
+"""OTLP metrics -> Points: the wire formats (protobuf, JSON) and the conversion rules.
+
+Kept apart from the HTTP receiver so anything holding an ``ExportMetricsServiceRequest`` (a test,
+a replay, a gRPC endpoint later) turns it into the same Points. This sits on the hot path: work
+per data point is building its attributes and its Point, nothing else.
+
+Conversion (one OTLP data point -> Points named after the metric):
+
+- gauge, sum: one Point (``as_double`` or ``as_int``); delta sums are kept as given and the
+  temporality is recorded in :class:`MetricInfo`.
+- histogram: ``NAME.count``, ``NAME.sum`` (when set) and ``NAME.bucket`` per bucket, counts
+  cumulative, attribute ``le`` = upper bound formatted as Prometheus does, ``+Inf`` last.
+- exponential histogram: the same three series; bucket bounds are ``base ** (index + 1)`` with
+  ``base = 2 ** 2 ** -scale`` (negative buckets ``-base ** index``), the zero bucket's bound is
+  the zero threshold, and ``+Inf`` closes the list.
+- summary: ``NAME.count``, ``NAME.sum`` and ``NAME`` with attribute ``quantile``.
+- data points flagged ``NO_RECORDED_VALUE`` (staleness markers) give no Points.
+
+Attributes: the data point's own, plus the resource attributes in :data:`RESOURCE_ATTRS` where
+present (the data point wins on a clash). Scope attributes are dropped. Every AnyValue becomes a
+str: strings as is, bools ``true``/``false``, ints in decimal, doubles as ``repr``, bytes as hex,
+arrays and key-value lists as compact JSON of those renderings, an empty value as ``""``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from prometheus_client.utils import floatToGoString
+
+from collectors._errors import SeedanceError
+from collectors._points import MetricKind, Point
+
+RESOURCE_ATTRS: tuple[str, ...] = (
+    "service.name",
+    "service.instance.id",
+    "host.name",
+    "seedance.rank",
+    "seedance.job.kind",
+)
+"""Resource attributes copied onto every Point of that resource; others are dropped."""
+
+_NO_RECORDED_VALUE = metrics_pb2.DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
+
+
+class OtlpDecodeError(SeedanceError):
+    """The body is not a valid OTLP ExportMetricsServiceRequest; the message says why."""
+
+
+class Temporality(str, enum.Enum):  # noqa: UP042 (StrEnum needs 3.11; we support 3.10)
+    """OTLP AggregationTemporality of a sum or histogram (gauges and summaries: unspecified)."""
+
+    UNSPECIFIED = "unspecified"
+    DELTA = "delta"
+    CUMULATIVE = "cumulative"
+
+
+_TEMPORALITY = {
+    metrics_pb2.AGGREGATION_TEMPORALITY_UNSPECIFIED: Temporality.UNSPECIFIED,
+    metrics_pb2.AGGREGATION_TEMPORALITY_DELTA: Temporality.DELTA,
+    metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE: Temporality.CUMULATIVE,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricInfo:
+    """What the sender said about one metric name.
+
+    ``kind`` is HISTOGRAM for histograms, exponential histograms and summaries (all arrive as
+    several series); ``otlp_type`` keeps the exact OTLP data type.
+    """
+
+    name: str
+    kind: MetricKind
+    otlp_type: str  # gauge | sum | histogram | exponential_histogram | summary
+    unit: str
+    description: str
+    monotonic: bool
+    temporality: Temporality
+
+
+@dataclass(slots=True)
+class DecodedMetrics:
+    """The Points of one request and the metadata of every metric name they came from.
+
+    Points of one data point may share one attributes dict: treat attributes as read-only.
+    """
+
+    points: list[Point] = field(default_factory=list)
+    metrics: dict[str, MetricInfo] = field(default_factory=dict)
+
+
+def decode_protobuf(body: bytes) -> ExportMetricsServiceRequest:
+    """Parse a binary protobuf request; raise OtlpDecodeError on malformed or truncated input."""
+    request = ExportMetricsServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except (DecodeError, RecursionError) as e:
+        raise OtlpDecodeError(f"malformed protobuf ExportMetricsServiceRequest: {e}") from e
+    return request
+
+
+def decode_json(body: bytes) -> ExportMetricsServiceRequest:
+    """Parse an OTLP/JSON request (lowerCamelCase or proto field names, int64 as string or
+    number, enums as integers, unknown fields ignored); raise OtlpDecodeError on bad input.
+
+    Exemplar trace and span ids arrive hex-encoded in OTLP/JSON but are read as base64 here;
+    exemplars are not converted to Points, so nothing downstream sees them.
+    """
+    request = ExportMetricsServiceRequest()
+    try:
+        json_format.Parse(body, request, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, RecursionError) as e:
+        raise OtlpDecodeError(f"malformed OTLP/JSON ExportMetricsServiceRequest: {e}") from e
+    return request
+
+
+def _any_to_py(value: AnyValue) -> object:
+    which = value.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [_any_to_py(v) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: _any_to_py(kv.value) for kv in value.kvlist_value.values}
+    if which == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, which)
+
+
+def render_value(value: AnyValue) -> str:
+    """Render any AnyValue as the str a Point attribute holds (rules in the module docstring)."""
+    which = value.WhichOneof("value")
+    if which == "string_value":
+        return value.string_value
+    if which == "bool_value":
+        return "true" if value.bool_value else "false"
+    if which == "int_value":
+        return str(value.int_value)
+    if which == "double_value":
+        return repr(value.double_value)
+    if which == "bytes_value":
+        return value.bytes_value.hex()
+    if which is None:
+        return ""
+    return json.dumps(_any_to_py(value), separators=(",", ":"))
+
+
+def _attributes(base: dict[str, str], key_values: object) -> dict[str, str]:
+    attrs = dict(base)
+    for kv in key_values:  # type: ignore[attr-defined]
+        value = kv.value
+        # Strings are nearly all attributes: read them without the generic dispatch.
+        attrs[kv.key] = (
+            value.string_value
+            if value.WhichOneof("value") == "string_value"
+            else render_value(value)
+        )
+    return attrs
+
+
+def _pow2(exponent: float) -> float:
+    try:
+        return 2.0**exponent
+    except OverflowError:
+        return math.inf
+
+
+def _exponential_buckets(dp: metrics_pb2.ExponentialHistogramDataPoint) -> list[tuple[str, int]]:
+    """Cumulative (le, count) pairs of an exponential histogram data point, +Inf last."""
+    step = _pow2(-dp.scale)  # log2 of the bucket base
+    buckets: list[tuple[str, int]] = []
+    total = 0
+    negative = dp.negative
+    # Negative bucket i holds [-base**(i+1), -base**i): walk from the most negative upwards.
+    for i in range(len(negative.bucket_counts) - 1, -1, -1):
+        total += negative.bucket_counts[i]
+        buckets.append((floatToGoString(-_pow2((negative.offset + i) * step)), total))
+    total += dp.zero_count
+    buckets.append((floatToGoString(dp.zero_threshold), total))
+    positive = dp.positive
+    for i, count in enumerate(positive.bucket_counts):
+        total += count
+        buckets.append((floatToGoString(_pow2((positive.offset + i + 1) * step)), total))
+    buckets.append(("+Inf", dp.count))
+    return buckets
+
+
+def _histogram_points(
+    out: list[Point], name: str, dp: metrics_pb2.HistogramDataPoint, attrs: dict[str, str]
+) -> None:
+    t = dp.time_unix_nano
+    out.append(Point(name + ".count", float(dp.count), t, attrs))
+    if dp.HasField("sum"):
+        out.append(Point(name + ".sum", dp.sum, t, attrs))
+    if not dp.bucket_counts:
+        return
+    bucket = name + ".bucket"
+    total = 0
+    for bound, count in zip(dp.explicit_bounds, dp.bucket_counts, strict=False):
+        total += count
+        out.append(Point(bucket, float(total), t, {**attrs, "le": floatToGoString(bound)}))
+    out.append(Point(bucket, float(dp.count), t, {**attrs, "le": "+Inf"}))
+
+
+def points_from_request(request: ExportMetricsServiceRequest) -> DecodedMetrics:
+    """Convert every data point of ``request`` to Points (rules in the module docstring)."""
+    decoded = DecodedMetrics()
+    out = decoded.points
+    metrics = decoded.metrics
+    for resource_metrics in request.resource_metrics:
+        resource: dict[str, str] = {}
+        for kv in resource_metrics.resource.attributes:
+            if kv.key in RESOURCE_ATTRS:
+                resource[kv.key] = render_value(kv.value)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                name = metric.name
+                which = metric.WhichOneof("data")
+                if which is None:
+                    continue
+                data = getattr(metric, which)
+                if which == "gauge":
+                    kind, monotonic, temporality = MetricKind.GAUGE, False, Temporality.UNSPECIFIED
+                elif which == "summary":
+                    kind, monotonic = MetricKind.HISTOGRAM, True
+                    temporality = Temporality.CUMULATIVE
+                else:
+                    temporality = _TEMPORALITY.get(
+                        data.aggregation_temporality, Temporality.UNSPECIFIED
+                    )
+                    if which == "sum":
+                        kind, monotonic = MetricKind.SUM, data.is_monotonic
+                    else:
+                        kind, monotonic = MetricKind.HISTOGRAM, True
+                metrics[name] = MetricInfo(
+                    name=name, kind=kind, otlp_type=which, unit=metric.unit,
+                    description=metric.description, monotonic=monotonic,
+                    temporality=temporality,
+                )
+                _convert(out, name, which, data, resource)
+    return decoded
+
+
+def _convert(out: list[Point], name: str, which: str, data: object, resource: dict[str, str]
+             ) -> None:
+    """Append the Points of one metric's data points to ``out``."""
+    for dp in data.data_points:  # type: ignore[attr-defined]
+        if dp.flags & _NO_RECORDED_VALUE:
+            continue
+        attrs = _attributes(resource, dp.attributes)
+        t = dp.time_unix_nano
+        if which == "gauge" or which == "sum":
+            value = dp.as_double if dp.WhichOneof("value") == "as_double" else float(dp.as_int)
+            out.append(Point(name, value, t, attrs))
+        elif which == "histogram":
+            _histogram_points(out, name, dp, attrs)
+        elif which == "exponential_histogram":
+            out.append(Point(name + ".count", float(dp.count), t, attrs))
+            if dp.HasField("sum"):
+                out.append(Point(name + ".sum", dp.sum, t, attrs))
+            bucket = name + ".bucket"
+            for le, total in _exponential_buckets(dp):
+                out.append(Point(bucket, float(total), t, {**attrs, "le": le}))
+        else:  # summary
+            out.append(Point(name + ".count", float(dp.count), t, attrs))
+            out.append(Point(name + ".sum", dp.sum, t, attrs))
+            for q in dp.quantile_values:
+                out.append(
+                    Point(name, q.value, t, {**attrs, "quantile": floatToGoString(q.quantile)})
+                )
