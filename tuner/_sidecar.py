@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import uvicorn
+from collectors._otlp_receiver import Forwarder, otlp_router
+from collectors._prometheus import LatestValueCollector, serve_metrics
+from collectors._store import TimeSeriesStore
 from fastapi import FastAPI, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collectors._otlp_decode import DecodedMetrics
-from collectors._otlp_receiver import Forwarder, otlp_router
 from collectors._otel import TelemetryConfig, setup_telemetry
-from collectors._prometheus import LatestValueCollector, serve_metrics
-from collectors._store import TimeSeriesStore
+from collectors._otlp_decode import DecodedMetrics
 from tuner._config import SidecarConfig
 from tuner._sources import build_gpu_sampler, build_scrapers
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from collectors._errors import SeedanceError
 
@@ -35,5 +35,5 @@ def parse_instant_ns(text: str, *, now_ns: int | None = None) -> int:
             f"{text!r} is neither a duration (10m) nor an ISO time (2026-11-30T12:00)"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1e9)

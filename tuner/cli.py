@@ -31,7 +31,7 @@ config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True
 app.add_typer(metrics_app, name="metrics")
 app.add_typer(config_app, name="config")
 
-out = Console()
+stdout = Console()
 err = Console(stderr=True)
 
 ConfigOption = Annotated[
@@ -85,7 +85,7 @@ def sidecar(
 def config_check(path: Annotated[Path, typer.Argument(help="TOML file to check.")]) -> None:
     """Validate a configuration file and print the effective settings."""
     settings = load_config(path)
-    out.print(f"[green]ok[/] {path}")
+    stdout.print(f"[green]ok[/] {path}")
     print_json(settings.model_dump(mode="json"))
 
 
@@ -111,7 +111,7 @@ def metrics_list(
     for row in frame.itertuples(index=False):
         table.add_row(str(row.name), str(row.series), str(row.points),
                       str(row.first), str(row.last))
-    out.print(table)
+    stdout.print(table)
 
 
 def _parse_where(items: list[str]) -> dict[str, str]:
@@ -151,13 +151,56 @@ def metrics_query(
         print_json({"name": name, "points": records})
         return
     if frame.empty:
-        out.print(f"no points for {name} in that range")
+        stdout.print(f"no points for {name} in that range")
         return
     table = Table(*[str(c) for c in frame.columns])
     for row in frame.tail(limit).itertuples(index=False):
         table.add_row(*[str(v) for v in row])
-    out.print(table)
-    out.print(f"{len(frame)} points")
+    stdout.print(table)
+    stdout.print(f"{len(frame)} points")
+
+
+@app.command()
+def demo(
+    minutes: Annotated[float, typer.Option(help="How long the training job runs.")] = 3.0,
+    out: Annotated[Path, typer.Option(help="Folder for summary.json, store and logs.")] = Path(
+        "seedance-demo"
+    ),
+    nvml_trace: Annotated[
+        str, typer.Option(help="Recorded GPU trace to replay (labelled replayed), or 'off'.")
+    ] = "h100_gpu_burn",
+) -> None:
+    """A real CPU run: sidecar + small GPT training job; ends with a summary table."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner._demo import DemoConfig, DemoRun, write_summary
+    from tuner._sources import resolve_trace
+
+    config = DemoConfig(out=out, minutes=minutes,
+                        nvml_trace=None if nvml_trace == "off" else resolve_trace(nvml_trace))
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    run = DemoRun(config)
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TimeElapsedColumn(), console=err) as progress:
+            task = progress.add_task("starting the sidecar", total=1.0)
+            run.start_sidecar()
+            progress.update(task, description=f"training (sidecar {run.url})")
+            run.run_training(lambda done: progress.update(task, completed=done))
+    finally:
+        run.close()
+    summary = run.summarise()
+    path = write_summary(out, summary)
+    table = Table("what", "value", title="seedance demo")
+    training = summary["training"]
+    for key in ("steps", "first_loss", "last_loss", "median_tokens_per_s", "mean_step_s"):
+        value = training[key]
+        table.add_row(key, "-" if value is None else f"{value:.4g}")
+    table.add_row("metric names / points",
+                  f"{summary['metrics']['names']} / {summary['metrics']['points']}")
+    table.add_row("GPU counters", summary["gpu"]["source"])
+    stdout.print(table)
+    stdout.print(f"summary: {path}")
 
 
 def main() -> None:
