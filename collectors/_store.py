@@ -1,0 +1,673 @@
+"""The embedded time-series store: one local SQLite file (WAL), no server, queried into pandas.
+
+Layout and why:
+
+- ``series``: one row per (metric name, attributes), attributes as canonical JSON.
+- ``chunks``: raw points, one row per series per chunk. A chunk never crosses a 2-hour block
+  (aligned to the epoch, like Prometheus TSDB blocks). Each flush appends a chunk per series;
+  once a block holds 8 chunks they are merged into one, so a closed block is one row of up to
+  7,200 one-second points. Values are encoded by :mod:`collectors._store_codec` (exact).
+- ``times``: the encoded timestamp column of a chunk, stored once by content hash. Series
+  sampled together (one NVML tick, one OpenTelemetry collection) share identical timestamps,
+  so the jitter bytes of a real sampler are paid once per group instead of once per series.
+- ``rollups``: per series, 1-minute buckets (one row per day) and 1-hour buckets (one row per
+  30 days) with min, max, sum, count, last (and the time of last, so late points merge
+  correctly). They are updated in the same transaction as the raw points, so a week of
+  1-minute data is ~700 small blobs to decode instead of a million rows.
+
+Concurrency: one writer process (the sidecar) buffers points in memory and commits them in one
+``BEGIN IMMEDIATE`` transaction per flush (on size, every ``flush_interval_s`` from a
+background thread, on :meth:`TimeSeriesStore.flush` and on close). Other processes open the
+file with ``readonly=True`` (``mode=ro``): in WAL mode readers never wait for the writer, and
+``busy_timeout`` plus a retry loop absorb the rare checkpoint or recovery lock, so "database is
+locked" never escapes. ``synchronous=NORMAL``: a killed process (``kill -9``) loses nothing that
+was committed; a power cut may lose the last flushes.
+
+Retention: raw chunks older than ``raw_retention_s`` (default 2 days), 1-minute rollups older
+than 30 days and 1-hour rollups older than a year are deleted by a pass that runs at most once
+a minute during flushes (or on :meth:`TimeSeriesStore.prune`). Ages are measured against the
+wall clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+from urllib.parse import quote
+
+import numpy as np
+import pandas as pd
+
+from collectors import _store_codec as codec
+from collectors._errors import SeedanceError
+from collectors._points import Point
+
+log = logging.getLogger(__name__)
+
+Resolution = Literal["auto", "raw", "1m", "1h"]
+_T = TypeVar("_T")
+
+AUTO_MIN_POINTS = 500
+"""``resolution="auto"`` picks the coarsest rollup that still yields this many buckets."""
+
+_NS = 1_000_000_000
+_STEP_S: dict[str, int] = {"1h": 3600, "1m": 60}  # coarsest first: the order "auto" tries
+_RAW_BLOCK_NS = 2 * 3600 * _NS
+_ROLLUP_BLOCK_NS = {60: 86_400 * _NS, 3600: 30 * 86_400 * _NS}
+_MERGE_AT_CHUNKS = 8
+_MAINTENANCE_EVERY_S = 60.0
+_FORMAT = "seedance-tsdb"
+_FORMAT_VERSION = "1"
+_AGG_FIELDS = ("bucket", "min", "max", "sum", "count", "last", "last_ns")
+_TIME_FIELDS = frozenset({"bucket", "last_ns"})
+_RAW_COLUMNS = ("time", "value")
+_ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
+
+_SCHEMA = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE series(id INTEGER PRIMARY KEY, name TEXT NOT NULL, attrs TEXT NOT NULL,
+                    points INTEGER NOT NULL DEFAULT 0, first_ns INTEGER, last_ns INTEGER,
+                    UNIQUE(name, attrs));
+CREATE TABLE times(id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE, data BLOB NOT NULL);
+CREATE TABLE chunks(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
+                    block_ns INTEGER NOT NULL, t_min INTEGER NOT NULL, t_max INTEGER NOT NULL,
+                    n INTEGER NOT NULL, times_id INTEGER NOT NULL, vals BLOB NOT NULL);
+CREATE INDEX chunks_by_series ON chunks(series_id, block_ns);
+CREATE INDEX chunks_by_times ON chunks(times_id);
+CREATE TABLE rollups(series_id INTEGER NOT NULL, step_s INTEGER NOT NULL,
+                     block_ns INTEGER NOT NULL, n INTEGER NOT NULL, data BLOB NOT NULL,
+                     PRIMARY KEY(series_id, step_s, block_ns));
+"""
+
+Agg = dict[str, np.ndarray]
+
+
+class StoreError(SeedanceError):
+    """The store cannot do what was asked: bad input, a file that is not a store, I/O trouble."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """Knobs of a :class:`TimeSeriesStore`; a retention of ``None`` keeps data forever."""
+
+    flush_interval_s: float = 1.0
+    max_buffered_points: int = 200_000
+    raw_retention_s: float | None = 2 * 86_400.0
+    rollup_1m_retention_s: float | None = 30 * 86_400.0
+    rollup_1h_retention_s: float | None = 365 * 86_400.0
+    busy_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for field in ("flush_interval_s", "busy_timeout_s", "raw_retention_s",
+                      "rollup_1m_retention_s", "rollup_1h_retention_s"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise StoreError(f"StoreConfig.{field} must be > 0, got {value!r}")
+        if self.max_buffered_points < 1:
+            raise StoreError("StoreConfig.max_buffered_points must be >= 1, "
+                             f"got {self.max_buffered_points!r}")
+
+
+def _canonical_attrs(attributes: Mapping[str, str]) -> str:
+    for key, value in attributes.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise StoreError(f"attribute {key!r}={value!r} must be str=str "
+                             f"(got {type(key).__name__}={type(value).__name__})")
+    return json.dumps(dict(sorted(attributes.items())), separators=(",", ":"))
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise StoreError(f"metric name must be a non-empty str, got {name!r}")
+    return name
+
+
+def _as_times(times_ns: object) -> np.ndarray:
+    arr = np.asarray(times_ns)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64).ravel()
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all():
+            raise StoreError("timestamps must be finite integers in ns; got NaN or inf")
+        if (arr != np.rint(arr)).any():
+            raise StoreError("timestamps must be whole nanoseconds; got a fraction")
+        return arr.astype(np.int64).ravel()
+    raise StoreError(f"timestamps must be integers in ns, got dtype {arr.dtype}")
+
+
+def _as_values(values: object, n: int) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"values must be numbers: {e}") from e
+    if arr.shape[0] != n:
+        raise StoreError(f"got {n} timestamps but {arr.shape[0]} values")
+    return arr
+
+
+def _points_agg(times_ns: np.ndarray, values: np.ndarray, step_ns: int) -> Agg:
+    """Rollup buckets of time-sorted points (NaN values are left out of rollups)."""
+    keep = ~np.isnan(values)
+    t, v = times_ns[keep], values[keep]
+    return _combine({"bucket": t // step_ns * step_ns, "min": v, "max": v, "sum": v,
+                     "count": np.ones(t.shape[0]), "last": v, "last_ns": t}, presorted=True)
+
+
+def _combine(agg: Agg, *, presorted: bool) -> Agg:
+    """Merge rows that share a bucket; ``last`` is the value with the latest ``last_ns``."""
+    if agg["bucket"].shape[0] == 0:
+        return agg
+    if not presorted:
+        order = np.lexsort((agg["last_ns"], agg["bucket"]))
+        agg = {k: a[order] for k, a in agg.items()}
+    bucket = agg["bucket"]
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    ends = np.r_[starts[1:], bucket.shape[0]] - 1
+    return {"bucket": bucket[starts], "min": np.minimum.reduceat(agg["min"], starts),
+            "max": np.maximum.reduceat(agg["max"], starts),
+            "sum": np.add.reduceat(agg["sum"], starts),
+            "count": np.add.reduceat(agg["count"], starts),
+            "last": agg["last"][ends], "last_ns": agg["last_ns"][ends]}
+
+
+def _encode_agg(agg: Agg) -> bytes:
+    return codec.encode_columns([
+        codec.encode_times(agg[k]) if k in _TIME_FIELDS else codec.encode_values(agg[k])
+        for k in _AGG_FIELDS])
+
+
+def _decode_agg(blob: bytes, n: int) -> Agg:
+    parts = codec.decode_columns(blob, len(_AGG_FIELDS))
+    return {k: codec.decode_times(p, n) if k in _TIME_FIELDS else codec.decode_values(p, n)
+            for k, p in zip(_AGG_FIELDS, parts)}
+
+
+def _split_by_block(times_ns: np.ndarray, block_ns: int) -> Iterator[tuple[int, slice]]:
+    """Yield (block start, slice) runs of sorted timestamps."""
+    blocks = times_ns // block_ns * block_ns
+    starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
+    for i, start in enumerate(starts):
+        stop = starts[i + 1] if i + 1 < len(starts) else blocks.shape[0]
+        yield int(blocks[start]), slice(int(start), int(stop))
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
+
+
+class _Pending:
+    """Points of one series waiting for the next flush."""
+
+    __slots__ = ("attrs", "times", "values")
+
+    def __init__(self, attrs: dict[str, str]) -> None:
+        self.attrs = attrs
+        self.times: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+
+
+class TimeSeriesStore:
+    """A crash-safe embedded time-series store in one SQLite file.
+
+    Thread-safe: any number of threads may call ``write``/``write_series``; flushes are
+    serialised; queries on a writer first flush so they read their own writes. One process
+    writes a file; any number of others read it with ``readonly=True``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False,
+                 flush_interval_s: float = 1.0, max_buffered_points: int = 200_000,
+                 raw_retention_s: float | None = 2 * 86_400.0,
+                 rollup_1m_retention_s: float | None = 30 * 86_400.0,
+                 rollup_1h_retention_s: float | None = 365 * 86_400.0,
+                 busy_timeout_s: float = 10.0) -> None:
+        self.config = StoreConfig(
+            flush_interval_s=flush_interval_s, max_buffered_points=max_buffered_points,
+            raw_retention_s=raw_retention_s, rollup_1m_retention_s=rollup_1m_retention_s,
+            rollup_1h_retention_s=rollup_1h_retention_s, busy_timeout_s=busy_timeout_s)
+        self.path = Path(path)
+        self.readonly = readonly
+        self._lock = threading.Lock()  # guards the pending buffer
+        self._db_lock = threading.RLock()  # guards the connection and the caches
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._buffered = 0
+        self._attr_keys: dict[tuple[str, tuple[tuple[object, object], ...]], str] = {}
+        self._series_ids: dict[tuple[str, str], int] = {}
+        self._chunk_counts: dict[tuple[int, int], int] = {}
+        self._last_maintenance = 0.0
+        self._closed = False
+        self._conn = self._connect()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if not readonly:
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                             name=f"store-flush:{self.path.name}")
+            self._flusher.start()
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if not self.path.parent.is_dir():
+            raise StoreError(f"cannot open store {self.path}: directory "
+                             f"{self.path.parent} does not exist")
+        if self.readonly and not self.path.is_file():
+            raise StoreError(f"cannot open store {self.path} read-only: no such file")
+        uri = f"file:{quote(str(self.path.resolve()))}?mode={'ro' if self.readonly else 'rwc'}"
+        try:
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                   check_same_thread=False,
+                                   timeout=self.config.busy_timeout_s)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open store {self.path}: {e}") from e
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
+            self._retry(lambda: self._prepare(conn))
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise StoreError(f"{self.path} is not a seedance store: {e}") from e
+        except StoreError:
+            conn.close()
+            raise
+        return conn
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables and not self.readonly:
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            conn.execute("PRAGMA journal_mode=WAL")
+            with self._transaction(conn):
+                if not conn.execute("SELECT 1 FROM sqlite_master").fetchone():
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.executemany("INSERT INTO meta VALUES(?, ?)",
+                                     [("format", _FORMAT), ("version", _FORMAT_VERSION)])
+            tables = {"meta"}
+        found = (dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                 if "meta" in tables else {})
+        if found.get("format") != _FORMAT:
+            raise StoreError(f"{self.path} is not a seedance store (no '{_FORMAT}' header)")
+        if found.get("version") != _FORMAT_VERSION:
+            raise StoreError(f"{self.path} has store format {found.get('version')!r}, "
+                             f"this code reads {_FORMAT_VERSION!r}")
+        if not self.readonly:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+
+    @staticmethod
+    @contextmanager
+    def _transaction(conn: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iterator[None]:
+        conn.execute(f"BEGIN {mode}")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+    def _retry(self, attempt: Callable[[], _T]) -> _T:
+        """Run ``attempt`` again while SQLite says busy, until ``busy_timeout_s`` runs out."""
+        deadline = time.monotonic() + self.config.busy_timeout_s
+        delay_s = 0.005
+        while True:
+            try:
+                return attempt()
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"store {self.path} stayed busy for "
+                                     f"{self.config.busy_timeout_s} s: {e}") from e
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 0.2)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write(self, points: Iterable[Point]) -> None:
+        """Buffer points; they are committed by the next flush."""
+        groups: dict[tuple[str, str], tuple[list[object], list[float]]] = {}
+        attr_keys = self._attr_keys
+        for p in points:
+            cache_key = (p.name, tuple(p.attributes.items()))
+            akey = attr_keys.get(cache_key)
+            if akey is None:
+                _check_name(p.name)
+                akey = attr_keys[cache_key] = _canonical_attrs(p.attributes)
+            group = groups.get((p.name, akey))
+            if group is None:
+                group = groups[(p.name, akey)] = ([], [])
+            group[0].append(p.time_ns)
+            group[1].append(p.value)
+        for (name, akey), (times, values) in groups.items():
+            t = _as_times(times)
+            self._add(name, akey, t, _as_values(values, t.shape[0]))
+        self._flush_if_full()
+
+    def write_series(self, name: str, attributes: Mapping[str, str], times_ns: np.ndarray,
+                     values: np.ndarray) -> None:
+        """Buffer one series' points given as columns (the fast path)."""
+        _check_name(name)
+        akey = _canonical_attrs(attributes)
+        t = _as_times(times_ns)
+        self._add(name, akey, t.copy(), _as_values(values, t.shape[0]).copy())
+        self._flush_if_full()
+
+    def _add(self, name: str, akey: str, times_ns: np.ndarray, values: np.ndarray) -> None:
+        if self.readonly:
+            raise StoreError(f"store {self.path} is open read-only")
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        if times_ns.shape[0] == 0:
+            return
+        with self._lock:
+            pending = self._pending.get((name, akey))
+            if pending is None:
+                pending = self._pending[(name, akey)] = _Pending(json.loads(akey))
+            pending.times.append(times_ns)
+            pending.values.append(values)
+            self._buffered += times_ns.shape[0]
+
+    def _flush_if_full(self) -> None:
+        if self._buffered >= self.config.max_buffered_points:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit every buffered point in one transaction (a no-op on a read-only store)."""
+        if self.readonly:
+            return
+        with self._db_lock:
+            with self._lock:
+                batch, self._pending, self._buffered = self._pending, {}, 0
+            if batch:
+                try:
+                    self._retry(lambda: self._commit(batch))
+                except BaseException:
+                    self._series_ids.clear()
+                    self._chunk_counts.clear()
+                    self._requeue(batch)
+                    raise
+            if time.monotonic() - self._last_maintenance >= _MAINTENANCE_EVERY_S:
+                self.prune()
+
+    def _requeue(self, batch: dict[tuple[str, str], _Pending]) -> None:
+        with self._lock:
+            for key, old in batch.items():
+                pending = self._pending.setdefault(key, _Pending(old.attrs))
+                pending.times[:0] = old.times
+                pending.values[:0] = old.values
+                self._buffered += sum(t.shape[0] for t in old.times)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.config.flush_interval_s):
+            try:
+                self.flush()
+            except Exception:  # the loop never dies; the batch stays queued for the next try
+                log.exception("store %s: background flush failed", self.path)
+
+    def _commit(self, batch: dict[tuple[str, str], _Pending]) -> None:
+        conn = self._conn
+        with self._transaction(conn):
+            times_ids: dict[bytes, int] = {}
+            for (name, akey), pending in batch.items():
+                sid = self._series_id(name, akey)
+                t = np.concatenate(pending.times)
+                v = np.concatenate(pending.values)
+                if (t[1:] < t[:-1]).any():
+                    order = np.argsort(t, kind="stable")
+                    t, v = t[order], v[order]
+                for block, part in _split_by_block(t, _RAW_BLOCK_NS):
+                    self._append_chunk(sid, block, t[part], v[part], times_ids)
+                agg = _points_agg(t, v, 60 * _NS)
+                self._merge_rollup(sid, 60, agg)
+                agg = dict(agg, bucket=agg["bucket"] // (3600 * _NS) * (3600 * _NS))
+                self._merge_rollup(sid, 3600, _combine(agg, presorted=True))
+                conn.execute(
+                    "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?),"
+                    " ?), last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
+                    (int(t.shape[0]), int(t[0]), int(t[0]), int(t[-1]), int(t[-1]), sid))
+
+    def _series_id(self, name: str, akey: str) -> int:
+        sid = self._series_ids.get((name, akey))
+        if sid is None:
+            self._conn.execute("INSERT OR IGNORE INTO series(name, attrs) VALUES(?, ?)",
+                               (name, akey))
+            sid = self._conn.execute("SELECT id FROM series WHERE name = ? AND attrs = ?",
+                                     (name, akey)).fetchone()[0]
+            self._series_ids[(name, akey)] = sid
+        return sid
+
+    def _times_id(self, times_ns: np.ndarray, cache: dict[bytes, int]) -> int:
+        blob = codec.encode_times(times_ns)
+        digest = hashlib.blake2b(blob, digest_size=16).digest()
+        tid = cache.get(digest)
+        if tid is None:
+            self._conn.execute("INSERT OR IGNORE INTO times(digest, data) VALUES(?, ?)",
+                               (digest, blob))
+            tid = cache[digest] = self._conn.execute(
+                "SELECT id FROM times WHERE digest = ?", (digest,)).fetchone()[0]
+        return tid
+
+    def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
+                      times_ids: dict[bytes, int]) -> None:
+        conn = self._conn
+        count = self._chunk_counts.get((sid, block))
+        if count is None:
+            count = conn.execute("SELECT count(*) FROM chunks WHERE series_id = ? AND "
+                                 "block_ns = ?", (sid, block)).fetchone()[0]
+        if count + 1 >= _MERGE_AT_CHUNKS:
+            rows = conn.execute(
+                "SELECT c.id, c.n, t.data, c.vals FROM chunks c JOIN times t "
+                "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns = ?",
+                (sid, block)).fetchall()
+            t = np.concatenate([codec.decode_times(r[2], r[1]) for r in rows] + [t])
+            v = np.concatenate([codec.decode_values(r[3], r[1]) for r in rows] + [v])
+            order = np.argsort(t, kind="stable")
+            t, v = t[order], v[order]
+            conn.executemany("DELETE FROM chunks WHERE id = ?", [(r[0],) for r in rows])
+            count = 0
+        conn.execute(
+            "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals) "
+            "VALUES(?, ?, ?, ?, ?, ?, ?)",
+            (sid, block, int(t[0]), int(t[-1]), int(t.shape[0]),
+             self._times_id(t, times_ids), codec.encode_values(v)))
+        self._chunk_counts[(sid, block)] = count + 1
+
+    def _merge_rollup(self, sid: int, step_s: int, agg: Agg) -> None:
+        conn = self._conn
+        for block, part in _split_by_block(agg["bucket"], _ROLLUP_BLOCK_NS[step_s]):
+            new = {k: a[part] for k, a in agg.items()}
+            row = conn.execute("SELECT n, data FROM rollups WHERE series_id = ? AND step_s = ?"
+                               " AND block_ns = ?", (sid, step_s, block)).fetchone()
+            if row is not None:
+                old = _decode_agg(row[1], row[0])
+                new = _combine({k: np.concatenate([old[k], new[k]]) for k in _AGG_FIELDS},
+                               presorted=False)
+            conn.execute("INSERT OR REPLACE INTO rollups VALUES(?, ?, ?, ?, ?)",
+                         (sid, step_s, block, int(new["bucket"].shape[0]), _encode_agg(new)))
+
+    def prune(self, *, now_ns: int | None = None) -> None:
+        """Delete data past its retention, relative to ``now_ns`` (default: the wall clock)."""
+        if self.readonly:
+            raise StoreError(f"store {self.path} is open read-only")
+        now = time.time_ns() if now_ns is None else int(now_ns)
+        cfg = self.config
+        conn = self._conn
+
+        def attempt() -> None:
+            with self._transaction(conn):
+                if cfg.raw_retention_s is not None:
+                    conn.execute("DELETE FROM chunks WHERE t_max < ?",
+                                 (now - int(cfg.raw_retention_s * _NS),))
+                for step_s, keep_s in ((60, cfg.rollup_1m_retention_s),
+                                       (3600, cfg.rollup_1h_retention_s)):
+                    if keep_s is not None:
+                        conn.execute("DELETE FROM rollups WHERE step_s = ? AND block_ns + ? <= ?",
+                                     (step_s, _ROLLUP_BLOCK_NS[step_s], now - int(keep_s * _NS)))
+                conn.execute("DELETE FROM times WHERE id NOT IN (SELECT times_id FROM chunks)")
+            conn.execute("PRAGMA incremental_vacuum")
+
+        with self._db_lock:
+            self._retry(attempt)
+            self._chunk_counts.clear()
+            self._last_maintenance = time.monotonic()
+
+    # -- reading -------------------------------------------------------------------------
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A consistent read: flush own writes, then read inside one transaction."""
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        self.flush()
+        with self._db_lock:
+            self._retry(lambda: self._conn.execute("BEGIN DEFERRED"))
+            try:
+                yield self._conn
+            finally:
+                self._conn.execute("ROLLBACK")
+
+    def query(self, name: str, *, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None,
+              resolution: Resolution = "auto") -> pd.DataFrame:
+        """Points of ``name`` whose attributes include ``where``, in [since_ns, until_ns].
+
+        ``raw``: columns time (datetime64[ns, UTC]), value, then one str column per attribute
+        key, sorted by time. ``1m``/``1h``: one row per series and bucket overlapping the
+        range, time = bucket start, value = mean, min, max, count, last, then attributes.
+        ``auto``: the span is until_ns (default: the newest point) minus since_ns (default:
+        the oldest point); the coarsest of 1h, 1m whose bucket count span/step is at least
+        ``AUTO_MIN_POINTS`` (500) is used, raw otherwise. So a week reads 1-minute rollups
+        (10,080 buckets), 500 minutes (~8 h) or less reads raw points, and ~3 weeks or more
+        reads 1-hour rollups.
+        """
+        if resolution not in ("auto", "raw", "1m", "1h"):
+            raise StoreError(f"resolution must be auto, raw, 1m or 1h, got {resolution!r}")
+        wanted = {} if where is None else dict(where)
+        _canonical_attrs(wanted)
+        lo = np.iinfo(np.int64).min if since_ns is None else int(since_ns)
+        hi = np.iinfo(np.int64).max if until_ns is None else int(until_ns)
+        with self._snapshot() as conn:
+            found = [(sid, attrs, first, last) for sid, attrs, first, last in (
+                (r[0], json.loads(r[1]), r[2], r[3]) for r in conn.execute(
+                    "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
+                    "ORDER BY id", (name,)))
+                if all(attrs.get(k) == v for k, v in wanted.items())]
+            if resolution == "auto":
+                resolution = _pick_resolution(found, since_ns, until_ns)
+            parts = [(attrs, self._read_raw(sid, lo, hi) if resolution == "raw"
+                      else self._read_rollup(sid, _STEP_S[resolution], lo, hi))
+                     for sid, attrs, _, _ in found]
+        return _frame(parts, _RAW_COLUMNS if resolution == "raw" else _ROLLUP_COLUMNS)
+
+    def _read_raw(self, sid: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+        rows = self._conn.execute(
+            "SELECT c.n, t.data, c.vals FROM chunks c JOIN times t ON t.id = c.times_id "
+            "WHERE c.series_id = ? AND c.block_ns > ? AND c.block_ns <= ? AND c.t_max >= ? "
+            "AND c.t_min <= ? ORDER BY c.t_min",
+            (sid, max(lo, np.iinfo(np.int64).min + _RAW_BLOCK_NS) - _RAW_BLOCK_NS, hi, lo,
+             hi)).fetchall()
+        t = np.concatenate([codec.decode_times(r[1], r[0]) for r in rows] or [np.empty(0, "i8")])
+        v = np.concatenate([codec.decode_values(r[2], r[0]) for r in rows] or [np.empty(0)])
+        keep = (t >= lo) & (t <= hi)
+        return {"time": t[keep], "value": v[keep]}
+
+    def _read_rollup(self, sid: int, step_s: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+        block_ns, step_ns = _ROLLUP_BLOCK_NS[step_s], step_s * _NS
+        rows = self._conn.execute(
+            "SELECT n, data FROM rollups WHERE series_id = ? AND step_s = ? AND block_ns > ? "
+            "AND block_ns <= ? ORDER BY block_ns",
+            (sid, step_s, max(lo, np.iinfo(np.int64).min + block_ns) - block_ns, hi)).fetchall()
+        aggs = [_decode_agg(r[1], r[0]) for r in rows]
+        agg = {k: np.concatenate([a[k] for a in aggs]) if aggs else np.empty(0)
+               for k in _AGG_FIELDS}
+        bucket = agg["bucket"].astype(np.int64)
+        keep = (bucket + step_ns > lo) & (bucket <= hi)
+        count = agg["count"][keep]
+        return {"time": bucket[keep], "value": agg["sum"][keep] / count,
+                "min": agg["min"][keep], "max": agg["max"][keep],
+                "count": count.astype(np.int64), "last": agg["last"][keep]}
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per metric name: series count, points written, first and last timestamp."""
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                "SELECT name, count(*), sum(points), min(first_ns), max(last_ns) FROM series "
+                "GROUP BY name ORDER BY name").fetchall()
+        return pd.DataFrame({
+            "name": pd.Series([r[0] for r in rows], dtype="str"),
+            "series": np.array([r[1] for r in rows], dtype=np.int64),
+            "points": np.array([r[2] for r in rows], dtype=np.int64),
+            "first": pd.to_datetime([r[3] for r in rows], unit="ns", utc=True),
+            "last": pd.to_datetime([r[4] for r in rows], unit="ns", utc=True)})
+
+    def series(self, name: str) -> list[dict[str, str]]:
+        """The attribute sets of every series of ``name``, in creation order."""
+        with self._snapshot() as conn:
+            return [json.loads(r[0]) for r in conn.execute(
+                "SELECT attrs FROM series WHERE name = ? ORDER BY id", (name,))]
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the flusher, commit what is buffered, close the file; a second call is a no-op."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            with self._db_lock:
+                self._conn.close()
+
+    def __enter__(self) -> TimeSeriesStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _pick_resolution(found: list[tuple[int, dict[str, str], int | None, int | None]],
+                     since_ns: int | None, until_ns: int | None) -> str:
+    firsts = [f for _, _, f, _ in found if f is not None]
+    lasts = [last for _, _, _, last in found if last is not None]
+    if not firsts:
+        return "raw"
+    span_ns = (max(lasts) if until_ns is None else until_ns) - (
+        min(firsts) if since_ns is None else since_ns)
+    for label, step_s in _STEP_S.items():
+        if span_ns / (step_s * _NS) >= AUTO_MIN_POINTS:
+            return label
+    return "raw"
+
+
+def _frame(parts: list[tuple[dict[str, str], dict[str, np.ndarray]]],
+           columns: tuple[str, ...]) -> pd.DataFrame:
+    """Stack per-series columns into one frame sorted by time, attributes as str columns."""
+    keys = sorted({k for attrs, _ in parts for k in attrs})
+    counts = np.array([cols["time"].shape[0] for _, cols in parts], dtype=np.int64)
+    data = {c: (np.concatenate([cols[c] for _, cols in parts]) if parts
+                else np.empty(0, dtype=np.int64 if c in ("time", "count") else np.float64))
+            for c in columns}
+    order = np.argsort(data["time"], kind="stable")
+    out: dict[str, object] = {
+        c: (pd.to_datetime(a[order], unit="ns", utc=True) if c == "time" else a[order])
+        for c, a in data.items()}
+    for key in keys:
+        per_series = np.array([attrs.get(key) for attrs, _ in parts], dtype=object)
+        out[key] = pd.array(np.repeat(per_series, counts)[order], dtype="str")
+    return pd.DataFrame(out)
