@@ -1,0 +1,240 @@
+"""Prometheus exposition of what the sidecar received: the latest value of every series.
+
+The sidecar feeds :class:`LatestValueCollector` with decoded OTLP requests; a Prometheus server
+scraping it sees the job's metrics under the names the OpenTelemetry -> Prometheus compatibility
+spec gives them (the same translation ``opentelemetry-exporter-prometheus`` uses): dots become
+underscores, the unit becomes a suffix (``_seconds``, ``_bytes``), monotonic sums gain
+``_total``, histograms expose ``_bucket`` / ``_sum`` / ``_count`` with ``le``, and attribute keys
+are sanitised into label names (``seedance.config.version`` -> ``seedance_config_version``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry.exporter.prometheus._mapping import (
+    map_unit,
+    sanitize_attribute,
+    sanitize_full_name,
+)
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from collectors._errors import SeedanceError
+from collectors._otlp_decode import DecodedMetrics, MetricInfo, Temporality
+from collectors._points import MetricKind
+
+LabelKey = tuple[tuple[str, str], ...]
+"""Sorted (label name, value) pairs: one series' identity as Prometheus sees it."""
+
+_NAN = float("nan")
+
+
+class MetricsServerError(SeedanceError):
+    """The /metrics endpoint could not be started (port taken, address not local...)."""
+
+
+def prometheus_labels(attributes: Mapping[str, str]) -> dict[str, str]:
+    """Attribute keys sanitised to label names; values of keys that collide are joined by ``;``
+    in the order of their original keys, as the OTel compatibility spec says."""
+    labels: dict[str, str] = {}
+    for key in sorted(attributes):
+        label = sanitize_attribute(key)
+        labels[label] = f"{labels[label]};{attributes[key]}" if label in labels \
+            else attributes[key]
+    return labels
+
+
+@dataclass(slots=True)
+class _Series:
+    """One series' latest samples: role ("value", "count", "sum", "bucket", "quantile") and its
+    ``le``/``quantile`` bound (``""`` for none) -> value."""
+
+    samples: dict[tuple[str, str], float] = field(default_factory=dict)
+    updated_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Family:
+    info: MetricInfo
+    series: dict[LabelKey, _Series] = field(default_factory=dict)
+
+
+def _role(name: str, metrics: Mapping[str, MetricInfo]) -> tuple[str, str] | None:
+    """(metric name, role) of a Point name, or None when the request did not describe it."""
+    info = metrics.get(name)
+    if info is not None:
+        return name, "quantile" if info.otlp_type == "summary" else "value"
+    base, _, suffix = name.rpartition(".")
+    info = metrics.get(base)
+    if info is not None and info.kind is MetricKind.HISTOGRAM and suffix in (
+            "count", "sum", "bucket"):
+        return base, suffix
+    return None
+
+
+class LatestValueCollector(Collector):
+    """A prometheus_client collector holding the latest value of every received series.
+
+    Thread-safe: :meth:`update` and :meth:`expire` may run on receiver threads while a scrape
+    runs :meth:`collect`. Delta sums and histograms are added up into running totals, since
+    Prometheus only understands cumulative counters. No timestamps are exposed, so Prometheus
+    stamps samples at scrape time; series that stop arriving are removed by :meth:`expire`.
+    ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._families: dict[str, _Family] = {}
+
+    def update(self, decoded: DecodedMetrics) -> None:
+        """Take the points of one decoded request; points of undescribed names are ignored."""
+        now = self._clock()
+        with self._lock:
+            for point in decoded.points:
+                named = _role(point.name, decoded.metrics)
+                if named is None:
+                    continue
+                name, role = named
+                info = decoded.metrics[name]
+                family = self._families.get(name)
+                if family is None or family.info.otlp_type != info.otlp_type:
+                    family = self._families[name] = _Family(info)
+                family.info = info
+                attrs = dict(point.attributes)
+                bound = attrs.pop("le", "") if role == "bucket" else \
+                    attrs.pop("quantile", "") if role == "quantile" else ""
+                key: LabelKey = tuple(sorted(prometheus_labels(attrs).items()))
+                series = family.series.setdefault(key, _Series())
+                sample = (role, bound)
+                if info.temporality is Temporality.DELTA and role != "quantile":
+                    series.samples[sample] = series.samples.get(sample, 0.0) + point.value
+                else:
+                    series.samples[sample] = point.value
+                series.updated_s = now
+
+    def expire(self, max_age_s: float) -> int:
+        """Drop series not updated for more than ``max_age_s``; return how many went."""
+        deadline = self._clock() - max_age_s
+        dropped = 0
+        with self._lock:
+            for name in list(self._families):
+                series = self._families[name].series
+                stale = [key for key, s in series.items() if s.updated_s < deadline]
+                for key in stale:
+                    del series[key]
+                dropped += len(stale)
+                if not series:
+                    del self._families[name]
+        return dropped
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = [
+                (family.info, [(key, dict(s.samples)) for key, s in family.series.items()])
+                for family in self._families.values()
+            ]
+        for info, series in snapshot:
+            yield _family_metric(info, series)
+
+
+def _family_metric(info: MetricInfo,
+                   series: list[tuple[LabelKey, dict[tuple[str, str], float]]]) -> Metric:
+    """One Prometheus metric family; label sets that differ are padded with empty values,
+    which Prometheus reads as an absent label."""
+    name = sanitize_full_name(info.name)
+    unit = map_unit(info.unit)
+    label_names = sorted({label for key, _ in series for label, _ in key})
+
+    def values_of(key: LabelKey) -> list[str]:
+        labels = dict(key)
+        return [labels.get(label, "") for label in label_names]
+
+    if info.kind is MetricKind.HISTOGRAM and info.otlp_type == "summary":
+        summary = SummaryMetricFamily(name, info.description, labels=label_names, unit=unit)
+        for key, samples in series:
+            values = values_of(key)
+            summary.add_metric(values, samples.get(("count", ""), 0.0),
+                               samples.get(("sum", ""), _NAN))
+            labels = dict(zip(label_names, values, strict=True))
+            for (role, bound), value in samples.items():
+                if role == "quantile":
+                    summary.add_sample(summary.name, {**labels, "quantile": bound}, value)
+        return summary
+    if info.kind is MetricKind.HISTOGRAM:
+        histogram = HistogramMetricFamily(name, info.description, labels=label_names, unit=unit)
+        for key, samples in series:
+            buckets = sorted(((bound, value) for (role, bound), value in samples.items()
+                              if role == "bucket"), key=lambda b: float(b[0]))
+            if not buckets or buckets[-1][0] != "+Inf":
+                buckets.append(("+Inf", samples.get(("count", ""), 0.0)))
+            histogram.add_metric(values_of(key), buckets, samples.get(("sum", ""), _NAN))
+        return histogram
+    family_type = CounterMetricFamily if info.kind is MetricKind.SUM and info.monotonic \
+        else GaugeMetricFamily
+    family = family_type(name, info.description, labels=label_names, unit=unit)
+    for key, samples in series:
+        family.add_metric(values_of(key), samples.get(("value", ""), _NAN))
+    return family
+
+
+class NullMetricsServer:
+    """Stands in when no /metrics endpoint is wanted."""
+
+    port: int | None = None
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+class MetricsServer:
+    """A running /metrics HTTP endpoint; :meth:`stop` is idempotent."""
+
+    def __init__(self, host: str, port: int, server: object, thread: threading.Thread) -> None:
+        self.host = host
+        self.port: int | None = port
+        self._server = server
+        self._thread = thread
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and close the socket."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.shutdown()  # type: ignore[attr-defined]
+        self._server.server_close()  # type: ignore[attr-defined]
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"
+                  ) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` on a daemon thread (port 0: a free
+    one; the bound port is ``.port``). Raise MetricsServerError when it cannot bind."""
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise MetricsServerError(f"cannot serve /metrics on {host}:{port}: {e}") from e
+    return MetricsServer(host, server.server_port, server, thread)
