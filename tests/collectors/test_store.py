@@ -1,0 +1,407 @@
+"""The time-series store against a real SQLite file and real second processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from collectors._errors import SeedanceError
+from collectors._points import Point
+from collectors._store import AUTO_MIN_POINTS, StoreError, TimeSeriesStore
+from collectors._store_codec import decode_times, decode_values, encode_times, encode_values
+
+REPO = Path(__file__).resolve().parents[2]
+NS = 1_000_000_000
+T0 = 1_760_000_000 * NS  # a fixed instant; tests that prune pass their own "now"
+
+
+def _store(path: Path, **kw: object) -> TimeSeriesStore:
+    kw.setdefault("raw_retention_s", None)
+    kw.setdefault("rollup_1m_retention_s", None)
+    kw.setdefault("rollup_1h_retention_s", None)
+    return TimeSeriesStore(path, **kw)  # type: ignore[arg-type]
+
+
+# -- codec ---------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, st.integers(1, 300), elements=st.floats(allow_nan=True,
+                                                                       allow_infinity=True)))
+def test_values_round_trip_bit_for_bit(values: np.ndarray) -> None:
+    back = decode_values(encode_values(values), values.shape[0])
+    assert back.view(np.uint64).tolist() == values.view(np.uint64).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.int64, st.integers(1, 300),
+                  elements=st.integers(-(2**62), 2**62)))
+def test_times_round_trip_sorted_or_not(times: np.ndarray) -> None:
+    assert decode_times(encode_times(times), times.shape[0]).tolist() == times.tolist()
+
+
+def test_special_values_round_trip() -> None:
+    values = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 5e-324, 2.0**53, -(2.0**60)])
+    back = decode_values(encode_values(values), values.shape[0])
+    assert back.view(np.uint64).tolist() == values.view(np.uint64).tolist()
+
+
+# -- writing and reading -------------------------------------------------------------------
+
+def test_raw_query_round_trips_values_sorted_with_attribute_columns(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    t = T0 + np.arange(1000) * NS
+    a, b = rng.normal(size=1000), rng.integers(0, 100, 1000).astype(float)
+    with _store(tmp_path / "s.db") as store:
+        store.write_series("m", {"gpu": "0"}, t, a)
+        store.write_series("m", {"gpu": "1", "host": "h"}, t + NS // 2, b)
+        df = store.query("m", resolution="raw")
+    assert list(df.columns) == ["time", "value", "gpu", "host"]
+    assert str(df["time"].dtype) == "datetime64[ns, UTC]"
+    assert df["time"].is_monotonic_increasing and len(df) == 2000
+    gpu0 = df[df["gpu"] == "0"]
+    assert gpu0["value"].to_numpy().view(np.uint64).tolist() == a.view(np.uint64).tolist()
+    assert gpu0["host"].isna().all()
+    assert (df[df["gpu"] == "1"]["host"] == "h").all()
+
+
+def test_where_and_time_range_select_exactly(tmp_path: Path) -> None:
+    t = T0 + np.arange(100) * NS
+    with _store(tmp_path / "s.db") as store:
+        for gpu in "012":
+            store.write_series("m", {"gpu": gpu, "job": "x"}, t, np.full(100, float(gpu)))
+        store.write_series("other", {"gpu": "1"}, t, np.zeros(100))
+        df = store.query("m", where={"gpu": "1"}, since_ns=int(t[10]), until_ns=int(t[19]),
+                         resolution="raw")
+        assert store.query("m", where={"gpu": "9"}, resolution="raw").empty
+        assert store.query("nothing").empty
+    assert df["time"].astype("int64").tolist() == t[10:20].tolist()
+    assert (df["value"] == 1.0).all() and (df["gpu"] == "1").all()
+
+
+def test_write_points_equals_write_series(tmp_path: Path) -> None:
+    t = T0 + np.arange(50) * NS
+    v = np.linspace(0, 1, 50)
+    with _store(tmp_path / "a.db") as a, _store(tmp_path / "b.db") as b:
+        a.write(Point("m", float(x), int(y), {"k": "v"}) for y, x in zip(t, v))
+        b.write_series("m", {"k": "v"}, t, v)
+        pd.testing.assert_frame_equal(a.query("m", resolution="raw"),
+                                      b.query("m", resolution="raw"))
+        assert a.series("m") == [{"k": "v"}]
+
+
+def _expected_rollup(t: np.ndarray, v: np.ndarray, step_s: int) -> pd.DataFrame:
+    frame = pd.DataFrame({"bucket": t // (step_s * NS) * (step_s * NS), "t": t, "v": v})
+    frame = frame.sort_values(["bucket", "t"], kind="stable")
+    g = frame.groupby("bucket")["v"]
+    return pd.DataFrame({"mean": g.mean(), "min": g.min(), "max": g.max(),
+                         "count": g.count(), "last": g.last()})
+
+
+@pytest.mark.parametrize(("resolution", "step_s"), [("1m", 60), ("1h", 3600)])
+def test_rollups_match_pandas_across_flushes_and_out_of_order(
+        tmp_path: Path, resolution: str, step_s: int) -> None:
+    rng = np.random.default_rng(7)
+    t = T0 + np.sort(rng.integers(0, 3 * 3600 * NS, 5000))
+    v = rng.normal(size=5000)
+    pieces = np.array_split(rng.permutation(5000), 9)  # late points land in old buckets
+    with _store(tmp_path / "s.db") as store:
+        for idx in pieces:
+            store.write_series("m", {}, t[idx], v[idx])
+            store.flush()
+        df = store.query("m", resolution=resolution)  # type: ignore[arg-type]
+    expected = _expected_rollup(t, v, step_s)
+    assert df["time"].astype("int64").tolist() == expected.index.tolist()
+    np.testing.assert_allclose(df["value"], expected["mean"], rtol=1e-12, atol=1e-12)
+    assert df["min"].tolist() == expected["min"].tolist()
+    assert df["max"].tolist() == expected["max"].tolist()
+    assert df["count"].tolist() == expected["count"].tolist()
+    assert df["last"].tolist() == expected["last"].tolist()
+
+
+def test_auto_resolution_follows_the_documented_rule(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        t = T0 + np.arange(0, 40 * 86400, 30) * NS
+        store.write_series("m", {}, t, np.ones(t.shape[0]))
+
+        def step_of(span_s: int) -> str:
+            df = store.query("m", since_ns=T0, until_ns=T0 + span_s * NS)
+            if "count" not in df.columns:
+                return "raw"
+            return "1h" if df["count"].max() > 60 // 30 else "1m"
+
+        assert step_of(AUTO_MIN_POINTS * 60 - 60) == "raw"
+        assert step_of(AUTO_MIN_POINTS * 60) == "1m"
+        assert step_of(7 * 86400) == "1m"
+        assert step_of(AUTO_MIN_POINTS * 3600) == "1h"
+        assert "count" in store.query("m").columns  # whole 40-day span: rollups
+
+
+def test_many_small_flushes_are_compacted_and_intact(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    t = T0 + np.arange(300) * NS
+    with _store(path) as store:
+        for i in range(300):
+            store.write_series("m", {}, t[i:i + 1], np.array([float(i)]))
+            store.flush()
+        df = store.query("m", resolution="raw")
+    assert df["value"].tolist() == list(map(float, range(300)))
+    with sqlite3.connect(path) as conn:
+        per_block = conn.execute("SELECT max(c) FROM (SELECT count(*) c FROM chunks "
+                                 "GROUP BY series_id, block_ns)").fetchone()[0]
+    assert per_block < 8
+
+
+def test_series_sampled_together_share_one_timestamp_column(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    rng = np.random.default_rng(3)
+    t = T0 + np.arange(3600) * NS + rng.integers(0, 10**6, 3600)  # jittery sampler
+    with _store(path) as store:
+        for i in range(20):
+            store.write_series(f"m{i}", {}, t, np.full(3600, float(i)))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM times").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 20
+
+
+def test_retention_prunes_raw_then_rollups(tmp_path: Path) -> None:
+    now = time.time_ns() // NS * NS  # flushes prune against the wall clock too
+    t = now - np.arange(0, 3 * 86400, 60)[::-1] * NS
+    with TimeSeriesStore(tmp_path / "s.db", raw_retention_s=86400,
+                         rollup_1m_retention_s=2 * 86400) as store:
+        store.write_series("m", {}, t, np.arange(t.shape[0], dtype=float))
+        store.flush()
+        store.prune(now_ns=now)
+        raw = store.query("m", resolution="raw")
+        one_min = store.query("m", resolution="1m")
+        one_hour = store.query("m", resolution="1h")
+    assert raw["time"].astype("int64").min() >= now - 86400 * NS - 2 * 3600 * NS
+    assert raw["time"].astype("int64").max() == now
+    assert one_min["time"].astype("int64").min() >= now - 3 * 86400 * NS
+    assert one_min["time"].astype("int64").min() > t[0]
+    assert one_hour["count"].sum() == t.shape[0]
+
+
+def test_metrics_lists_names_series_points_and_range(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        store.write_series("a", {"g": "0"}, T0 + np.arange(5) * NS, np.zeros(5))
+        store.write_series("a", {"g": "1"}, T0 + np.arange(3) * NS, np.zeros(3))
+        store.write_series("b", {}, np.array([T0 + 9 * NS]), np.zeros(1))
+        store.flush()
+    with TimeSeriesStore(tmp_path / "s.db", readonly=True) as reader:
+        m = reader.metrics()
+    assert m["name"].tolist() == ["a", "b"]
+    assert m["series"].tolist() == [2, 1] and m["points"].tolist() == [8, 1]
+    assert m["first"].iloc[0] == pd.Timestamp(T0, unit="ns", tz="UTC")
+    assert m["last"].iloc[1] == pd.Timestamp(T0 + 9 * NS, unit="ns", tz="UTC")
+
+
+# -- batching and threads ------------------------------------------------------------------
+
+def _wait_for_rows(path: Path, want: int, timeout_s: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    with TimeSeriesStore(path, readonly=True) as reader:
+        while True:
+            got = len(reader.query("m", resolution="raw"))
+            if got >= want or time.monotonic() > deadline:
+                return got
+            time.sleep(0.02)
+
+
+def test_background_thread_flushes_on_interval(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db", flush_interval_s=0.05) as store:
+        store.write_series("m", {}, T0 + np.arange(10) * NS, np.zeros(10))
+        assert _wait_for_rows(tmp_path / "s.db", 10) == 10
+
+
+def test_buffer_flushes_when_full(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db", flush_interval_s=3600, max_buffered_points=100) as store:
+        store.write_series("m", {}, T0 + np.arange(60) * NS, np.zeros(60))
+        assert _wait_for_rows(tmp_path / "s.db", 60, timeout_s=0.2) == 0
+        store.write_series("m", {}, T0 + np.arange(60, 120) * NS, np.zeros(60))
+        assert _wait_for_rows(tmp_path / "s.db", 120, timeout_s=0.2) == 120
+
+
+def test_concurrent_writer_threads_lose_nothing(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db", flush_interval_s=0.01, max_buffered_points=500) as store:
+
+        def writer(k: int) -> None:
+            for i in range(200):
+                store.write([Point("m", float(i), T0 + (k * 1000 + i) * NS, {"w": str(k)})])
+                if i % 50 == 0:
+                    store.write_series("m", {"w": str(k)},
+                                       np.array([T0 + (k * 1000 + 500 + i) * NS]),
+                                       np.array([-1.0]))
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        df = store.query("m", resolution="raw")
+    assert len(df) == 4 * 204
+    assert df.groupby("w")["value"].sum().tolist() == [sum(range(200)) - 4] * 4
+
+
+# -- errors --------------------------------------------------------------------------------
+
+def _one_line_store_error(exc: pytest.ExceptionInfo[StoreError]) -> str:
+    assert isinstance(exc.value, SeedanceError)
+    text = str(exc.value)
+    assert text and "\n" not in text
+    return text
+
+
+def test_nan_timestamp_is_rejected(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        with pytest.raises(StoreError) as exc:
+            store.write_series("m", {}, np.array([T0, np.nan]), np.zeros(2))
+        assert "NaN" in _one_line_store_error(exc)
+        with pytest.raises(StoreError):
+            store.write([Point("m", 1.0, float("nan"))])  # type: ignore[arg-type]
+
+
+def test_non_str_attribute_is_rejected(tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db") as store:
+        with pytest.raises(StoreError) as exc:
+            store.write([Point("m", 1.0, T0, {"gpu": 0})])  # type: ignore[dict-item]
+        assert "gpu" in _one_line_store_error(exc)
+
+
+def test_missing_directory_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(StoreError) as exc:
+        TimeSeriesStore(tmp_path / "nope" / "s.db")
+    assert "does not exist" in _one_line_store_error(exc)
+
+
+def test_file_that_is_not_a_store_is_rejected(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t(x)")
+    for path in (junk, other):
+        for readonly in (False, True):
+            with pytest.raises(StoreError) as exc:
+                TimeSeriesStore(path, readonly=readonly)
+            assert "not a seedance store" in _one_line_store_error(exc)
+
+
+def test_readonly_store_refuses_writes(tmp_path: Path) -> None:
+    _store(tmp_path / "s.db").close()
+    with TimeSeriesStore(tmp_path / "s.db", readonly=True) as reader:
+        with pytest.raises(StoreError):
+            reader.write_series("m", {}, np.array([T0]), np.zeros(1))
+    with pytest.raises(StoreError):
+        TimeSeriesStore(tmp_path / "absent.db", readonly=True)
+
+
+def test_close_is_idempotent_and_flushes(tmp_path: Path) -> None:
+    store = _store(tmp_path / "s.db", flush_interval_s=3600)
+    store.write_series("m", {}, np.array([T0]), np.ones(1))
+    store.close()
+    store.close()
+    assert _wait_for_rows(tmp_path / "s.db", 1, timeout_s=0) == 1
+
+
+# -- other processes -----------------------------------------------------------------------
+
+def test_readonly_opens_while_writer_holds_a_write_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with _store(path) as store:
+        store.write_series("m", {}, np.array([T0]), np.ones(1))
+        store.flush()
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("DELETE FROM series")  # uncommitted; readers must not see it
+        try:
+            with TimeSeriesStore(path, readonly=True, busy_timeout_s=1) as reader:
+                assert len(reader.query("m", resolution="raw")) == 1
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+
+_READER = textwrap.dedent("""
+    import sys, time
+    from collectors._store import TimeSeriesStore
+    seen = 0
+    with TimeSeriesStore(sys.argv[1], readonly=True, busy_timeout_s=5) as reader:
+        end = time.monotonic() + float(sys.argv[2])
+        while time.monotonic() < end:
+            n = len(reader.query("m", resolution="raw"))
+            assert n >= seen, (n, seen)
+            seen = n
+            reader.metrics()
+    print(seen)
+""")
+
+
+@pytest.mark.integration
+def test_second_process_reads_while_first_writes(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with _store(path, flush_interval_s=0.01) as store:
+        store.write_series("m", {}, np.array([T0]), np.zeros(1))
+        store.flush()
+        reader = subprocess.Popen([sys.executable, "-c", _READER, str(path), "3"], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        i = 1
+        while reader.poll() is None:
+            store.write_series("m", {}, T0 + np.arange(i, i + 50) * NS, np.zeros(50))
+            store.flush()
+            i += 50
+        out, err = reader.communicate()
+    assert reader.returncode == 0, err
+    assert "locked" not in err
+    assert 1 <= int(out) <= i
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from collectors._store import TimeSeriesStore
+    store = TimeSeriesStore(sys.argv[1], raw_retention_s=None, flush_interval_s=3600)
+    t0, n = 1_760_000_000 * 10**9, 0
+    while True:
+        batch = np.arange(n, n + 997)
+        for g in range(3):
+            store.write_series("m", {"g": str(g)}, t0 + batch * 10**6, batch.astype(float))
+        store.flush()
+        n += 997
+        print(n, flush=True)
+""")
+
+
+@pytest.mark.integration
+def test_kill_9_keeps_every_committed_point(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    committed = 0
+    for line in child.stdout:
+        committed = int(line)
+        if committed >= 40 * 997:
+            break
+    os.kill(child.pid, signal.SIGKILL)  # the child is already busy with its next batch
+    child.wait()
+    assert committed >= 40 * 997
+    with TimeSeriesStore(path, readonly=True) as reader:
+        df = reader.query("m", resolution="raw")
+    for _, part in df.groupby("g"):
+        values = part["value"].to_numpy()
+        assert values.shape[0] >= committed
+        assert values.tolist() == list(map(float, range(values.shape[0])))
