@@ -179,7 +179,63 @@ SERVING_METRICS: tuple[MetricSpec, ...] = (
                attributes=_JOB, description="Requests preempted"),
 )
 
+_DCGM = _GPU + ("seedance.source",)
+_VLLM = ("service.name", "gen_ai.request.model", "seedance.vllm.engine", "seedance.source")
+
+SCRAPE_METRICS: tuple[MetricSpec, ...] = (
+    # Names only scrape sources produce; scraped series that match a name above (hw.power,
+    # gen_ai.server.*, ...) reuse it. collectors/_scrape.py holds the series -> name rules.
+    MetricSpec(name="hw.energy", unit="J", kind=S, source="dcgm-exporter", attributes=_DCGM,
+               description="Energy the GPU used since the driver loaded"),
+    MetricSpec(name="seedance.gpu.memory.free", unit="By", kind=G, source="dcgm-exporter",
+               attributes=_DCGM, description="Device memory free"),
+    MetricSpec(name="seedance.gpu.memory.reserved", unit="By", kind=G, source="dcgm-exporter",
+               attributes=_DCGM, description="Device memory the driver reserves"),
+    MetricSpec(name="seedance.gpu.memory.temperature", unit="Cel", kind=G,
+               source="dcgm-exporter", attributes=_DCGM, description="Memory temperature"),
+    MetricSpec(name="seedance.gpu.xid.last", unit="1", kind=G, source="dcgm-exporter",
+               attributes=_DCGM,
+               description="Code of the last XID error (0: none); a code, not a count"),
+    MetricSpec(name="seedance.gpu.pcie.replays", unit="{event}", kind=S,
+               source="dcgm-exporter", attributes=_DCGM, description="PCIe link retries"),
+    MetricSpec(name="seedance.gpu.nvlink.bandwidth_total", unit="{raw}", kind=G,
+               source="dcgm-exporter", attributes=_DCGM,
+               description="DCGM field 449 as exported, not converted: its unit is not "
+               "documented consistently (typed a counter, reported by some DCGM versions as "
+               "MB/s); compare it only with itself"),
+    MetricSpec(name="seedance.gpu.graphics_engine.active", unit="1", kind=G,
+               source="dcgm-exporter", attributes=_DCGM,
+               description="Fraction of time the graphics/compute engine was active"),
+    MetricSpec(name="seedance.gpu.sm.active", unit="1", kind=G, source="dcgm-exporter",
+               attributes=_DCGM,
+               description="Fraction of cycles an SM had at least one warp assigned "
+               "(averaged over SMs)"),
+    MetricSpec(name="seedance.gpu.sm.occupancy", unit="1", kind=G, source="dcgm-exporter",
+               attributes=_DCGM,
+               description="Resident warps as a fraction of the SMs' maximum"),
+    MetricSpec(name="seedance.gpu.pipe.active", unit="1", kind=G, source="dcgm-exporter",
+               attributes=_DCGM + ("pipe",),
+               description="Fraction of cycles a pipe was active, pipe tensor|fp64|fp32|fp16"),
+    MetricSpec(name="seedance.gpu.dram.active", unit="1", kind=G, source="dcgm-exporter",
+               attributes=_DCGM,
+               description="Fraction of cycles the device memory interface sent or received "
+               "data (a truer memory-bound signal than hw.gpu.memory.utilization)"),
+    MetricSpec(name="seedance.serve.prefix_cache.hit_tokens", unit="{token}", kind=S,
+               source="vllm", attributes=_VLLM,
+               description="Prompt tokens found in the prefix cache (vLLM v1)"),
+    MetricSpec(name="seedance.serve.prefix_cache.query_tokens", unit="{token}", kind=S,
+               source="vllm", attributes=_VLLM,
+               description="Prompt tokens looked up in the prefix cache (vLLM v1)"),
+    MetricSpec(name="seedance.serve.prefix_cache.hit_ratio", unit="1", kind=G, source="vllm",
+               attributes=_VLLM,
+               description="Prefix-cache hit rate as vLLM v0 reports it"),
+    MetricSpec(name="seedance.serve.prompt_tokens", unit="{token}", kind=S, source="vllm",
+               attributes=_VLLM, description="Prompt (prefill) tokens processed"),
+    MetricSpec(name="seedance.serve.generation_tokens", unit="{token}", kind=S, source="vllm",
+               attributes=_VLLM, description="Tokens generated"),
+)
+
 CATALOGUE: tuple[MetricSpec, ...] = (
-    GPU_METRICS + TRAINING_METRICS + COLLECTIVE_METRICS + SERVING_METRICS
+    GPU_METRICS + TRAINING_METRICS + COLLECTIVE_METRICS + SERVING_METRICS + SCRAPE_METRICS
 )
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
