@@ -1,0 +1,321 @@
+"""OTLP/HTTP metrics receiver (``POST /v1/metrics``) and an optional upstream forwarder.
+
+Follows the OTLP/HTTP spec (opentelemetry.io/docs/specs/otlp/#otlphttp): binary protobuf or JSON
+bodies, optional gzip, the response in the request's encoding, a ``google.rpc.Status`` body on
+every 4xx/5xx. Bad input is answered, never fatal: bodies are capped before and after gzip so a
+gzip bomb costs at most ``max_body_bytes`` of memory, and a failing sink is answered 503, which
+the spec lists as retryable (429, 502, 503, 504), so exporters send the batch again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Final
+
+import httpx
+from fastapi import APIRouter, Request, Response
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from collectors._errors import SeedanceError
+from collectors._otlp_decode import (
+    DecodedMetrics,
+    OtlpDecodeError,
+    decode_json,
+    decode_protobuf,
+    points_from_request,
+)
+
+logger = logging.getLogger(__name__)
+
+PROTOBUF: Final = "application/x-protobuf"
+JSON: Final = "application/json"
+_DECODERS = {PROTOBUF: decode_protobuf, JSON: decode_json}
+_FORWARDED_HEADERS = ("content-type", "content-encoding")
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+class BodyTooLarge(SeedanceError):
+    """A request body, before or after gzip, is larger than the receiver's limit."""
+
+
+@dataclass
+class ReceiverStats:
+    """What the receiver accepted and rejected since it started; plain ints, safe to read.
+
+    A request is accepted when it was answered 200; points are counted only once decoded, so a
+    request rejected before decoding adds to ``requests_rejected`` alone.
+    """
+
+    requests_accepted: int = 0
+    requests_rejected: int = 0
+    points_accepted: int = 0
+    points_rejected: int = 0
+    bytes_received: int = 0
+    sink_errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def _add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForwarderConfig:
+    """Where and how to forward accepted bodies.
+
+    ``headers`` are added to every forwarded request (e.g. the upstream's API key); of the
+    client's headers only Content-Type and Content-Encoding are passed on.
+    """
+
+    url: str
+    timeout_s: float = 10.0
+    max_queue: int = 256
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"ForwarderConfig.url must be an http(s) URL, got {self.url!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"ForwarderConfig.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_queue < 1:
+            raise ValueError(f"ForwarderConfig.max_queue must be >= 1, got {self.max_queue}")
+
+
+class Forwarder:
+    """Sends every accepted OTLP body, bytes unchanged, to an upstream OTLP/HTTP collector.
+
+    One background thread does the sending; ``submit`` never blocks the request: when the bounded
+    queue is full the body is dropped and counted. Each body is tried once (the upstream being
+    down must not grow memory). Thread-safe. ``start`` and ``shutdown`` are idempotent; after
+    ``shutdown`` the forwarder drops everything and cannot be started again.
+    """
+
+    def __init__(self, config: ForwarderConfig) -> None:
+        self.config = config
+        self.sent = 0
+        self.failed = 0
+        self.dropped = 0
+        self._queue: queue.Queue[tuple[bytes, dict[str, str]] | None] = queue.Queue(
+            config.max_queue
+        )
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._abandon = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def submit(self, body: bytes, headers: Mapping[str, str]) -> bool:
+        """Queue ``body`` for the upstream; False (and counted as dropped) when it cannot be."""
+        if not self._stopping.is_set():
+            wanted = {k: v for k in _FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+            try:
+                self._queue.put_nowait((body, wanted))
+                return True
+            except queue.Full:
+                pass
+        with self._lock:
+            self.dropped += 1
+        return False
+
+    def start(self) -> None:
+        """Start the sending thread (a no-op when running)."""
+        with self._lock:
+            if self._stopping.is_set():
+                raise SeedanceError("Forwarder cannot be restarted after shutdown")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="otlp-forwarder", daemon=True
+                )
+                self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued for up to ``timeout_s``, then drop the rest (harmless twice)."""
+        self._stopping.set()
+        try:
+            self._queue.put_nowait(None)  # wakes the thread; when full it never blocks anyway
+        except queue.Full:
+            pass
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+        self._abandon.set()
+        if thread is None:
+            self._drop_queued()
+
+    def __enter__(self) -> Forwarder:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.shutdown(self.config.timeout_s)
+
+    def _drop_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                with self._lock:
+                    self.dropped += 1
+
+    def _run(self) -> None:
+        headers = dict(self.config.headers)
+        with httpx.Client(timeout=self.config.timeout_s) as client:
+            while True:
+                # Once stopping, never block: the wake-up may not have fit in a full queue.
+                try:
+                    item = self._queue.get_nowait() if self._stopping.is_set() else self._queue.get()
+                except queue.Empty:
+                    return
+                if item is None:
+                    continue
+                if self._abandon.is_set():
+                    with self._lock:
+                        self.dropped += 1
+                    continue
+                self._send(client, item[0], {**item[1], **headers})
+
+    def _send(self, client: httpx.Client, body: bytes, headers: dict[str, str]) -> None:
+        try:
+            response = client.post(self.config.url, content=body, headers=headers)
+            ok, why = response.is_success, f"HTTP {response.status_code}"
+        except Exception as e:  # the loop never dies: any failure is one failed body
+            ok, why = False, repr(e)
+        with self._lock:
+            if ok:
+                self.sent += 1
+            else:
+                self.failed += 1
+        if ok and self._failing:
+            logger.info("OTLP forwarding to %s works again", self.config.url)
+        elif not ok and not self._failing:
+            logger.warning("OTLP forwarding to %s failed (%s); counting failures quietly",
+                           self.config.url, why)
+        self._failing = not ok
+
+
+def _encode(message: Message, content_type: str) -> bytes:
+    if content_type == JSON:
+        return json_format.MessageToJson(message, indent=None).encode()
+    return message.SerializeToString()
+
+
+def _status(code: int, message: str, content_type: str) -> Response:
+    """A spec-shaped error: google.rpc.Status (code omitted, as the spec allows) in the
+    request's encoding, protobuf when that encoding is unknown."""
+    content_type = content_type if content_type in _DECODERS else PROTOBUF
+    return Response(_encode(Status(message=message), content_type), status_code=code,
+                    media_type=content_type)
+
+
+def gunzip(data: bytes, max_bytes: int) -> bytes:
+    """Decompress gzip (one or more members) incrementally; BodyTooLarge past ``max_bytes``.
+
+    Never holds more than ``max_bytes + 1`` decompressed bytes, whatever the ratio.
+    """
+    out = bytearray()
+    while data:
+        d = zlib.decompressobj(_GZIP_WBITS)
+        chunk = data
+        while chunk and not d.eof:
+            out += d.decompress(chunk, max_bytes + 1 - len(out))
+            if len(out) > max_bytes:
+                raise BodyTooLarge(f"gzip body inflates past the {max_bytes}-byte limit")
+            chunk = d.unconsumed_tail
+        if not d.eof:
+            raise zlib.error("gzip stream is truncated")
+        data = d.unused_data
+    return bytes(out)
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge(f"Content-Length {declared} is over the {max_bytes}-byte limit")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise BodyTooLarge(f"body is over the {max_bytes}-byte limit")
+    return bytes(body)
+
+
+def otlp_router(
+    sink: Callable[[DecodedMetrics], None],
+    *,
+    max_body_bytes: int = 8 * 2**20,
+    forwarder: Forwarder | None = None,
+    stats: ReceiverStats | None = None,
+) -> APIRouter:
+    """An APIRouter serving ``POST /v1/metrics``; every decoded request goes to ``sink``.
+
+    ``sink`` runs in a worker thread, one call per request; if it raises, the client gets 503
+    and retries. Accepted bodies also go to ``forwarder`` when given (the caller starts and
+    shuts it down). Pass ``stats`` to read the counters.
+    """
+    if max_body_bytes < 1:
+        raise ValueError(f"otlp_router max_body_bytes must be >= 1, got {max_body_bytes}")
+    counters = stats if stats is not None else ReceiverStats()
+    router = APIRouter()
+
+    def decode(raw: bytes, content_type: str, gzipped: bool) -> DecodedMetrics:
+        body = gunzip(raw, max_body_bytes) if gzipped else raw
+        return points_from_request(_DECODERS[content_type](body))
+
+    def reject(code: int, message: str, content_type: str, points: int = 0) -> Response:
+        counters._add(requests_rejected=1, points_rejected=points)
+        return _status(code, message, content_type)
+
+    @router.post("/v1/metrics")
+    async def export_metrics(request: Request) -> Response:
+        content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if content_type not in _DECODERS:
+            return reject(415, f"Content-Type must be {PROTOBUF} or {JSON}, got "
+                          f"{content_type or 'none'!r}", content_type)
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("gzip", "identity", ""):
+            return reject(415, f"Content-Encoding must be gzip or identity, got {encoding!r}",
+                          content_type)
+        try:
+            raw = await _read_body(request, max_body_bytes)
+            counters._add(bytes_received=len(raw))
+            decoded = await run_in_threadpool(decode, raw, content_type, encoding == "gzip")
+        except BodyTooLarge as e:
+            return reject(413, str(e), content_type)
+        except zlib.error as e:
+            return reject(400, f"bad gzip body: {e}", content_type)
+        except OtlpDecodeError as e:
+            return reject(400, str(e), content_type)
+        except ClientDisconnect:
+            counters._add(requests_rejected=1)
+            return Response(status_code=400)
+        try:
+            await run_in_threadpool(sink, decoded)
+        except Exception as e:  # the receiver never dies of its sink; the client retries
+            logger.exception("OTLP sink failed on %d points", len(decoded.points))
+            counters._add(sink_errors=1)
+            return reject(503, f"sink failed, retry later: {e!r}", content_type,
+                          len(decoded.points))
+        counters._add(requests_accepted=1, points_accepted=len(decoded.points))
+        if forwarder is not None:
+            forwarder.submit(raw, request.headers)
+        return Response(_encode(ExportMetricsServiceResponse(), content_type),
+                        media_type=content_type)
+
+    return router
