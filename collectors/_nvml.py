@@ -1,0 +1,373 @@
+"""The GPU sampler: one NVML poll per interval, shared by every reader.
+
+Readers never touch NVML: ``snapshot()`` and the OpenTelemetry callbacks read the cached
+points of the last poll, so ten readers cost what one does. Raw readings from any backend (live,
+recording, replay) become points here, in one place, with the catalogue's names and units.
+
+Derived peaks, so a detector can judge saturation without a spec sheet:
+
+* PCIe, one direction: per-lane rate of the *current* generation x current width. Per lane
+  (PCIe base specs): gen1 2.5 GT/s and gen2 5 GT/s with 8b/10b coding (250, 500 MB/s); gen3
+  8 GT/s, gen4 16 GT/s, gen5 32 GT/s with 128b/130b (984.6, 1969.2, 3938.5 MB/s); gen6
+  64 GT/s in 256-byte FLITs carrying 242 bytes of payload (7562.5 MB/s). Packet headers are
+  not subtracted, so real transfers top out below this (the seed measured 28.3 GB/s on a
+  gen5 x16 link whose peak here is 63.0 GB/s).
+* Memory: bus width (bits) / 8 x max memory clock x 2. NVML's memory clock is half the data
+  rate for both HBM and GDDR6, so the x2 holds for both: it gives the datasheet figure for
+  A100 80GB (5120 bit, 1593 MHz: 2.04 TB/s), H100 SXM (5120 bit, 2619 MHz: 3.35 TB/s) and
+  L40S (384 bit, 9001 MHz: 864 GB/s).
+
+Units read from NVML: PCIe throughput in "KB/s", which we read as 1000 bytes because NVML
+writes KiB where it means 1024 (its NVLink counters); NVLink data counters in KiB, cumulative,
+turned into a rate between two polls; power in mW; memory in bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from collectors._catalogue import GPU_METRICS
+from collectors._nvml_backends import (
+    XID_FIELD,
+    LiveNvmlBackend,
+    NvmlBackend,
+    NvmlError,
+    NvmlUnavailable,
+    RawGpu,
+    RawPoll,
+)
+from collectors._points import REPLAYED_ATTR, MetricKind, Point
+
+log = logging.getLogger(__name__)
+
+THROTTLE_REASONS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "applications_clocks_setting",
+    0x004: "sw_power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal_slowdown",
+    0x040: "hw_thermal_slowdown",
+    0x080: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+"""Bits of nvmlDeviceGetCurrentClocksEventReasons (nvml.h nvmlClocksEventReason*)."""
+
+PCIE_LANE_BYTES_PER_S: dict[int, float] = {
+    1: 2.5e9 * 8 / 10 / 8,
+    2: 5e9 * 8 / 10 / 8,
+    3: 8e9 * 128 / 130 / 8,
+    4: 16e9 * 128 / 130 / 8,
+    5: 32e9 * 128 / 130 / 8,
+    6: 64e9 * 242 / 256 / 8,
+}
+"""Peak payload bytes/s of one lane in one direction, by PCIe generation (see module doc)."""
+
+PCIE_KB_BYTES = 1000
+NVLINK_KIB_BYTES = 1024
+
+
+def pcie_peak_bytes_per_s(generation: int, width: int) -> float | None:
+    """One-direction peak of a PCIe link; None for a generation we have no rate for."""
+    lane = PCIE_LANE_BYTES_PER_S.get(generation)
+    return None if lane is None else lane * width
+
+
+def memory_peak_bytes_per_s(bus_width_bits: int, max_memory_clock_mhz: float) -> float:
+    """Peak device-memory bandwidth: bus width x max memory clock x 2 (double data rate)."""
+    return bus_width_bits / 8 * max_memory_clock_mhz * 1e6 * 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSamplerConfig:
+    """How often to poll NVML, and the host name the points carry."""
+
+    interval_s: float = 1.0
+    host_name: str = field(default_factory=socket.gethostname)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise ValueError(f"interval_s must be a positive number, got {self.interval_s!r}")
+        if not self.host_name:
+            raise ValueError("host_name must not be empty")
+
+
+_SPEC_KIND = {spec.name: spec.kind for spec in GPU_METRICS}
+
+
+class GpuSampler:
+    """Polls a backend at most once per ``interval_s`` and serves the cached points.
+
+    Thread-safe. ``start()`` runs a daemon loop that polls every interval and never dies;
+    without it, ``snapshot()`` polls on demand when the cache is older than ``interval_s``.
+    When the backend is not there (no library, no driver) the sampler says so once and serves
+    nothing: the sidecar runs on without GPU metrics.
+    """
+
+    def __init__(self, backend: NvmlBackend | None = None, *,
+                 config: GpuSamplerConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend if backend is not None else LiveNvmlBackend()
+        self.config = config if config is not None else GpuSamplerConfig()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._opened = False
+        self.available = True
+        self._points: list[Point] = []
+        self._by_name: dict[str, list[Point]] = {}
+        self._polled_at: float | None = None
+        self._logged: set[tuple[int, str]] = set()
+        self._identity: dict[int, dict[str, str]] = {}
+        self._nvlink_prev: dict[tuple[int, str], tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop_errors: set[str] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the backend and start the poll loop; a second call does nothing."""
+        with self._lock:
+            self._open_locked()
+            if not self.available or self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="seedance-nvml", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the loop and release the backend; harmless when repeated."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+        with self._lock:
+            if self._opened:
+                self.backend.close()
+                self._opened = False
+
+    def __enter__(self) -> GpuSampler:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.shutdown()
+
+    def _open_locked(self) -> None:
+        if self._opened or not self.available:
+            return
+        try:
+            self.backend.open()
+        except NvmlUnavailable as e:
+            self.available = False
+            log.warning("NVML unavailable, GPU metrics are off: %s", e)
+            return
+        self._opened = True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._refresh(force=False)
+            except Exception as e:  # the loop never dies; say each kind of failure once
+                if type(e).__name__ not in self._loop_errors:
+                    self._loop_errors.add(type(e).__name__)
+                    log.exception("NVML poll failed; going on")
+            with self._lock:
+                due = self.config.interval_s if self._polled_at is None else (
+                    self._polled_at + self.config.interval_s - self._clock())
+            self._stop.wait(max(due, 0.01))
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def snapshot(self) -> list[Point]:
+        """The points of the last poll, polling first if they are older than ``interval_s``."""
+        self._refresh(force=False)
+        with self._lock:
+            return list(self._points)
+
+    def poll_once(self) -> list[Point]:
+        """Poll now whatever the age of the cache (tests, replays stepped by hand)."""
+        self._refresh(force=True)
+        with self._lock:
+            return list(self._points)
+
+    def cached(self, name: str) -> list[Point]:
+        """The cached points of one metric; never polls."""
+        with self._lock:
+            return list(self._by_name.get(name, ()))
+
+    def register(self, meter: Meter) -> None:
+        """Expose every GPU metric as an observable instrument whose callback reads the cache."""
+        for spec in GPU_METRICS:
+            callback = self._callback(spec.name)
+            if spec.kind is MetricKind.SUM:
+                meter.create_observable_counter(spec.name, [callback], unit=spec.unit,
+                                                description=spec.description)
+            else:
+                meter.create_observable_gauge(spec.name, [callback], unit=spec.unit,
+                                              description=spec.description)
+
+    def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(p.value, dict(p.attributes)) for p in self.cached(name)]
+
+        return observe
+
+    def _refresh(self, *, force: bool) -> None:
+        with self._lock:
+            self._open_locked()
+            if not self._opened:
+                return
+            now = self._clock()
+            if not force and self._polled_at is not None and (
+                    now - self._polled_at < self.config.interval_s):
+                return
+            self._polled_at = now
+            try:
+                poll = self.backend.poll()
+            except NvmlError as e:
+                self._set_points([])
+                log.warning("NVML poll failed: %s", e)
+                return
+            self._set_points(self._to_points(poll))
+
+    def _set_points(self, points: list[Point]) -> None:
+        by_name: dict[str, list[Point]] = defaultdict(list)
+        for point in points:
+            by_name[point.name].append(point)
+        self._points, self._by_name = points, dict(by_name)
+
+    # -- raw readings -> points ----------------------------------------------------------------
+
+    def _once(self, gpu: int, key: str, level: int, message: str, *args: object) -> None:
+        if (gpu, key) not in self._logged:
+            self._logged.add((gpu, key))
+            log.log(level, message, *args)
+
+    def _attributes(self, gpu: RawGpu) -> dict[str, str]:
+        r = gpu.readings
+        attrs = {"gpu.index": str(gpu.index), "host.name": self.config.host_name}
+        for attr, key in (("hw.id", "nvmlDeviceGetUUID"), ("hw.name", "nvmlDeviceGetName"),
+                          ("gpu.pci_address", "nvmlDeviceGetPciInfo.busId")):
+            if key in r:
+                attrs[attr] = str(r[key])
+        if self.backend.replayed:
+            attrs[REPLAYED_ATTR] = "true"
+        return attrs
+
+    def _to_points(self, poll: RawPoll) -> list[Point]:
+        points: list[Point] = []
+        for gpu in poll.gpus:
+            if gpu.lost:
+                self._once(gpu.index, "(lost)", logging.WARNING,
+                           "GPU %d is lost (NVML GpuIsLost/Unknown); reporting hw.gpu.up=0",
+                           gpu.index)
+                attrs = self._identity.get(gpu.index) or self._attributes(gpu)
+                points.append(Point("hw.gpu.up", 0.0, poll.time_ns, attrs))
+                continue
+            for key, kind in gpu.errors.items():
+                level = logging.INFO if kind == "not_supported" else logging.WARNING
+                self._once(gpu.index, key, level, "GPU %d: %s gives no value (%s); left out",
+                           gpu.index, key, kind)
+            attrs = self._attributes(gpu)
+            self._identity[gpu.index] = attrs
+            points.extend(self._gpu_points(gpu, poll.time_ns, attrs))
+        return points
+
+    def _gpu_points(self, gpu: RawGpu, time_ns: int, attrs: Mapping[str, str]) -> list[Point]:
+        r = gpu.readings
+        out: list[Point] = []
+
+        def emit(name: str, value: float, **extra: str) -> None:
+            assert name in _SPEC_KIND, name
+            out.append(Point(name, float(value), time_ns, {**attrs, **extra}))
+
+        def have(*keys: str) -> bool:
+            return all(isinstance(r.get(k), int | float) for k in keys)
+
+        emit("hw.gpu.up", 1)
+        if "nvmlDeviceGetUUID" in r:
+            info = {"hw.gpu.uuid": str(r["nvmlDeviceGetUUID"])}
+            if have("nvmlDeviceGetMemoryAffinity.node"):
+                info["numa.node"] = str(r["nvmlDeviceGetMemoryAffinity.node"])
+            emit("seedance.gpu.info", 1, **info)
+        for name, key, scale in (
+            ("hw.gpu.utilization", "nvmlDeviceGetUtilizationRates.gpu", 0.01),
+            ("hw.gpu.memory.utilization", "nvmlDeviceGetUtilizationRates.memory", 0.01),
+            ("hw.gpu.memory.usage", "nvmlDeviceGetMemoryInfo.used", 1),
+            ("hw.gpu.memory.limit", "nvmlDeviceGetMemoryInfo.total", 1),
+            ("hw.power", "nvmlDeviceGetPowerUsage", 0.001),
+            ("seedance.gpu.power.limit", "nvmlDeviceGetEnforcedPowerLimit", 0.001),
+            ("seedance.gpu.memory.bus_width", "nvmlDeviceGetMemoryBusWidth", 1),
+            ("hw.temperature", "nvmlDeviceGetTemperature.GPU", 1),
+        ):
+            if have(key):
+                emit(name, float(r[key]) * scale)
+        for direction, key in (("transmit", "nvmlDeviceGetPcieThroughput.TX_BYTES"),
+                               ("receive", "nvmlDeviceGetPcieThroughput.RX_BYTES")):
+            if have(key):
+                emit("hw.gpu.io", float(r[key]) * PCIE_KB_BYTES, **{"network.io.direction": direction})
+        for state, gen_key, width_key in (
+            ("current", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"),
+            ("max", "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"),
+        ):
+            if have(gen_key):
+                emit("seedance.gpu.pcie.link.generation", r[gen_key], state=state)
+            if have(width_key):
+                emit("seedance.gpu.pcie.link.width", r[width_key], state=state)
+        if have("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"):
+            peak = pcie_peak_bytes_per_s(int(r["nvmlDeviceGetCurrPcieLinkGeneration"]),
+                                         int(r["nvmlDeviceGetCurrPcieLinkWidth"]))
+            if peak is not None:
+                emit("seedance.gpu.pcie.link.peak_bandwidth", peak)
+        for direction, key in (("transmit", "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_TX"),
+                               ("receive", "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_RX")):
+            if have(key):
+                rate = self._nvlink_rate(gpu.index, direction, time_ns, int(r[key]))
+                if rate is not None:
+                    emit("seedance.gpu.nvlink.throughput", rate,
+                         **{"network.io.direction": direction})
+        for clock, key in (("sm", "nvmlDeviceGetClockInfo.SM"),
+                           ("memory", "nvmlDeviceGetClockInfo.MEM"),
+                           ("graphics", "nvmlDeviceGetClockInfo.GRAPHICS")):
+            if have(key):
+                emit("seedance.gpu.clock", r[key], clock=clock)
+        for clock, key in (("sm", "nvmlDeviceGetMaxClockInfo.SM"),
+                           ("memory", "nvmlDeviceGetMaxClockInfo.MEM")):
+            if have(key):
+                emit("seedance.gpu.clock.max", r[key], clock=clock)
+        if have("nvmlDeviceGetMemoryBusWidth", "nvmlDeviceGetMaxClockInfo.MEM"):
+            emit("seedance.gpu.memory.peak_bandwidth", memory_peak_bytes_per_s(
+                int(r["nvmlDeviceGetMemoryBusWidth"]), float(r["nvmlDeviceGetMaxClockInfo.MEM"])))
+        if have("nvmlDeviceGetCurrentClocksEventReasons"):
+            mask = int(r["nvmlDeviceGetCurrentClocksEventReasons"])
+            for bit in (1 << i for i in range(mask.bit_length())):
+                if mask & bit:
+                    emit("seedance.gpu.throttle_reasons", 1,
+                         reason=THROTTLE_REASONS.get(bit, f"bit_{bit:#x}"))
+        for error_type, key in (("ecc_corrected", "nvmlDeviceGetTotalEccErrors.CORRECTED"),
+                                ("ecc_uncorrected", "nvmlDeviceGetTotalEccErrors.UNCORRECTED"),
+                                ("xid", XID_FIELD)):
+            if have(key):
+                emit("hw.errors", r[key], **{"error.type": error_type})
+        return out
+
+    def _nvlink_rate(self, gpu: int, direction: str, time_ns: int, kib: int) -> float | None:
+        """Bytes/s between this cumulative KiB reading and the last; None on the first or a
+        counter reset."""
+        previous = self._nvlink_prev.get((gpu, direction))
+        self._nvlink_prev[(gpu, direction)] = (time_ns, kib)
+        if previous is None or kib < previous[1] or time_ns <= previous[0]:
+            return None
+        return (kib - previous[1]) * NVLINK_KIB_BYTES / ((time_ns - previous[0]) / 1e9)
