@@ -165,7 +165,7 @@ def _family_metric(info: MetricInfo,
         summary = SummaryMetricFamily(name, info.description, labels=label_names, unit=unit)
         for key, samples in series:
             values = values_of(key)
-            summary.add_metric(values, samples.get(("count", ""), 0.0),
+            summary.add_metric(values, int(samples.get(("count", ""), 0)),
                                samples.get(("sum", ""), _NAN))
             labels = dict(zip(label_names, values, strict=True))
             for (role, bound), value in samples.items():

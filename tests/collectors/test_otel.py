@@ -13,6 +13,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.sdk.metrics.export import MetricExportResult
+from prometheus_client.utils import floatToGoString
 
 from collectors._otel import (
     LATENCY_BUCKETS_S,
@@ -23,7 +24,6 @@ from collectors._otel import (
     setup_telemetry,
 )
 from collectors._points import Point
-from prometheus_client.utils import floatToGoString
 
 STEP = "seedance.train.step.duration"
 TTFT = "gen_ai.server.time_to_first_token"
