@@ -317,15 +317,16 @@ class GpuSampler:
         for direction, key in (("transmit", "nvmlDeviceGetPcieThroughput.TX_BYTES"),
                                ("receive", "nvmlDeviceGetPcieThroughput.RX_BYTES")):
             if have(key):
-                emit("hw.gpu.io", float(r[key]) * PCIE_KB_BYTES, **{"network.io.direction": direction})
+                emit("hw.gpu.io", float(r[key]) * PCIE_KB_BYTES,
+                     **{"network.io.direction": direction})
         for state, gen_key, width_key in (
             ("current", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"),
             ("max", "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"),
         ):
             if have(gen_key):
-                emit("seedance.gpu.pcie.link.generation", r[gen_key], state=state)
+                emit("seedance.gpu.pcie.link.generation", float(r[gen_key]), state=state)
             if have(width_key):
-                emit("seedance.gpu.pcie.link.width", r[width_key], state=state)
+                emit("seedance.gpu.pcie.link.width", float(r[width_key]), state=state)
         if have("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"):
             peak = pcie_peak_bytes_per_s(int(r["nvmlDeviceGetCurrPcieLinkGeneration"]),
                                          int(r["nvmlDeviceGetCurrPcieLinkWidth"]))
@@ -342,11 +343,11 @@ class GpuSampler:
                            ("memory", "nvmlDeviceGetClockInfo.MEM"),
                            ("graphics", "nvmlDeviceGetClockInfo.GRAPHICS")):
             if have(key):
-                emit("seedance.gpu.clock", r[key], clock=clock)
+                emit("seedance.gpu.clock", float(r[key]), clock=clock)
         for clock, key in (("sm", "nvmlDeviceGetMaxClockInfo.SM"),
                            ("memory", "nvmlDeviceGetMaxClockInfo.MEM")):
             if have(key):
-                emit("seedance.gpu.clock.max", r[key], clock=clock)
+                emit("seedance.gpu.clock.max", float(r[key]), clock=clock)
         if have("nvmlDeviceGetMemoryBusWidth", "nvmlDeviceGetMaxClockInfo.MEM"):
             emit("seedance.gpu.memory.peak_bandwidth", memory_peak_bytes_per_s(
                 int(r["nvmlDeviceGetMemoryBusWidth"]), float(r["nvmlDeviceGetMaxClockInfo.MEM"])))
@@ -360,7 +361,7 @@ class GpuSampler:
                                 ("ecc_uncorrected", "nvmlDeviceGetTotalEccErrors.UNCORRECTED"),
                                 ("xid", XID_FIELD)):
             if have(key):
-                emit("hw.errors", r[key], **{"error.type": error_type})
+                emit("hw.errors", float(r[key]), **{"error.type": error_type})
         return out
 
     def _nvlink_rate(self, gpu: int, direction: str, time_ns: int, kib: int) -> float | None:

@@ -184,8 +184,10 @@ LIVE_FIELDS: dict[str, Query] = {
     "nvmlDeviceGetMaxPcieLinkGeneration": lambda n, h: n.nvmlDeviceGetMaxPcieLinkGeneration(h),
     "nvmlDeviceGetCurrPcieLinkWidth": lambda n, h: n.nvmlDeviceGetCurrPcieLinkWidth(h),
     "nvmlDeviceGetMaxPcieLinkWidth": lambda n, h: n.nvmlDeviceGetMaxPcieLinkWidth(h),
-    "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_TX": _field_value("NVLINK_THROUGHPUT_DATA_TX"),
-    "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_RX": _field_value("NVLINK_THROUGHPUT_DATA_RX"),
+    "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_TX":
+        _field_value("NVLINK_THROUGHPUT_DATA_TX"),
+    "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_RX":
+        _field_value("NVLINK_THROUGHPUT_DATA_RX"),
     "nvmlDeviceGetPowerUsage": lambda n, h: n.nvmlDeviceGetPowerUsage(h),
     "nvmlDeviceGetEnforcedPowerLimit": lambda n, h: n.nvmlDeviceGetEnforcedPowerLimit(h),
     "nvmlDeviceGetClockInfo.SM": lambda n, h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
@@ -398,13 +400,14 @@ def read_trace(path: Path) -> Trace:
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     if not lines:
         raise NvmlTraceError(f"{path}: empty trace")
+    number = 1
     try:
         header = json.loads(lines[0])
         if header.get("format") != TRACE_FORMAT:
             raise NvmlTraceError(f"{path}:1: format {header.get('format')!r}, "
                                  f"expected {TRACE_FORMAT!r}")
         polls = []
-        for number, line in enumerate(lines[1:], start=2):
+        for number, line in enumerate(lines[1:], start=2):  # noqa: B007 (read in except)
             record = json.loads(line)
             polls.append((float(record["t_s"]), tuple(
                 RawGpu(index=int(g["index"]), readings=g.get("readings", {}),
@@ -412,7 +415,7 @@ def read_trace(path: Path) -> Trace:
                 for g in record["gpus"]
             )))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise NvmlTraceError(f"{path}: malformed trace: {e}") from e
+        raise NvmlTraceError(f"{path}:{number}: malformed trace record: {e}") from e
     return Trace(header=header, polls=tuple(polls))
 
 
