@@ -25,6 +25,7 @@ arrays and key-value lists as compact JSON of those renderings, an empty value a
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -160,13 +161,15 @@ def _attributes(base: dict[str, str], key_values: object) -> dict[str, str]:
     attrs = dict(base)
     for kv in key_values:  # type: ignore[attr-defined]
         value = kv.value
-        # Strings are nearly all attributes: read them without the generic dispatch.
-        attrs[kv.key] = (
-            value.string_value
-            if value.WhichOneof("value") == "string_value"
-            else render_value(value)
-        )
+        # Nearly all attributes are non-empty strings: take those without the generic dispatch.
+        attrs[kv.key] = value.string_value or render_value(value)
     return attrs
+
+
+@functools.lru_cache(maxsize=4096)
+def _prom_float(bound: float) -> str:
+    """A float as Prometheus writes `le` and `quantile`; cached, as bounds recur every export."""
+    return floatToGoString(bound)
 
 
 def _pow2(exponent: float) -> float:
@@ -185,13 +188,13 @@ def _exponential_buckets(dp: metrics_pb2.ExponentialHistogramDataPoint) -> list[
     # Negative bucket i holds [-base**(i+1), -base**i): walk from the most negative upwards.
     for i in range(len(negative.bucket_counts) - 1, -1, -1):
         total += negative.bucket_counts[i]
-        buckets.append((floatToGoString(-_pow2((negative.offset + i) * step)), total))
+        buckets.append((_prom_float(-_pow2((negative.offset + i) * step)), total))
     total += dp.zero_count
-    buckets.append((floatToGoString(dp.zero_threshold), total))
+    buckets.append((_prom_float(dp.zero_threshold), total))
     positive = dp.positive
     for i, count in enumerate(positive.bucket_counts):
         total += count
-        buckets.append((floatToGoString(_pow2((positive.offset + i + 1) * step)), total))
+        buckets.append((_prom_float(_pow2((positive.offset + i + 1) * step)), total))
     buckets.append(("+Inf", dp.count))
     return buckets
 
@@ -209,7 +212,7 @@ def _histogram_points(
     total = 0
     for bound, count in zip(dp.explicit_bounds, dp.bucket_counts, strict=False):
         total += count
-        out.append(Point(bucket, float(total), t, {**attrs, "le": floatToGoString(bound)}))
+        out.append(Point(bucket, float(total), t, {**attrs, "le": _prom_float(bound)}))
     out.append(Point(bucket, float(dp.count), t, {**attrs, "le": "+Inf"}))
 
 
@@ -277,5 +280,5 @@ def _convert(out: list[Point], name: str, which: str, data: object, resource: di
             out.append(Point(name + ".sum", dp.sum, t, attrs))
             for q in dp.quantile_values:
                 out.append(
-                    Point(name, q.value, t, {**attrs, "quantile": floatToGoString(q.quantile)})
+                    Point(name, q.value, t, {**attrs, "quantile": _prom_float(q.quantile)})
                 )

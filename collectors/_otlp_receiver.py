@@ -265,7 +265,8 @@ def otlp_router(
 ) -> APIRouter:
     """An APIRouter serving ``POST /v1/metrics``; every decoded request goes to ``sink``.
 
-    ``sink`` runs in a worker thread, one call per request; if it raises, the client gets 503
+    ``sink`` runs in a worker thread, one call per request, possibly several at once (so it
+    must be thread-safe, as ``TimeSeriesStore.write`` is); if it raises, the client gets 503
     and retries. Accepted bodies also go to ``forwarder`` when given (the caller starts and
     shuts it down). Pass ``stats`` to read the counters.
     """
