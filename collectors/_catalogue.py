@@ -198,7 +198,7 @@ SCRAPE_METRICS: tuple[MetricSpec, ...] = (
                description="Code of the last XID error (0: none); a code, not a count"),
     MetricSpec(name="seedance.gpu.pcie.replays", unit="{event}", kind=S,
                source="dcgm-exporter", attributes=_DCGM, description="PCIe link retries"),
-    MetricSpec(name="seedance.gpu.nvlink.bandwidth_total", unit="{raw}", kind=G,
+    MetricSpec(name="seedance.gpu.nvlink.raw_bandwidth", unit="{raw}", kind=G,
                source="dcgm-exporter", attributes=_DCGM,
                description="DCGM field 449 as exported, not converted: its unit is not "
                "documented consistently (typed a counter, reported by some DCGM versions as "

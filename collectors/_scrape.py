@@ -11,8 +11,9 @@ Mapping (:func:`map_exposition`, pure, what the tests drive):
   (percent -> fraction, MiB -> bytes, mJ -> J), its labels renamed (:data:`DCGM_LABELS`,
   :data:`VLLM_LABELS`; other labels are kept as they are) and constant attributes added
   (``hw.gpu.task``, ``network.io.direction``, ``clock``, ``pipe``).
-- ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` is a bitmask; it becomes one 0/1 point per reason
-  (``reason`` as in :data:`THROTTLE_REASONS`, ``unknown`` for bits NVML does not name).
+- ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` is a bitmask; it becomes a point of value 1 per
+  active reason (``reason`` as in :data:`THROTTLE_REASONS`, ``bit_0x...`` for bits NVML does
+  not name) and none while nothing throttles, as the NVML sampler emits them.
 - Where an exporter exposes the same quantity under an old and a new name at once (vLLM v1
   kept v0's ``gpu_cache_usage_perc`` and ``time_per_output_token_seconds`` beside
   ``kv_cache_usage_perc`` and ``inter_token_latency_seconds`` for a while) the rule listed
@@ -82,17 +83,17 @@ VLLM_LABELS: Mapping[str, str] = {
 }
 """vLLM label -> our attribute; labels not listed are kept as they are."""
 
-THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
-    (pynvml.nvmlClocksThrottleReasonGpuIdle, "gpu_idle"),
-    (pynvml.nvmlClocksThrottleReasonApplicationsClocksSetting, "applications_clocks_setting"),
-    (pynvml.nvmlClocksThrottleReasonSwPowerCap, "sw_power_cap"),
-    (pynvml.nvmlClocksThrottleReasonHwSlowdown, "hw_slowdown"),
-    (pynvml.nvmlClocksThrottleReasonSyncBoost, "sync_boost"),
-    (pynvml.nvmlClocksThrottleReasonSwThermalSlowdown, "sw_thermal_slowdown"),
-    (pynvml.nvmlClocksThrottleReasonHwThermalSlowdown, "hw_thermal_slowdown"),
-    (pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown, "hw_power_brake_slowdown"),
-    (pynvml.nvmlClocksThrottleReasonDisplayClockSetting, "display_clock_setting"),
-)
+THROTTLE_REASONS: Mapping[int, str] = {
+    pynvml.nvmlClocksThrottleReasonGpuIdle: "gpu_idle",
+    pynvml.nvmlClocksThrottleReasonApplicationsClocksSetting: "applications_clocks_setting",
+    pynvml.nvmlClocksThrottleReasonSwPowerCap: "sw_power_cap",
+    pynvml.nvmlClocksThrottleReasonHwSlowdown: "hw_slowdown",
+    pynvml.nvmlClocksThrottleReasonSyncBoost: "sync_boost",
+    pynvml.nvmlClocksThrottleReasonSwThermalSlowdown: "sw_thermal_slowdown",
+    pynvml.nvmlClocksThrottleReasonHwThermalSlowdown: "hw_thermal_slowdown",
+    pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown: "hw_power_brake_slowdown",
+    pynvml.nvmlClocksThrottleReasonDisplayClockSetting: "display_clock_setting",
+}
 """NVML clock-throttle bits (DCGM's mask is the same, 1:1) -> ``reason`` attribute values."""
 
 
@@ -107,8 +108,8 @@ class SeriesRule:
     ``series`` is the family name as prometheus_client's parser gives it (counters without
     ``_total``). ``scale`` converts ``source_unit`` (the unit the exporter's HELP text states)
     into the catalogue unit; it applies to gauge and counter values, and histogram rules keep 1
-    (every mapped histogram is already in seconds). ``bits`` turns a bitmask into one 0/1 point
-    per bit, named by the attribute ``bit_attribute``.
+    (every mapped histogram is already in seconds). ``bits`` turns a bitmask into one point
+    per set bit, named by the attribute ``bit_attribute``.
     """
 
     series: str
@@ -116,7 +117,7 @@ class SeriesRule:
     source_unit: str
     scale: float = 1.0
     attributes: Mapping[str, str] = field(default_factory=dict)
-    bits: tuple[tuple[int, str], ...] = ()
+    bits: Mapping[int, str] = field(default_factory=dict)
     bit_attribute: str = ""
 
     def __post_init__(self) -> None:
@@ -158,7 +159,7 @@ DCGM_RULES: tuple[SeriesRule, ...] = (
     SeriesRule(series="DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", name="seedance.gpu.throttle_reasons",
                source_unit="bitmask", bits=THROTTLE_REASONS, bit_attribute="reason"),
     _rule("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "seedance.gpu.pcie.replays", "count"),
-    _rule("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "seedance.gpu.nvlink.bandwidth_total", "raw"),
+    _rule("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "seedance.gpu.nvlink.raw_bandwidth", "raw"),
     _rule("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "seedance.gpu.graphics_engine.active", "ratio"),
     _rule("DCGM_FI_PROF_SM_ACTIVE", "seedance.gpu.sm.active", "ratio"),
     _rule("DCGM_FI_PROF_SM_OCCUPANCY", "seedance.gpu.sm.occupancy", "ratio"),
@@ -311,11 +312,16 @@ def _family_points(
             series, value = _histogram_part(family, sample, name, attrs)
         else:
             series, value = name, sample.value * scale
-        t_ns = time_ns if sample.timestamp is None else round(float(sample.timestamp) * 1e9)
+        t_ns = time_ns if sample.timestamp is None else _ms_to_ns(float(sample.timestamp))
         if rule is not None and rule.bits:
             yield from _bit_points(series, value, rule, attrs, t_ns)
         else:
             yield Point(series, float(value), t_ns, attrs)
+
+
+def _ms_to_ns(timestamp_s: float) -> int:
+    """Exposition timestamps are whole milliseconds; the parser hands them over as float s."""
+    return round(timestamp_s * 1000) * 1_000_000
 
 
 def _histogram_part(
@@ -336,13 +342,10 @@ def _bit_points(
     name: str, value: float, rule: SeriesRule, attrs: Mapping[str, str], time_ns: int
 ) -> Iterable[Point]:
     mask = int(value)
-    known = 0
-    for bit, reason in rule.bits:
-        known |= bit
-        yield Point(name, 1.0 if mask & bit else 0.0, time_ns,
-                    {**attrs, rule.bit_attribute: reason})
-    yield Point(name, 1.0 if mask & ~known else 0.0, time_ns,
-                {**attrs, rule.bit_attribute: "unknown"})
+    for bit in (1 << i for i in range(mask.bit_length())):
+        if mask & bit:
+            reason = rule.bits.get(bit, f"bit_{bit:#x}")
+            yield Point(name, 1.0, time_ns, {**attrs, rule.bit_attribute: reason})
 
 
 class PointSink(Protocol):
