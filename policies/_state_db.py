@@ -1,0 +1,129 @@
+"""Findings in the state database: one SQLAlchemy URL, a SQLite file by default.
+
+Tables are prefixed ``findings`` so the tuner's tables (changes, approvals, audit) and the
+Optuna study can share the same database. A partial unique index allows at most one active
+finding per (detector, job, resource), so two engines on one database cannot open duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import Engine, make_url
+
+from policies._findings import Finding
+
+_metadata = MetaData()
+findings_table = Table(
+    "findings",
+    _metadata,
+    Column("id", String(64), primary_key=True),
+    Column("detector", String(128), nullable=False),
+    Column("job", String(256), nullable=False),
+    Column("resource_key", String(1024), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("opened_at_ns", BigInteger, nullable=False),
+    Column("closed_at_ns", BigInteger, nullable=True),
+    Column("body", Text, nullable=False),
+    Index("findings_by_job", "job", "opened_at_ns"),
+    Index("findings_one_active", "detector", "job", "resource_key", unique=True,
+          sqlite_where=text("closed_at_ns IS NULL"),
+          postgresql_where=text("closed_at_ns IS NULL")),
+)
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    """The SQLAlchemy URL of a SQLite file (``sqlite:////abs/path/state.db``)."""
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers (the UI) never block the engine
+    cursor.execute("PRAGMA synchronous=NORMAL")  # committed rows survive a killed process
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+class FindingStore:
+    """Saves and loads findings. Thread-safe (one pooled engine); ``close`` is idempotent."""
+
+    def __init__(self, url: str) -> None:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        self.url = url
+        self._engine: Engine = create_engine(url)
+        if parsed.get_backend_name() == "sqlite":
+            event.listen(self._engine, "connect", _sqlite_pragmas)
+        _metadata.create_all(self._engine)
+
+    def save(self, finding: Finding) -> None:
+        """Insert or update ``finding`` by id (it must have been opened: id and opened_at_ns)."""
+        if not finding.id or finding.opened_at_ns is None:
+            raise ValueError("only opened findings (with id and opened_at_ns) can be saved")
+        detector, job, resource = finding.key
+        row = {"detector": detector, "job": job, "resource_key": resource,
+               "severity": finding.severity, "opened_at_ns": finding.opened_at_ns,
+               "closed_at_ns": finding.closed_at_ns, "body": finding.to_json()}
+        with self._engine.begin() as conn:
+            result = conn.execute(
+                update(findings_table).where(findings_table.c.id == finding.id).values(**row))
+            if result.rowcount == 0:
+                conn.execute(insert(findings_table).values(id=finding.id, **row))
+
+    def get(self, finding_id: str) -> Finding | None:
+        """The finding with this id, or None."""
+        with self._engine.connect() as conn:
+            body = conn.execute(select(findings_table.c.body).where(
+                findings_table.c.id == finding_id)).scalar_one_or_none()
+        return None if body is None else Finding.from_json(body)
+
+    def active(self) -> list[Finding]:
+        """Findings opened and not closed, oldest first."""
+        return self._select(findings_table.c.closed_at_ns.is_(None))
+
+    def history(self, *, job: str | None = None, detector: str | None = None,
+                since_ns: int | None = None) -> list[Finding]:
+        """Findings (open or closed) of a job/detector opened at or after ``since_ns``."""
+        conditions = []
+        if job is not None:
+            conditions.append(findings_table.c.job == job)
+        if detector is not None:
+            conditions.append(findings_table.c.detector == detector)
+        if since_ns is not None:
+            conditions.append(findings_table.c.opened_at_ns >= since_ns)
+        return self._select(*conditions)
+
+    def _select(self, *conditions: Any) -> list[Finding]:
+        query = select(findings_table.c.body).where(*conditions).order_by(
+            findings_table.c.opened_at_ns, findings_table.c.id)
+        with self._engine.connect() as conn:
+            return [Finding.from_json(body) for body in conn.execute(query).scalars()]
+
+    def close(self) -> None:
+        """Release the connection pool; a second call is harmless."""
+        self._engine.dispose()
+
+    def __enter__(self) -> FindingStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

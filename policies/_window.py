@@ -1,0 +1,177 @@
+"""Read-only views of the time-series store that detectors evaluate: one job, one time range.
+
+One adapter, :class:`StoreWindow`, sits over anything with the store's ``query`` signature: the
+real :class:`collectors.TimeSeriesStore`, or :class:`FrameStore`, an in-memory stand-in built
+from DataFrames for tests and replays. So detectors see the same frames in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal, Protocol
+
+import numpy as np
+import pandas as pd
+
+from collectors import Point
+
+JOB_ATTRIBUTE = "service.name"
+"""The attribute that names the job a point belongs to (OpenTelemetry resource attribute)."""
+
+Resolution = Literal["auto", "raw", "1m", "1h"]
+
+
+class QueryableStore(Protocol):
+    """What a window needs from a store (``collectors.TimeSeriesStore`` has it)."""
+
+    def query(self, name: str, *, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None,
+              resolution: Resolution = "auto") -> pd.DataFrame: ...
+
+    def metrics(self) -> pd.DataFrame: ...
+
+    def series(self, name: str) -> list[dict[str, str]]: ...
+
+
+def _empty_frame() -> pd.DataFrame:
+    return pd.DataFrame({"time": pd.to_datetime(np.empty(0, dtype=np.int64), unit="ns", utc=True),
+                         "value": np.empty(0, dtype=np.float64)})
+
+
+class StoreWindow:
+    """The store as one detector evaluation sees it: bound to ``job`` and [since_ns, until_ns].
+
+    :meth:`query` narrows, never widens: its own bounds are clipped to the window's, and rows of
+    other jobs are dropped. Series that carry no job attribute (host-level: GPU, NVML, scrape)
+    are kept, because the sidecar watches the host its job runs on. Read-only and cheap to make;
+    not shared between threads.
+    """
+
+    def __init__(self, store: QueryableStore, *, job: str, since_ns: int, until_ns: int,
+                 job_attribute: str = JOB_ATTRIBUTE) -> None:
+        if since_ns > until_ns:
+            raise ValueError(f"since_ns ({since_ns}) must not be after until_ns ({until_ns})")
+        self._store = store
+        self.job = job
+        self.since_ns = since_ns
+        self.until_ns = until_ns
+        self.job_attribute = job_attribute
+
+    def query(self, name: str, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None, *,
+              resolution: Resolution = "raw") -> pd.DataFrame:
+        """Points of ``name`` in this window (columns as ``TimeSeriesStore.query`` returns)."""
+        lo = self.since_ns if since_ns is None else max(since_ns, self.since_ns)
+        hi = self.until_ns if until_ns is None else min(until_ns, self.until_ns)
+        if lo > hi:
+            return _empty_frame()
+        frame = self._store.query(name, where=where, since_ns=lo, until_ns=hi,
+                                  resolution=resolution)
+        if self.job_attribute in frame.columns:
+            column = frame[self.job_attribute]
+            frame = frame[column.isna() | (column == self.job)].reset_index(drop=True)
+        return frame
+
+
+class FrameStore:
+    """An in-memory, read-only store built from DataFrames, with the real store's query API.
+
+    ``frames`` maps a metric name to a frame with ``time`` (datetime64 or int ns), ``value`` and
+    one column per attribute. Only raw resolution exists here: every ``resolution`` returns raw
+    points. For tests and for replaying recorded data through the same detectors.
+    """
+
+    def __init__(self, frames: Mapping[str, pd.DataFrame]) -> None:
+        self._frames = {name: self._normalise(frame) for name, frame in frames.items()}
+
+    @staticmethod
+    def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
+        for column in ("time", "value"):
+            if column not in frame.columns:
+                raise ValueError(f"frame needs a {column!r} column, has {list(frame.columns)}")
+        out = frame.copy()
+        time = out["time"]
+        if pd.api.types.is_integer_dtype(time):
+            out["time"] = pd.to_datetime(time, unit="ns", utc=True)
+        else:
+            out["time"] = pd.to_datetime(time, utc=True).astype("datetime64[ns, UTC]")
+        out["value"] = out["value"].astype(np.float64)
+        for column in out.columns.difference(["time", "value"]):
+            out[column] = out[column].astype("str")
+        return out.sort_values("time", kind="stable").reset_index(drop=True)
+
+    @classmethod
+    def from_points(cls, points: Iterable[Point]) -> FrameStore:
+        """A store holding these points (attributes become columns)."""
+        rows: dict[str, list[dict[str, object]]] = {}
+        for p in points:
+            rows.setdefault(p.name, []).append(
+                {"time": p.time_ns, "value": p.value, **p.attributes})
+        return cls({name: pd.DataFrame(r) for name, r in rows.items()})
+
+    def query(self, name: str, *, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None,
+              resolution: Resolution = "auto") -> pd.DataFrame:
+        """Raw points of ``name`` whose attributes include ``where``, in [since_ns, until_ns]."""
+        frame = self._frames.get(name)
+        if frame is None:
+            return _empty_frame()
+        keep = np.ones(len(frame), dtype=bool)
+        t = frame["time"].to_numpy(dtype=np.int64)
+        if since_ns is not None:
+            keep &= t >= since_ns
+        if until_ns is not None:
+            keep &= t <= until_ns
+        for key, value in (where or {}).items():
+            if key not in frame.columns:
+                return frame.iloc[0:0].reset_index(drop=True)
+            keep &= (frame[key] == value).fillna(False).to_numpy(dtype=bool)
+        return frame[keep].reset_index(drop=True)
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per metric name (name, series, points, first, last)."""
+        return pd.DataFrame({
+            "name": list(self._frames),
+            "series": [len(self.series(n)) for n in self._frames],
+            "points": [len(f) for f in self._frames.values()],
+            "first": [f["time"].min() for f in self._frames.values()],
+            "last": [f["time"].max() for f in self._frames.values()],
+        })
+
+    def series(self, name: str) -> list[dict[str, str]]:
+        """The distinct attribute sets of ``name``."""
+        frame = self._frames.get(name)
+        if frame is None:
+            return []
+        attrs = frame.drop(columns=["time", "value"]).drop_duplicates()
+        return [{k: v for k, v in row.items() if isinstance(v, str)}
+                for row in attrs.to_dict("records")]
+
+
+class WindowSource:
+    """Hands the engine the jobs a store knows and a window per job.
+
+    ``jobs`` fixes the job list; otherwise jobs are discovered from the ``job_attribute`` values
+    of every series in the store.
+    """
+
+    def __init__(self, store: QueryableStore, *, jobs: Iterable[str] | None = None,
+                 job_attribute: str = JOB_ATTRIBUTE) -> None:
+        self.store = store
+        self._jobs = None if jobs is None else sorted(set(jobs))
+        self.job_attribute = job_attribute
+
+    def jobs(self) -> list[str]:
+        """The jobs to evaluate, sorted."""
+        if self._jobs is not None:
+            return list(self._jobs)
+        found = {attrs[self.job_attribute]
+                 for name in self.store.metrics()["name"]
+                 for attrs in self.store.series(str(name))
+                 if self.job_attribute in attrs}
+        return sorted(found)
+
+    def window(self, job: str, since_ns: int, until_ns: int) -> StoreWindow:
+        """A window of ``job`` over [since_ns, until_ns]."""
+        return StoreWindow(self.store, job=job, since_ns=since_ns, until_ns=until_ns,
+                           job_attribute=self.job_attribute)
