@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import types
 from pathlib import Path
 
 import pynvml
@@ -333,3 +334,78 @@ def test_config_names_the_bad_field() -> None:
 def test_rebuilding_from_captures_reproduces_the_shipped_traces(tmp_path: Path) -> None:
     for path in build(CAPTURES_DIR, tmp_path):
         assert path.read_text() == (TRACES_DIR / path.name).read_text(), path.name
+
+
+def _fake_pynvml(nvlink_kib: list[int]) -> types.ModuleType:
+    """pynvml's real constants and error classes around canned answers, so the live backend's
+    own code runs without a GPU. Test fixture: GPU 0 answers (bus width 5120 bit is the H100
+    datasheet figure, the rest as in the H100 capture), GPU 1 is lost."""
+    fake = types.ModuleType("fake_pynvml")
+    fake.__dict__.update({k: v for k, v in vars(pynvml).items()
+                          if k.startswith(("NVML_", "NVMLError", "nvmlEventType"))})
+
+    def gpu0(value: object) -> object:
+        def call(handle: int, *_: object) -> object:
+            if handle == 1:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            if isinstance(value, Exception):
+                raise value
+            return value() if callable(value) else value
+        return call
+
+    def field_values(handle: int, ids: list[tuple[int, int]]) -> list[object]:
+        assert all(scope == 0xFFFFFFFF for _, scope in ids)  # all links, not link 0
+        nvlink_kib.append(nvlink_kib[-1] + 4096)
+        return [types.SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS,
+                                      value=types.SimpleNamespace(ullVal=nvlink_kib[-1]))]
+
+    not_supported = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def no_events() -> None:
+        raise not_supported
+
+    fake.__dict__.update(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlEventSetCreate=no_events,
+        nvmlDeviceGetName=gpu0("NVIDIA H100 80GB HBM3"),
+        nvmlDeviceGetUUID=gpu0("GPU-00000000-0000-0000-0000-000000000000"),
+        nvmlDeviceGetPciInfo=gpu0(types.SimpleNamespace(busId=b"00000000:00:09.0")),
+        nvmlDeviceGetMemoryAffinity=gpu0([0b100]),
+        nvmlDeviceGetUtilizationRates=gpu0(not_supported),
+        nvmlDeviceGetMemoryInfo=gpu0(types.SimpleNamespace(used=19818 * MIB, total=81559 * MIB)),
+        nvmlDeviceGetPcieThroughput=gpu0(3092),
+        nvmlDeviceGetCurrPcieLinkGeneration=gpu0(5), nvmlDeviceGetMaxPcieLinkGeneration=gpu0(5),
+        nvmlDeviceGetCurrPcieLinkWidth=gpu0(16), nvmlDeviceGetMaxPcieLinkWidth=gpu0(16),
+        nvmlDeviceGetFieldValues=lambda h, ids: (gpu0(None)(h), field_values(h, ids))[1],
+        nvmlDeviceGetPowerUsage=gpu0(631000), nvmlDeviceGetEnforcedPowerLimit=gpu0(700000),
+        nvmlDeviceGetClockInfo=gpu0(1980), nvmlDeviceGetMaxClockInfo=gpu0(2619),
+        nvmlDeviceGetMemoryBusWidth=gpu0(5120), nvmlDeviceGetTemperature=gpu0(63),
+        nvmlDeviceGetCurrentClocksEventReasons=gpu0(0x4),
+        nvmlDeviceGetTotalEccErrors=gpu0(0),
+    )
+    return fake
+
+
+def test_live_backend_code_path_maps_errors_and_derives_rates(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=NVML_LOG)
+    nvlink_kib = [0]
+    backend = LiveNvmlBackend(import_nvml=lambda: _fake_pynvml(nvlink_kib))
+    sampler = GpuSampler(backend, config=GpuSamplerConfig(host_name="h"))
+    first, second = sampler.poll_once(), sampler.poll_once()
+    sampler.shutdown()
+    assert values(second, "hw.gpu.up") == [1.0, 0.0]  # GPU 1 lost, GPU 0 goes on
+    assert values(second, "hw.gpu.utilization") == []  # NotSupported: left out
+    assert values(second, "hw.errors", **{"error.type": "xid"}) == []  # no event support
+    assert [p.attributes["numa.node"] for p in second if p.name == "seedance.gpu.info"] == ["2"]
+    assert [p.attributes["reason"] for p in second
+            if p.name == "seedance.gpu.throttle_reasons"] == ["sw_power_cap"]
+    assert values(second, "seedance.gpu.memory.peak_bandwidth") == [
+        pytest.approx(5120 / 8 * 2619e6 * 2)]
+    assert values(first, "seedance.gpu.nvlink.throughput") == []  # a rate needs two readings
+    dt_s = (second[0].time_ns - first[0].time_ns) / 1e9
+    rates = values(second, "seedance.gpu.nvlink.throughput")
+    assert rates == [pytest.approx(4096 * 1024 * 2 / dt_s)] * 2  # TX then RX: 2 reads per poll
+    assert sum("nvmlDeviceGetUtilizationRates.gpu" in r.getMessage()
+               for r in caplog.records) == 1
