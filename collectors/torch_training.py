@@ -1,0 +1,433 @@
+"""In-job training instrumentation for any ``nn.Module`` and ``torch.optim`` optimizer.
+
+This module imports torch, so only a training job imports it (the sidecar never does). It records
+the TRAINING_METRICS of the catalogue through an OpenTelemetry ``Meter``; every point carries
+``seedance.config.version`` as it was when the step began.
+
+Usage in a plain loop::
+
+    instr = TrainingInstrumentation(model, optimizer, meter, config_version=lambda: client.version)
+    for _ in range(steps):
+        with instr.data_wait():
+            x, y = next(batches)
+        with instr.step(tokens=x.numel(), samples=x.shape[0]):
+            loss = model(x, y)
+            loss.backward()
+            instr.after_backward()        # before optimizer.step() / zero_grad()
+            optimizer.step()
+            optimizer.zero_grad()
+            instr.record_loss(loss)
+
+Cost (5M-parameter GPT on a 2-core CPU, step about 250 ms): the gradient norms are one fused
+``torch._foreach_norm`` over all gradients every step (about 0.7 ms); the element statistics
+(exactly-zero fraction, non-finite count) need one more pass over the gradients (about 1.3 ms) and
+run every ``stats_every`` steps (default 10). Non-finite elements are counted only in parameters
+whose norm is not finite, which on CPU is a free host check. On an accelerator nothing here
+synchronises the stream: values stay on the device, are copied to pinned memory asynchronously
+and are exported a step or more later, once their copy has finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import fnmatch
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from opentelemetry.metrics import Meter
+from torch import nn
+
+from collectors._catalogue import BY_NAME
+from collectors._errors import SeedanceError
+from collectors._points import CONFIG_VERSION_ATTR
+
+log = logging.getLogger(__name__)
+
+MODULE_GROUP_ATTR = "seedance.module_group"
+OTHER_GROUP = "other"
+
+DEFAULT_MODULE_GROUPS: Mapping[str, tuple[str, ...]] = {
+    # Order matters: a parameter joins the first group with a matching pattern, so norms inside
+    # attention blocks (q_norm, k_norm) count as norms. Matching ignores case.
+    "norm": ("*ln_*", "*norm*"),
+    "embedding": ("*wte*", "*wpe*", "*embed*", "*tok_emb*", "*pos_emb*"),
+    "head": ("lm_head.*", "*.lm_head.*", "head.*", "*.head.*", "*classifier*", "output.*"),
+    "attention": (
+        "*attn*", "*attention*", "*qkv*", "*q_proj*", "*k_proj*", "*v_proj*", "*o_proj*",
+        "*.query.*", "*.key.*", "*.value.*",
+    ),
+    "ffn": (
+        "*mlp*", "*ffn*", "*feed_forward*", "*feedforward*", "*fc1*", "*fc2*", "*up_proj*",
+        "*down_proj*", "*gate_proj*", "*intermediate*",
+    ),
+}
+"""Groups by common naming (GPT-2/nanoGPT, Llama, BERT); see ``assign_groups`` for fallback."""
+
+_STEP_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """DDP and DataParallel hide the model under ``.module``; group by the model's own names."""
+    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+    return model.module if isinstance(model, wrappers) else model
+
+
+def assign_groups(
+    names: Sequence[str], module_groups: Mapping[str, Sequence[str]] | None = None
+) -> list[str]:
+    """The group of each parameter name: the first group with a matching fnmatch pattern.
+
+    Unmatched names go to ``other``. With the default groups, a model whose names match none of
+    them (a CNN, say) is grouped by top-level child module instead (``conv1``, ``layer2``, ...).
+    """
+    groups = DEFAULT_MODULE_GROUPS if module_groups is None else module_groups
+    lowered = {g: tuple(p.lower() for p in pats) for g, pats in groups.items()}
+    out = []
+    for name in names:
+        low = name.lower()
+        out.append(next(
+            (g for g, pats in lowered.items() if any(fnmatch.fnmatchcase(low, p) for p in pats)),
+            OTHER_GROUP,
+        ))
+    if module_groups is None and all(g == OTHER_GROUP for g in out):
+        return [name.split(".", 1)[0] if "." in name else OTHER_GROUP for name in names]
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Row:
+    """What one step measured; tensors may still live on the device."""
+
+    step: int
+    version: int
+    loss: torch.Tensor | float | None
+    grad: torch.Tensor | None  # float64: [sq per group | zeros per group | nonfinite per group]
+    numel: tuple[int, ...] | None  # elements per group when element stats were taken
+    has_scale: bool  # grad ends with the GradScaler scale
+
+
+class TrainingInstrumentation:
+    """Records step time, throughput, loss and gradient health for one model and optimizer.
+
+    Not thread-safe: call it from the training thread. Points are set on synchronous gauges
+    and histograms of ``meter``; the meter provider's reader decides when they are exported.
+    ``config_version`` is an int or a callable returning one, read when each step begins; it can
+    also be assigned later (``instr.config_version = 7``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meter: Meter,
+        *,
+        grad_scaler: torch.amp.GradScaler | None = None,
+        module_groups: Mapping[str, Sequence[str]] | None = None,
+        config_version: Callable[[], int] | int = 0,
+        attributes: Mapping[str, str | int] | None = None,
+        stats_every: int = 10,
+    ) -> None:
+        if stats_every < 1:
+            raise SeedanceError(f"stats_every must be >= 1, got {stats_every}")
+        self.optimizer = optimizer
+        self.grad_scaler = grad_scaler
+        self.stats_every = stats_every
+        self.config_version = config_version
+        self._base_attributes = dict(attributes or {})
+        named = [(n, p) for n, p in _unwrap(model).named_parameters() if p.requires_grad]
+        if not named:
+            raise SeedanceError("model has no trainable parameters")
+        group_of = assign_groups([n for n, _ in named], module_groups)
+        self.groups: tuple[str, ...] = tuple(dict.fromkeys(group_of))
+        self.group_of_parameter: dict[str, str] = {n: g for (n, _), g in zip(named, group_of)}
+        self._params = [p for _, p in named]
+        self._gids = [self.groups.index(g) for g in group_of]
+        self._device = self._params[0].device
+        self._full_index = torch.tensor(self._gids, device=self._device)
+        self._instruments(meter)
+        self._attr_cache: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        self._step_index = 0
+        self._in_step = False
+        self._step_version = 0
+        self._wait_outside_s = 0.0
+        self._loss: torch.Tensor | float | None = None
+        self._grad: torch.Tensor | None = None
+        self._numel: tuple[int, ...] | None = None
+        self._has_scale = False
+        self._pending: collections.deque[tuple[_Row, torch.Tensor, Any]] = collections.deque()
+        self._last: dict[str, Any] = {}
+
+    # ---- configuration ---------------------------------------------------------------------
+
+    @property
+    def config_version(self) -> int:
+        return int(self._version_source())
+
+    @config_version.setter
+    def config_version(self, value: Callable[[], int] | int) -> None:
+        self._version_source = value if callable(value) else (lambda v=int(value): v)
+
+    def _instruments(self, meter: Meter) -> None:
+        def spec(name: str) -> dict[str, str]:
+            return {"name": name, "unit": BY_NAME[name].unit,
+                    "description": BY_NAME[name].description}
+
+        self._h_step = meter.create_histogram(
+            **spec("seedance.train.step.duration"),
+            explicit_bucket_boundaries_advisory=_STEP_BUCKETS_S)
+        self._h_wait = meter.create_histogram(
+            **spec("seedance.train.data_wait.duration"),
+            explicit_bucket_boundaries_advisory=_STEP_BUCKETS_S)
+        g = {short: meter.create_gauge(**spec(f"seedance.train.{short}")) for short in (
+            "tokens_per_second", "samples_per_second", "loss", "step", "grad.norm",
+            "grad.group_norm", "grad.nonfinite", "grad.zero_fraction", "grad_scaler.scale",
+            "learning_rate")}
+        self._g = g
+
+    def _attrs(self, version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        cached = self._attr_cache.get(version)
+        if cached is None:
+            base = {**self._base_attributes, CONFIG_VERSION_ATTR: version}
+            cached = (base, [{**base, MODULE_GROUP_ATTR: g} for g in self.groups])
+            self._attr_cache = {version: cached}  # versions only move forward; keep one
+        return cached
+
+    # ---- the API a loop calls --------------------------------------------------------------
+
+    @contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """Times fetching a batch; a wait outside ``step()`` counts toward the next step."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            waited = time.perf_counter() - start
+            version = self._step_version if self._in_step else self.config_version
+            self._h_wait.record(waited, self._attrs(version)[0])
+            if not self._in_step:
+                self._wait_outside_s += waited
+
+    @contextmanager
+    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
+        """Times one optimizer step and exports what it measured when it ends without error."""
+        self._step_version = self.config_version
+        self._in_step = True
+        self._loss, self._grad, self._numel, self._has_scale = None, None, None, False
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._in_step = False
+        duration_s = time.perf_counter() - start
+        attrs = self._attrs(self._step_version)[0]
+        self._h_step.record(duration_s, attrs)
+        wall_s = duration_s + self._wait_outside_s
+        self._wait_outside_s = 0.0
+        if tokens:
+            self._g["tokens_per_second"].set(tokens / wall_s, attrs)
+        if samples:
+            self._g["samples_per_second"].set(samples / wall_s, attrs)
+        self._g["step"].set(self._step_index, attrs)
+        self._g["learning_rate"].set(float(self.optimizer.param_groups[0]["lr"]), attrs)
+        self._submit(_Row(step=self._step_index, version=self._step_version, loss=self._loss,
+                          grad=self._grad, numel=self._numel, has_scale=self._has_scale))
+        self._step_index += 1
+
+    def record_loss(self, loss: torch.Tensor | float) -> None:
+        """The step's loss; a tensor stays on its device until its value is exported."""
+        self._loss = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
+
+    def after_backward(self, *, unscaled: bool | None = None) -> None:
+        """Reads the gradients: call after backward, before ``optimizer.step``/``zero_grad``.
+
+        With a GradScaler the norms are reported unscaled: if ``scaler.unscale_`` already ran
+        (detected, or say so with ``unscaled=True``) they are taken as they are, otherwise they
+        are divided by the scale in force.
+        """
+        present = [(p.grad, i) for p, i in zip(self._params, self._gids) if p.grad is not None]
+        if not present:
+            return
+        grads = [g for g, _ in present]
+        if len(present) == len(self._params):
+            index = self._full_index
+        else:
+            index = torch.tensor([i for _, i in present], device=self._device)
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        param_sq = torch.stack([n.to(self._device) for n in norms]).double().square()
+        n_groups = len(self.groups)
+        group_sq = torch.zeros(n_groups, dtype=torch.float64, device=self._device)
+        group_sq.index_add_(0, index, param_sq)
+        scale = self._scale_in_force(unscaled)
+        if scale is not None:
+            group_sq = group_sq / scale.to(self._device, torch.float64).square()
+        parts = [group_sq]
+        self._numel = None
+        if self._step_index % self.stats_every == 0:
+            numel = [0] * n_groups
+            for g, i in present:
+                numel[i] += g.numel()
+            zeros = torch.tensor(numel, dtype=torch.float64, device=self._device)
+            nonzero = torch.stack([torch.count_nonzero(g).to(self._device) for g in grads])
+            zeros.index_add_(0, index, nonzero.double(), alpha=-1)
+            nonfinite = torch.zeros(n_groups, dtype=torch.float64, device=self._device)
+            nonfinite.index_add_(0, index, _nonfinite_counts(grads, param_sq))
+            parts += [zeros, nonfinite]
+            self._numel = tuple(numel)
+        self._has_scale = self.grad_scaler is not None and self.grad_scaler.is_enabled()
+        if self._has_scale:
+            parts.append(self._scale_tensor().to(self._device, torch.float64).reshape(1))
+        self._grad = torch.cat(parts)
+
+    def flush(self) -> None:
+        """Exports every measured step still waiting for its device copy (blocks on it)."""
+        while self._pending:
+            row, host, event = self._pending.popleft()
+            event.synchronize()
+            self._publish(row, host.tolist())
+
+    @property
+    def last_stats(self) -> dict[str, Any]:
+        """The last exported values as a plain dict, for in-job readers (policies, tuner).
+
+        Keys: ``step``, ``config_version``, ``loss``, ``grad_norm``, ``grad_scaler_scale`` and
+        ``groups`` = {group: {"norm", and on stats steps "zero_fraction", "nonfinite"}}.
+        Values missing from the last step are absent.
+        """
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._last.items()}
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _scale_tensor(self) -> torch.Tensor:
+        scaler = self.grad_scaler
+        assert scaler is not None
+        # GradScaler keeps its scale as a device tensor; reading it avoids get_scale()'s sync.
+        scale = getattr(scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor):
+            return scale.detach().clone()
+        return torch.tensor(float(scaler.get_scale()))
+
+    def _scale_in_force(self, unscaled: bool | None) -> torch.Tensor | None:
+        scaler = self.grad_scaler
+        if scaler is None or not scaler.is_enabled():
+            return None
+        if unscaled is None:
+            try:
+                from torch.amp.grad_scaler import OptState
+
+                state = scaler._per_optimizer_states[id(self.optimizer)]["stage"]
+                unscaled = state is OptState.UNSCALED
+            except (AttributeError, ImportError, KeyError, TypeError):
+                log.warning("cannot tell whether unscale_ ran; pass unscaled= to after_backward")
+                unscaled = False
+        return None if unscaled else self._scale_tensor()
+
+    def _submit(self, row: _Row) -> None:
+        device_parts = [t for t in (row.loss, row.grad) if isinstance(t, torch.Tensor)]
+        if not any(t.device.type == "cuda" for t in device_parts):
+            self._publish(row, None)  # CPU values cost nothing to read
+        else:
+            flat = torch.cat([t.reshape(-1).to(self._device, torch.float64)
+                              for t in device_parts])
+            host = torch.empty(flat.shape, dtype=torch.float64, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending.append((row, host, event))
+        while self._pending and self._pending[0][2].query():
+            pending_row, host, _ = self._pending.popleft()
+            self._publish(pending_row, host.tolist())
+
+    def _publish(self, row: _Row, flat: list[float] | None) -> None:
+        """Sets the gauges for one row; ``flat`` holds its tensors' values when they were copied."""
+        values = iter(flat or ())
+
+        def host(x: torch.Tensor | float | None, n: int) -> list[float] | None:
+            if x is None:
+                return None
+            if not isinstance(x, torch.Tensor):
+                return [x]
+            return [next(values) for _ in range(n)] if flat is not None else x.reshape(-1).tolist()
+
+        loss = host(row.loss, 1)
+        grad = host(row.grad, row.grad.numel()) if row.grad is not None else None
+        attrs, group_attrs = self._attrs(row.version)
+        last: dict[str, Any] = {"step": row.step, "config_version": row.version}
+        if loss is not None:
+            self._g["loss"].set(loss[0], attrs)
+            last["loss"] = loss[0]
+        if grad is not None:
+            n = len(self.groups)
+            total = math.sqrt(sum(grad[:n]))
+            self._g["grad.norm"].set(total, attrs)
+            last["grad_norm"] = total
+            groups: dict[str, dict[str, float]] = {}
+            for i, name in enumerate(self.groups):
+                norm = math.sqrt(grad[i])
+                self._g["grad.group_norm"].set(norm, group_attrs[i])
+                groups[name] = {"norm": norm}
+            if row.numel is not None:
+                for i, name in enumerate(self.groups):
+                    zero_fraction = grad[n + i] / row.numel[i] if row.numel[i] else 0.0
+                    self._g["grad.zero_fraction"].set(zero_fraction, group_attrs[i])
+                    self._g["grad.nonfinite"].set(grad[2 * n + i], group_attrs[i])
+                    groups[name].update(zero_fraction=zero_fraction, nonfinite=grad[2 * n + i])
+            if row.has_scale:
+                self._g["grad_scaler.scale"].set(grad[-1], attrs)
+                last["grad_scaler_scale"] = grad[-1]
+            last["groups"] = groups
+        self._last = last
+
+
+def _nonfinite_counts(grads: list[torch.Tensor], param_sq: torch.Tensor) -> torch.Tensor:
+    """NaN/inf elements per gradient; only a parameter with a non-finite norm can have any."""
+    if param_sq.device.type == "cpu":
+        counts = torch.zeros(len(grads), dtype=torch.float64)
+        for i in torch.nonzero(~torch.isfinite(param_sq)).flatten().tolist():
+            counts[i] = float(torch.count_nonzero(~torch.isfinite(grads[i])))
+        return counts
+    # On an accelerator a host check would synchronise the stream; counting everywhere is cheap.
+    return torch.stack(
+        [torch.count_nonzero(~torch.isfinite(g)).to(param_sq.device) for g in grads]
+    ).double()
+
+
+class NullTrainingInstrumentation:
+    """Same API, records nothing: the baseline of the overhead benchmark and a disabled job."""
+
+    groups: tuple[str, ...] = ()
+    last_stats: dict[str, Any] = {}
+
+    @contextmanager
+    def data_wait(self) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
+        yield
+
+    def record_loss(self, loss: torch.Tensor | float) -> None:
+        pass
+
+    def after_backward(self, *, unscaled: bool | None = None) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+__all__ = [
+    "DEFAULT_MODULE_GROUPS",
+    "MODULE_GROUP_ATTR",
+    "NullTrainingInstrumentation",
+    "TrainingInstrumentation",
+    "assign_groups",
+]

@@ -1,0 +1,267 @@
+"""The demo training job: a small GPT on generated text, on CPU, optionally DDP over gloo.
+
+``python -m workloads.train --steps 200 --otlp-endpoint http://127.0.0.1:4318`` trains and
+exports the training metrics; ``--ddp 2`` runs two gloo ranks (or start it under torchrun).
+The global batch stays fixed whatever the micro-batch size and rank count: every rank draws the
+same global batch from the seeded generator, keeps its slice, and accumulates gradients over
+``global_batch / (micro_batch * world_size)`` micro-batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from collectors._errors import SeedanceError
+from collectors._otel import TelemetryConfig, setup_telemetry
+from collectors.torch_training import NullTrainingInstrumentation, TrainingInstrumentation
+from workloads.corpus import Corpus, CorpusConfig
+from workloads.gpt import GPT, GPTConfig, count_parameters
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """One training run; the defaults give a step of roughly 150-400 ms on 2 CPU cores."""
+
+    steps: int = 200
+    global_batch: int = 8
+    micro_batch: int = 8
+    seq_len: int = 128
+    threads: int | None = None
+    precision: str = "fp32"
+    grad_scaler: bool = False
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    seed: int = 0
+    corpus_bytes: int = 1_000_000
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "global_batch", "micro_batch", "seq_len", "world_size",
+                     "corpus_bytes"):
+            if getattr(self, name) <= 0:
+                raise SeedanceError(f"TrainConfig.{name} must be positive")
+        if self.threads is not None and self.threads <= 0:
+            raise SeedanceError(f"TrainConfig.threads must be positive, got {self.threads}")
+        if self.precision not in PRECISIONS:
+            raise SeedanceError(
+                f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.global_batch % (self.micro_batch * self.world_size):
+            raise SeedanceError(
+                f"TrainConfig.global_batch ({self.global_batch}) must be a multiple of "
+                f"micro_batch x world_size ({self.micro_batch} x {self.world_size})")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
+            raise SeedanceError("TrainConfig.lr must be > 0, warmup_steps and grad_clip >= 0")
+
+    @property
+    def accumulation(self) -> int:
+        return self.global_batch // (self.micro_batch * self.world_size)
+
+
+class Trainer:
+    """Model, optimizer, data and one ``step()``; instrumentation is passed per step."""
+
+    def __init__(self, config: TrainConfig, *, model_config: GPTConfig | None = None,
+                 rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        torch.manual_seed(config.seed)
+        model_config = model_config or GPTConfig(block_size=max(128, config.seq_len))
+        self.corpus = Corpus.generate(CorpusConfig(n_bytes=config.corpus_bytes, seed=config.seed))
+        self.model = GPT(model_config)
+        self.ddp = config.world_size > 1
+        self.module: nn.Module = (
+            nn.parallel.DistributedDataParallel(self.model) if self.ddp else self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
+                                           weight_decay=0.1)
+        warmup = max(1, config.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.scaler = torch.amp.GradScaler("cpu", enabled=config.grad_scaler)
+        self.data_generator = torch.Generator().manual_seed(config.seed)
+        self.steps_done = 0
+
+    def next_batch(self) -> list[Batch]:
+        """This rank's micro-batches of the next global batch."""
+        c = self.config
+        x, y = Corpus.batch(self.corpus.train, batch_size=c.global_batch, seq_len=c.seq_len,
+                            generator=self.data_generator)
+        per_rank = c.global_batch // c.world_size
+        x, y = (t[self.rank * per_rank:(self.rank + 1) * per_rank] for t in (x, y))
+        return list(zip(x.split(c.micro_batch), y.split(c.micro_batch)))
+
+    def forward_backward(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """Accumulates the gradient of the mean loss over the micro-batches; returns that loss."""
+        total = torch.zeros(())
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16,
+                                  enabled=self.config.precision == "bf16")
+        for i, (x, y) in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last or not self.ddp else self.module.no_sync()
+            with sync:
+                with autocast:
+                    loss = self.module(x, y) / len(micro_batches)
+                self.scaler.scale(loss).backward()
+            total += loss.detach().float()
+        return total
+
+    def optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.steps_done += 1
+
+    def step(self, instr: TrainingInstrumentation | NullTrainingInstrumentation) -> torch.Tensor:
+        """One optimizer step over one global batch; returns this rank's mean loss."""
+        tokens = (self.config.global_batch // self.config.world_size) * self.config.seq_len
+        with instr.data_wait():
+            micro_batches = self.next_batch()
+        with instr.step(tokens=tokens, samples=tokens // self.config.seq_len):
+            loss = self.forward_backward(micro_batches)
+            self.scaler.unscale_(self.optimizer)
+            instr.after_backward()
+            if self.config.grad_clip:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self.optimizer_step()
+            instr.record_loss(loss)
+        return loss
+
+    @torch.no_grad()
+    def evaluate(self, *, batches: int = 4) -> float:
+        """Mean loss on held-out text (fixed windows, so runs compare)."""
+        self.model.eval()
+        g = torch.Generator().manual_seed(1234)
+        losses = [
+            float(self.model(*Corpus.batch(self.corpus.held_out, batch_size=8,
+                                           seq_len=self.config.seq_len, generator=g)))
+            for _ in range(batches)
+        ]
+        self.model.train()
+        return sum(losses) / len(losses)
+
+
+def _otlp_base(endpoint: str) -> str:
+    """TelemetryConfig wants the base URL; accept the full ``.../v1/metrics`` too."""
+    return endpoint.removesuffix("/").removesuffix("/v1/metrics")
+
+
+def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
+        otlp_endpoint: str | None = None, export_interval_s: float = 1.0,
+        seconds: float | None = None, log_every: int = 10) -> dict[str, float]:
+    """Trains for ``config.steps`` (or until ``seconds`` pass); returns a short summary."""
+    trainer = Trainer(config, rank=rank)
+    telemetry = None
+    instr: TrainingInstrumentation | NullTrainingInstrumentation = NullTrainingInstrumentation()
+    if otlp_endpoint:
+        telemetry = setup_telemetry(TelemetryConfig(
+            job=job, rank=rank, otlp_endpoint=_otlp_base(otlp_endpoint),
+            otlp_protocol="http/protobuf", export_interval_s=export_interval_s))
+        instr = TrainingInstrumentation(trainer.model, trainer.optimizer,
+                                        telemetry.meter("workloads.train"),
+                                        grad_scaler=trainer.scaler)
+    if rank == 0:
+        print(f"GPT {count_parameters(trainer.model) / 1e6:.2f}M parameters, "
+              f"{len(trainer.corpus.train)} train bytes (generated text), "
+              f"accumulation {config.accumulation}, world size {config.world_size}", flush=True)
+    start = time.perf_counter()
+    first_loss = math.nan
+    loss = math.nan
+    try:
+        while trainer.steps_done < config.steps:
+            if seconds is not None and time.perf_counter() - start >= seconds:
+                break
+            loss = float(trainer.step(instr))
+            if trainer.steps_done == 1:
+                first_loss = loss
+            if rank == 0 and trainer.steps_done % log_every == 0:
+                elapsed = time.perf_counter() - start
+                print(f"step {trainer.steps_done} loss {loss:.4f} "
+                      f"{elapsed / trainer.steps_done * 1e3:.0f} ms/step", flush=True)
+    finally:
+        instr.flush()
+        if telemetry is not None:
+            telemetry.shutdown()
+    held_out = trainer.evaluate()
+    if rank == 0:
+        print(f"done: {trainer.steps_done} steps, first loss {first_loss:.4f}, last loss "
+              f"{loss:.4f}, held-out loss {held_out:.4f}", flush=True)
+    return {"steps": trainer.steps_done, "first_loss": first_loss, "loss": loss,
+            "held_out_loss": held_out}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ddp_worker(rank: int, world_size: int, config: TrainConfig, kwargs: dict) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        run(config, rank=rank, **kwargs)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--seconds", type=float, default=None, help="stop after this wall time")
+    p.add_argument("--global-batch", type=int, default=d.global_batch)
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--precision", choices=PRECISIONS, default=d.precision)
+    p.add_argument("--grad-scaler", action="store_true")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--ddp", type=int, default=1, metavar="N", help="spawn N gloo ranks")
+    p.add_argument("--job", default="train", help="service.name of the exported metrics")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="OTLP/HTTP base URL (or .../v1/metrics); metrics are off without it")
+    p.add_argument("--export-interval-s", type=float, default=1.0)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world_size = int(os.environ["WORLD_SIZE"]) if torchrun else a.ddp
+    config = TrainConfig(
+        steps=a.steps if a.seconds is None else 10**9, global_batch=a.global_batch,
+        micro_batch=a.micro_batch, seq_len=a.seq_len, threads=a.threads,
+        precision=a.precision, grad_scaler=a.grad_scaler, lr=a.lr, seed=a.seed,
+        world_size=world_size)
+    kwargs = {"job": a.job, "otlp_endpoint": a.otlp_endpoint,
+              "export_interval_s": a.export_interval_s, "seconds": a.seconds}
+    if torchrun:
+        _ddp_worker(int(os.environ["RANK"]), world_size, config, kwargs)
+    elif world_size > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        mp.spawn(_ddp_worker, args=(world_size, config, kwargs), nprocs=world_size)
+    else:
+        run(config, **kwargs)
+
+
+if __name__ == "__main__":
+    main()
