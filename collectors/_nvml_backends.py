@@ -473,3 +473,16 @@ class ReplayBackend(NvmlBackend):
 
     def close(self) -> None:
         self._next = 0
+
+
+class DisabledBackend(NvmlBackend):
+    """The null backend: NVML turned off by configuration, so the sampler serves nothing."""
+
+    def open(self) -> None:
+        raise NvmlUnavailable("NVML is turned off in the configuration (nvml = 'off')")
+
+    def poll(self) -> RawPoll:
+        raise NvmlUnavailable("NVML is turned off in the configuration (nvml = 'off')")
+
+    def close(self) -> None:
+        return None
