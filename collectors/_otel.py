@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -77,8 +77,8 @@ def _env_first(names: tuple[str, ...]) -> str | None:
     return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
 
-def _default_protocol() -> str:
-    return _env_first(_PROTOCOL_ENV) or "http/protobuf"
+def _default_protocol() -> OtlpProtocol:
+    return cast(OtlpProtocol, _env_first(_PROTOCOL_ENV) or "http/protobuf")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +98,7 @@ class TelemetryConfig:
     host: str = field(default_factory=socket.gethostname)
     export_interval_s: float = 10.0
     otlp_endpoint: str | None = None
-    otlp_protocol: str = field(default_factory=_default_protocol)
+    otlp_protocol: OtlpProtocol = field(default_factory=_default_protocol)
     prometheus_port: int | None = None
     resource_attributes: Mapping[str, str | bool | int | float] = field(default_factory=dict)
 
