@@ -134,7 +134,10 @@ class SeriesRule:
         return self.name, tuple(sorted(self.attributes.items()))
 
 
-def _rule(series: str, name: str, source_unit: str, scale: float = 1.0, **attrs: str) -> SeriesRule:
+def _rule(
+    series: str, name: str, source_unit: str, scale: float = 1.0, **attrs: str
+) -> SeriesRule:
+    """A rule; attribute keywords spell dots as ``__`` (``hw__gpu__task`` = ``hw.gpu.task``)."""
     return SeriesRule(series=series, name=name, source_unit=source_unit, scale=scale,
                       attributes={key.replace("__", "."): v for key, v in attrs.items()})
 
@@ -306,12 +309,12 @@ def _family_points(
     scale = 1.0 if rule is None else rule.scale
     for sample in family.samples:
         attrs = {**base, **constant}
-        for label, value in sample.labels.items():
-            attrs[labels.get(label, label)] = value
+        for label, label_value in sample.labels.items():
+            attrs[labels.get(label, label)] = label_value
         if family.type in ("histogram", "summary"):
             series, value = _histogram_part(family, sample, name, attrs)
         else:
-            series, value = name, sample.value * scale
+            series, value = name, float(sample.value) * scale
         t_ns = time_ns if sample.timestamp is None else _ms_to_ns(float(sample.timestamp))
         if rule is not None and rule.bits:
             yield from _bit_points(series, value, rule, attrs, t_ns)

@@ -26,8 +26,8 @@ from collectors._scrape import (
     DCGM_RULES,
     SOURCE_ATTR,
     VLLM_RULES,
-    Scraper,
     ScrapeError,
+    Scraper,
     ScrapeSource,
     map_exposition,
 )
@@ -378,7 +378,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 def _serve(server: _Exporter) -> Iterator[_Exporter]:
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield server

@@ -1,0 +1,53 @@
+"""The catalogue's names are unique and well formed, and docs/metrics.md is its exact output."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from collectors._catalogue import CATALOGUE
+from collectors.catalogue import render_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+ATTRIBUTE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+UNIT = re.compile(r"^(1|\{[a-z_]+\}(/s)?|[A-Za-z]+(/s)?)$")
+
+
+def test_docs_match_the_generator() -> None:
+    expected = render_markdown()
+    actual = (ROOT / "docs" / "metrics.md").read_text()
+    assert actual == expected, "stale: python -m collectors.catalogue > docs/metrics.md"
+
+
+def test_module_prints_the_same_page() -> None:
+    out = subprocess.run([sys.executable, "-m", "collectors.catalogue"], cwd=ROOT,
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout == render_markdown()
+
+
+def test_names_are_unique() -> None:
+    names = [spec.name for spec in CATALOGUE]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    assert not duplicates
+
+
+def test_names_units_and_attributes_are_well_formed() -> None:
+    for spec in CATALOGUE:
+        assert NAME.match(spec.name), spec.name
+        assert not spec.name.endswith((".bucket", ".count", ".sum")), spec.name
+        assert not spec.name.endswith("_total"), spec.name
+        assert spec.name.startswith(("hw.", "gen_ai.", "seedance.")), spec.name
+        assert UNIT.match(spec.unit), (spec.name, spec.unit)
+        assert spec.description and spec.source, spec.name
+        assert len(set(spec.attributes)) == len(spec.attributes), spec.name
+        for attribute in spec.attributes:
+            assert ATTRIBUTE.match(attribute), (spec.name, attribute)
+
+
+def test_every_name_has_exactly_one_row() -> None:
+    page = render_markdown()
+    for spec in CATALOGUE:
+        assert page.count(f"\n| `{spec.name}` |") == 1, spec.name
