@@ -244,11 +244,15 @@ def map_exposition(
         families = list(text_string_to_metric_families(text))
     except (ValueError, IndexError, KeyError) as e:
         raise ScrapeError(f"not a Prometheus text exposition: {e}") from e
-    candidates = list(EXPORTERS.values()) if kind == "auto" else [EXPORTERS[kind]]
-    default = next(
-        (exp for exp in candidates if any(f.name.startswith(exp.prefix) for f in families)),
-        candidates[0] if kind != "auto" else _GENERIC,
-    )
+    if kind == "auto":
+        candidates = list(EXPORTERS.values())
+        default = next(  # for families with no exporter prefix (process_*, python_gc_*)
+            (e for e in candidates if any(f.name.startswith(e.prefix) for f in families)),
+            _GENERIC,
+        )
+    else:
+        candidates = [EXPORTERS[kind]]
+        default = EXPORTERS[kind]
     winners = _winning_rules(families, candidates)
     created = _created_families(families)
     extra = dict(attributes or {})
