@@ -1,0 +1,186 @@
+"""A real 2-rank gloo DDP job on CPU with the timed all-reduce hook installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+
+from collectors.torch_collective import CollectiveTimer, install  # noqa: E402
+
+WORLD_SIZE = 2
+STEPS = 4
+VERSION_SWITCH_STEP = 2  # steps before it run under config version 1, from it on version 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[dict[str, Any]]]:
+    points: dict[str, list[dict[str, Any]]] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                for point in metric.data.data_points:
+                    row: dict[str, Any] = {"attributes": dict(point.attributes or {})}
+                    if hasattr(point, "count"):
+                        row.update(count=point.count, sum=point.sum)
+                    else:
+                        row.update(value=point.value)
+                    points.setdefault(metric.name, []).append(row)
+    return points
+
+
+def _rank(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Embedding(50, 32),  # frozen below: its bytes must not be counted
+            torch.nn.Linear(32, 96),
+            torch.nn.ReLU(),
+            torch.nn.Linear(96, 96),
+            torch.nn.ReLU(),
+            torch.nn.Linear(96, 8),
+        )
+        model[0].weight.requires_grad_(False)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.02)
+        reader = InMemoryMetricReader()
+        timer = CollectiveTimer(
+            MeterProvider(metric_readers=[reader]).get_meter("test"),
+            world_size=WORLD_SIZE, backend="gloo", config_version=1,
+        )
+        install(ddp, timer)
+        optimiser = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        steps = []
+        for step in range(STEPS):
+            if step == VERSION_SWITCH_STEP:
+                timer.set_config_version(2)
+            tokens = torch.randint(0, 50, (16,), generator=torch.Generator().manual_seed(step))
+            ddp(tokens).square().mean().backward()
+            optimiser.step()
+            optimiser.zero_grad()
+            stats = timer.last_step_stats()
+            assert stats is not None
+            steps.append({
+                "step": stats.step,
+                "config_version": stats.config_version,
+                "step_bytes": stats.step_bytes,
+                "calls": stats.calls,
+                "buckets": [
+                    {"index": b.index, "size_bytes": b.size_bytes, "latency_s": b.latency_s,
+                     "algbw": b.algbw_bytes_per_s, "busbw": b.busbw_bytes_per_s}
+                    for b in stats.buckets
+                ],
+            })
+        logging_data = ddp._get_ddp_logging_data()
+        result = {
+            "trainable_bytes": sum(
+                p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
+            ),
+            "all_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "ddp_bucket_sizes": [int(s) for s in logging_data["bucket_sizes"].split(",")],
+            "ddp_rebuilt_bucket_sizes": [
+                int(s) for s in logging_data["rebuilt_bucket_sizes"].split(",")
+            ],
+            "steps": steps,
+            "metrics": _metric_points(reader),
+        }
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out_dir = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_rank, args=(_free_port(), str(out_dir)), nprocs=WORLD_SIZE, join=True)
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.integration
+def test_step_bytes_are_the_trainable_parameter_bytes(ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        assert result["trainable_bytes"] < result["all_bytes"]  # the frozen embedding is out
+        assert [s["step_bytes"] for s in result["steps"]] == [result["trainable_bytes"]] * STEPS
+        assert [s["step"] for s in result["steps"]] == list(range(STEPS))
+
+
+@pytest.mark.integration
+def test_buckets_match_ddp_before_and_after_the_rebuild(ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        before, rebuilt = result["ddp_bucket_sizes"], result["ddp_rebuilt_bucket_sizes"]
+        assert before != rebuilt  # the test only means something if DDP did rebuild
+        assert len(rebuilt) > 1
+        for step in result["steps"]:
+            expected = before if step["step"] == 0 else rebuilt
+            assert step["calls"] == len(expected)
+            by_index = sorted(step["buckets"], key=lambda b: b["index"])
+            assert [b["index"] for b in by_index] == list(range(len(expected)))
+            assert [b["size_bytes"] for b in by_index] == expected
+
+
+@pytest.mark.integration
+def test_latency_and_bandwidths(ranks: list[dict[str, Any]]) -> None:
+    n = WORLD_SIZE
+    for result in ranks:
+        for step in result["steps"]:
+            for bucket in step["buckets"]:
+                assert bucket["latency_s"] > 0
+                assert bucket["algbw"] == bucket["size_bytes"] / bucket["latency_s"]
+                assert bucket["busbw"] == bucket["algbw"] * 2 * (n - 1) / n
+
+
+@pytest.mark.integration
+def test_otel_points_carry_the_config_version(ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        metrics, steps = result["metrics"], result["steps"]
+        for version in (1, 2):
+            mine = [s for s in steps if s["config_version"] == version]
+            assert len(mine) == 2
+            attrs = {"seedance.config.version": str(version), "seedance.comm.backend": "gloo"}
+            calls = [p for p in metrics["seedance.comm.allreduce.calls"]
+                     if p["attributes"] == attrs]
+            sent = [p for p in metrics["seedance.comm.allreduce.bytes"]
+                    if p["attributes"] == attrs]
+            duration = [p for p in metrics["seedance.comm.allreduce.duration"]
+                        if p["attributes"] == attrs]
+            assert calls[0]["value"] == sum(s["calls"] for s in mine)
+            assert sent[0]["value"] == sum(s["step_bytes"] for s in mine)
+            assert duration[0]["count"] == sum(s["calls"] for s in mine)
+            assert duration[0]["sum"] == pytest.approx(
+                sum(b["latency_s"] for s in mine for b in s["buckets"])
+            )
+
+
+@pytest.mark.integration
+def test_gauges_report_only_the_last_steps_buckets(ranks: list[dict[str, Any]]) -> None:
+    for result in ranks:
+        last = result["steps"][-1]
+        assert result["metrics"]["seedance.comm.step_bytes"] == [{
+            "attributes": {"seedance.config.version": "2", "seedance.comm.backend": "gloo"},
+            "value": last["step_bytes"],
+        }]
+        for name, key in (("seedance.comm.allreduce.algbw", "algbw"),
+                          ("seedance.comm.allreduce.busbw", "busbw")):
+            observed = {p["attributes"]["seedance.comm.bucket"]: p["value"]
+                        for p in result["metrics"][name]}
+            assert observed == {str(b["index"]): b[key] for b in last["buckets"]}
