@@ -35,8 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from collectors._errors import SeedanceError
-from collectors._otlp_decode import points_from_request
-from collectors._points import Point
+from collectors._otlp_decode import DecodedMetrics, points_from_request
 from collectors._prometheus import MetricsServer, NullMetricsServer, serve_metrics
 
 _log = logging.getLogger(__name__)
@@ -154,23 +153,26 @@ class TelemetryConfig:
 
 
 class StoreMetricExporter(MetricExporter):
-    """Hands each collection to ``sink`` as points, via the same OTLP decoder the receiver uses.
+    """Hands each collection to ``sink`` decoded, via the same OTLP decoder the receiver uses.
+
+    The sink gets :class:`DecodedMetrics` (points plus kind and unit per metric), exactly what
+    the receiver hands on, so the sidecar stores and exports its own metrics like a job's.
 
     Called from the reader's export thread only; ``sink`` must be thread-safe if it is shared
     (``TimeSeriesStore.write`` is). A failing sink is logged and the export reported failed;
     the reader's loop goes on.
     """
 
-    def __init__(self, sink: Callable[[list[Point]], None]) -> None:
+    def __init__(self, sink: Callable[[DecodedMetrics], None]) -> None:
         super().__init__()
         self._sink = sink
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
         try:
-            points = points_from_request(encode_metrics(metrics_data)).points
-            if points:
-                self._sink(points)
+            decoded = points_from_request(encode_metrics(metrics_data))
+            if decoded.points:
+                self._sink(decoded)
         except Exception:
             _log.exception("writing metrics to the store failed; dropping this collection")
             return MetricExportResult.FAILURE
@@ -255,11 +257,11 @@ class Telemetry:
 
 
 def setup_telemetry(config: TelemetryConfig, *,
-                    store_sink: Callable[[list[Point]], None] | None = None,
+                    store_sink: Callable[[DecodedMetrics], None] | None = None,
                     set_global: bool = False) -> Telemetry:
     """Build the process's one MeterProvider from ``config``.
 
-    Readers: ``store_sink`` (e.g. ``TimeSeriesStore.write``) every ``export_interval_s``; OTLP
+    Readers: ``store_sink`` (decoded metrics, e.g. for the sidecar's store) every ``export_interval_s``; OTLP
     when enabled; a Prometheus reader served on 127.0.0.1:``prometheus_port`` when set. With
     none of them the provider still works and records nothing. ``set_global`` also installs it
     as OpenTelemetry's global provider, which the API allows once per process.

@@ -44,12 +44,14 @@ from collectors._points import MetricKind, Point
 
 RESOURCE_ATTRS: tuple[str, ...] = (
     "service.name",
-    "service.instance.id",
     "host.name",
     "seedance.rank",
     "seedance.job.kind",
 )
-"""Resource attributes copied onto every Point of that resource; others are dropped."""
+"""Resource attributes copied onto every Point of that resource; others are dropped.
+
+``service.instance.id`` is left out on purpose: the SDK makes a random one per process, which
+would start new series at every restart; job, host and rank already name the process."""
 
 _NO_RECORDED_VALUE = metrics_pb2.DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
 

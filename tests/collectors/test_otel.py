@@ -23,6 +23,7 @@ from collectors._otel import (
     TelemetryConfigError,
     setup_telemetry,
 )
+from collectors._otlp_decode import DecodedMetrics
 from collectors._points import Point
 
 STEP = "seedance.train.step.duration"
@@ -71,13 +72,13 @@ def record_sample(telemetry_meter_source: object, steps: list[float], ttfts: lis
 
 
 def test_store_sink_receives_counter_gauge_histogram_with_buckets_and_resource() -> None:
-    received: list[Point] = []
+    sunk: list[Point] = []
     steps = [0.004, 0.3, 0.31, 1.7, 45.0]
     ttfts = [0.0007, 0.02, 0.2]
-    with setup_telemetry(config(), store_sink=received.extend) as telemetry:
+    with setup_telemetry(config(), store_sink=lambda decoded: sunk.extend(decoded.points)) as telemetry:
         record_sample(telemetry, steps, ttfts)
         assert telemetry.force_flush(timeout_s=10)
-        received = list(received)  # shutdown exports (cumulative) once more
+        received = list(sunk)  # shutdown exports (cumulative) once more
 
     (tokens,) = by_name(received, TOKENS)
     assert tokens.value == 812.5
@@ -106,7 +107,8 @@ def test_store_sink_receives_counter_gauge_histogram_with_buckets_and_resource()
 
 def test_histograms_outside_our_patterns_keep_sdk_default_buckets() -> None:
     received: list[Point] = []
-    with setup_telemetry(config(), store_sink=received.extend) as telemetry:
+    with setup_telemetry(config(),
+                         store_sink=lambda decoded: received.extend(decoded.points)) as telemetry:
         telemetry.meter("tests.otel").create_histogram("other.size", unit="By").record(3.0)
         telemetry.force_flush()
     bounds = {p.attributes["le"] for p in by_name(received, "other.size.bucket")}
@@ -117,8 +119,8 @@ def test_histograms_outside_our_patterns_keep_sdk_default_buckets() -> None:
 def test_failing_sink_reports_failure_and_the_next_export_still_runs() -> None:
     calls: list[int] = []
 
-    def flaky(points: list[Point]) -> None:
-        calls.append(len(points))
+    def flaky(decoded: DecodedMetrics) -> None:
+        calls.append(len(decoded.points))
         if len(calls) == 1:
             raise OSError("disk full")
 
@@ -130,7 +132,7 @@ def test_failing_sink_reports_failure_and_the_next_export_still_runs() -> None:
 
 
 def test_store_exporter_returns_failure_instead_of_raising() -> None:
-    def broken(points: list[Point]) -> None:
+    def broken(decoded: DecodedMetrics) -> None:
         raise RuntimeError("boom")
 
     from opentelemetry.sdk.metrics import MeterProvider
@@ -142,7 +144,7 @@ def test_store_exporter_returns_failure_instead_of_raising() -> None:
     data = reader.get_metrics_data()
     assert data is not None
     assert StoreMetricExporter(broken).export(data) is MetricExportResult.FAILURE
-    assert StoreMetricExporter(lambda points: None).export(data) is MetricExportResult.SUCCESS
+    assert StoreMetricExporter(lambda decoded: None).export(data) is MetricExportResult.SUCCESS
     provider.shutdown()
 
 

@@ -133,8 +133,8 @@ def test_stock_sdk_exporter_in_another_process(rx: Receiver, compression: str) -
     assert rx.encodings == ["identity" if compression == "none" else "gzip"]
     assert rx.stats.requests_accepted == 1
     (decoded,) = rx.sink.received
-    # The int rank is rendered as str; process.pid is not a copied resource attribute.
-    res = {"service.name": "sdk-sender", "service.instance.id": "i-1", "seedance.rank": "2"}
+    # The int rank is rendered as str; process.pid and service.instance.id are not copied.
+    res = {"service.name": "sdk-sender", "seedance.rank": "2"}
     attrs = {**res, "phase": "train", "ok": "true"}
     got = {(p.name, tuple(sorted(p.attributes.items()))): p.value for p in decoded.points}
 
