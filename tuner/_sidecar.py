@@ -13,15 +13,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import uvicorn
-from collectors._otlp_receiver import Forwarder, otlp_router
-from collectors._prometheus import LatestValueCollector, serve_metrics
-from collectors._store import TimeSeriesStore
 from fastapi import FastAPI, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collectors._otel import TelemetryConfig, setup_telemetry
+from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
 from collectors._otlp_decode import DecodedMetrics
+from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats, otlp_router
+from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
+from collectors._store import TimeSeriesStore
 from tuner._config import SidecarConfig
 from tuner._sources import build_gpu_sampler, build_scrapers
 
@@ -37,13 +37,16 @@ class Sidecar:
         self.latest = LatestValueCollector()
         self.registry.register(self.latest)
         self.store: TimeSeriesStore | None = None
+        self.stats = ReceiverStats()
         self._forwarder = (
-            Forwarder(config.upstream_otlp_endpoint) if config.upstream_otlp_endpoint else None
+            Forwarder(ForwarderConfig(url=config.upstream_otlp_endpoint))
+            if config.upstream_otlp_endpoint else None
         )
-        self._telemetry = None
-        self._gpu_sampler = None
-        self._scrapers: list = []
-        self._metrics_server = None
+        self._telemetry: Telemetry | None = None
+        # Built here, not in start(), so a bad trace or scrape URL fails before serving.
+        self._gpu_sampler = build_gpu_sampler(config)
+        self._scrapers = build_scrapers(config, sink=self.sink)
+        self._metrics_server: MetricsServer | None = None
         self._lock = threading.Lock()
         self._started = False
 
@@ -64,7 +67,6 @@ class Sidecar:
                                 export_interval_s=self.config.export_interval_s),
                 store_sink=self.sink,
             )
-            self._gpu_sampler = build_gpu_sampler(self.config)
             self._gpu_sampler.register(self._telemetry.meter("seedance.nvml"))
             self._gpu_sampler.start()
             self._scrapers = build_scrapers(self.config, sink=self.sink)
@@ -83,8 +85,7 @@ class Sidecar:
             self._started = False
             for scraper in self._scrapers:
                 scraper.shutdown(timeout_s)
-            if self._gpu_sampler is not None:
-                self._gpu_sampler.shutdown(timeout_s)
+            self._gpu_sampler.shutdown(timeout_s)
             if self._telemetry is not None:
                 self._telemetry.shutdown(timeout_s)
             if self._forwarder is not None:
@@ -106,7 +107,7 @@ class Sidecar:
         app = FastAPI(title="seedance sidecar", lifespan=lifespan)
         app.include_router(
             otlp_router(self.sink, max_body_bytes=self.config.max_body_bytes,
-                        forwarder=self._forwarder)
+                        forwarder=self._forwarder, stats=self.stats)
         )
 
         @app.get("/healthz")

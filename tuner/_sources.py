@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from collectors._nvml import GpuSampler
+from collectors._catalogue import BY_NAME
+from collectors._nvml import GpuSampler, GpuSamplerConfig
 from collectors._nvml_backends import DisabledBackend, LiveNvmlBackend, NvmlBackend, ReplayBackend
-from collectors._points import Point
+from collectors._otlp_decode import DecodedMetrics, MetricInfo, Temporality
+from collectors._points import MetricKind, Point
+from collectors._scrape import Scraper, ScrapeSource
 from collectors.traces import trace_path
 from tuner._config import SidecarConfig
 
@@ -26,17 +29,31 @@ def gpu_backend(nvml: str) -> NvmlBackend:
 
 
 def build_gpu_sampler(config: SidecarConfig) -> GpuSampler:
-    from collectors._nvml import GpuSamplerConfig
-
     return GpuSampler(gpu_backend(config.nvml),
                       config=GpuSamplerConfig(interval_s=config.nvml_interval_s))
 
 
-def build_scrapers(config: SidecarConfig, *, sink: Callable[[list[Point]], None]) -> list:
-    from collectors._scrape import Scraper, ScrapeSource
+def as_decoded(points: list[Point]) -> DecodedMetrics:
+    """Scraped points with catalogue metadata where the name is known (gauge otherwise)."""
+    metrics: dict[str, MetricInfo] = {}
+    for point in points:
+        if point.name in metrics:
+            continue
+        spec = BY_NAME.get(point.name)
+        kind = spec.kind if spec is not None and spec.kind is not MetricKind.HISTOGRAM \
+            else MetricKind.GAUGE
+        metrics[point.name] = MetricInfo(
+            name=point.name, kind=kind, otlp_type=kind.value, unit=spec.unit if spec else "",
+            description=spec.description if spec else "", monotonic=kind is MetricKind.SUM,
+            temporality=Temporality.CUMULATIVE,
+        )
+    return DecodedMetrics(points=points, metrics=metrics)
 
+
+def build_scrapers(config: SidecarConfig, *, sink: Callable[[DecodedMetrics], None]
+                   ) -> list[Scraper]:
     return [
         Scraper(ScrapeSource(url=s.url, job=config.job, kind=s.kind, interval_s=s.interval_s,
-                             timeout_s=s.timeout_s), sink=sink)
+                             timeout_s=s.timeout_s), lambda points: sink(as_decoded(points)))
         for s in config.scrape
     ]
