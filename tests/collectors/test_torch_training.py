@@ -1,0 +1,210 @@
+"""TrainingInstrumentation on real tiny models on CPU, read back through an in-memory reader."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from torch import nn
+
+from collectors._catalogue import TRAINING_METRICS
+from collectors._points import CONFIG_VERSION_ATTR
+from collectors.torch_training import (
+    MODULE_GROUP_ATTR,
+    TrainingInstrumentation,
+    assign_groups,
+)
+from workloads.gpt import GPT, GPTConfig
+
+TINY = GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32)
+
+
+@pytest.fixture
+def reader() -> Iterator[InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    reader.meter = provider.get_meter("test")  # type: ignore[attr-defined]
+    yield reader
+    provider.shutdown()
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list]:
+    data = reader.get_metrics_data()
+    out: dict[str, list] = {}
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                out.setdefault(metric.name, []).extend(metric.data.data_points)
+    return out
+
+
+def _gpt_backward(seed: int = 0) -> tuple[GPT, torch.optim.Optimizer, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = GPT(TINY)
+    idx = torch.randint(0, TINY.vocab_size, (4, TINY.block_size))
+    loss = model(idx, idx.roll(-1, dims=1))
+    loss.backward()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), loss
+
+
+def test_default_groups_follow_common_names() -> None:
+    model = GPT(TINY)
+    groups = dict(zip(*zip(*model.named_parameters()), strict=False))
+    assigned = dict(zip(groups, assign_groups(list(groups)), strict=True))
+    assert assigned["h.0.attn.qkv.weight"] == "attention"
+    assert assigned["h.1.attn.proj.bias"] == "attention"
+    assert assigned["h.0.mlp.fc.weight"] == "ffn"
+    assert assigned["h.0.mlp.proj.weight"] == "ffn"
+    assert assigned["h.0.ln_1.weight"] == "norm"
+    assert assigned["ln_f.bias"] == "norm"
+    assert assigned["wte.weight"] == assigned["wpe.weight"] == "embedding"
+    assert assigned["lm_head.weight"] == "head"
+
+
+def test_unknown_names_fall_back_to_top_level_children() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Conv2d(2, 2, 3))
+    names = [n for n, _ in model.named_parameters()]
+    assert assign_groups(names) == ["0", "0", "2", "2"]
+    assert assign_groups(names, {"first": ["0.*"]}) == ["first", "first", "other", "other"]
+
+
+def test_group_norms_combine_to_reference_global_norm(reader: InMemoryMetricReader) -> None:
+    model, opt, loss = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, reader.meter)
+    with instr.step(tokens=64, samples=4):
+        instr.after_backward()
+        instr.record_loss(loss)
+    stats = instr.last_stats
+    grads = [p.grad for p in model.parameters()]
+    reference = float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+    combined = math.sqrt(sum(g["norm"] ** 2 for g in stats["groups"].values()))
+    assert set(stats["groups"]) == {"embedding", "norm", "attention", "ffn", "head"}
+    assert stats["grad_norm"] == pytest.approx(reference, rel=1e-5)
+    assert combined == pytest.approx(reference, rel=1e-5)
+    for name, group in stats["groups"].items():
+        members = [p.grad for n, p in model.named_parameters()
+                   if instr.group_of_parameter[n] == name]
+        assert group["norm"] == pytest.approx(
+            float(torch.nn.utils.get_total_norm(members)), rel=1e-5)
+    points = _points(reader)
+    exported = {p.attributes[MODULE_GROUP_ATTR]: p.value
+                for p in points["seedance.train.grad.group_norm"]}
+    assert exported == pytest.approx({g: v["norm"] for g, v in stats["groups"].items()})
+    assert points["seedance.train.loss"][0].value == pytest.approx(loss.item())
+
+
+def test_zero_fraction_and_nonfinite_on_crafted_gradients(reader: InMemoryMetricReader) -> None:
+    model = nn.ModuleDict({"a": nn.Linear(10, 10), "b": nn.Linear(10, 10)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    instr = TrainingInstrumentation(model, opt, reader.meter,
+                                    module_groups={"a": ["a.*"], "b": ["b.*"]})
+    wa, ba, wb, bb = (p for _, p in model.named_parameters())
+    wa.grad = torch.ones(10, 10)
+    wa.grad[:3] = 0.0  # 30 zeros
+    ba.grad = torch.zeros(10)  # 10 zeros -> a: 40 of 110
+    wb.grad = torch.ones(10, 10)
+    wb.grad[0, 0], wb.grad[0, 1], wb.grad[0, 2] = math.nan, math.inf, -math.inf
+    wb.grad[1, :5] = 0.0
+    bb.grad = torch.full((10,), 2.0)
+    with instr.step():
+        instr.after_backward()
+    groups = instr.last_stats["groups"]
+    assert groups["a"]["zero_fraction"] == pytest.approx(40 / 110)
+    assert groups["a"]["nonfinite"] == 0
+    assert groups["b"]["zero_fraction"] == pytest.approx(5 / 110)
+    assert groups["b"]["nonfinite"] == 3
+    assert math.isfinite(groups["a"]["norm"]) and not math.isfinite(groups["b"]["norm"])
+    nonfinite = {p.attributes[MODULE_GROUP_ATTR]: p.value
+                 for p in _points(reader)["seedance.train.grad.nonfinite"]}
+    assert nonfinite == {"a": 0, "b": 3}
+
+
+class _HalfFFN(nn.Module):
+    """A float16 layer feeding a float32 one, as layer-wise precision would leave them.
+
+    The float16 layer sits first so the float32 layer's gradient never passes through float16.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(64, 64).half()
+        self.attn = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.mlp(x.half()).float())
+
+
+def test_fp16_underflow_raises_zero_fraction(reader: InMemoryMetricReader) -> None:
+    def zero_fractions(loss_scale: float) -> dict[str, float]:
+        torch.manual_seed(0)
+        model = _HalfFFN()
+        instr = TrainingInstrumentation(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                        reader.meter)
+        with instr.step():
+            (model(torch.randn(32, 64)).square().mean() * loss_scale).backward()
+            instr.after_backward()
+        return {g: s["zero_fraction"] for g, s in instr.last_stats["groups"].items()}
+
+    normal, tiny = zero_fractions(1.0), zero_fractions(2.0**-20)
+    assert normal["ffn"] < 0.01
+    assert tiny["ffn"] > normal["ffn"] + 0.5  # fp16 gradients flush to zero
+    assert tiny["attention"] < 0.01  # the float32 group keeps its small gradients
+
+
+def test_every_point_carries_the_config_version(reader: InMemoryMetricReader) -> None:
+    model, opt, _ = _gpt_backward()
+    version = {"now": 3}
+    instr = TrainingInstrumentation(model, opt, reader.meter, config_version=lambda: version["now"],
+                                    attributes={"seedance.rank": 0}, stats_every=1)
+    idx = torch.randint(0, TINY.vocab_size, (2, TINY.block_size))
+    seen_versions = set()
+    for v in (3, 4):
+        version["now"] = v
+        for _ in range(2):
+            with instr.data_wait():
+                batch = idx
+            with instr.step(tokens=batch.numel(), samples=batch.shape[0]):
+                loss = model(batch, batch)
+                loss.backward()
+                instr.after_backward()
+                opt.step()
+                opt.zero_grad()
+                instr.record_loss(loss)
+        points = _points(reader)
+        names = {spec.name for spec in TRAINING_METRICS} - {"seedance.train.grad_scaler.scale"}
+        assert names <= set(points)
+        for name, pts in points.items():
+            for p in pts:
+                assert CONFIG_VERSION_ATTR in p.attributes, name
+                seen_versions.add(p.attributes[CONFIG_VERSION_ATTR])
+                assert p.attributes["seedance.rank"] == 0
+        assert instr.last_stats["config_version"] == v
+    assert seen_versions == {3, 4}
+    instr.config_version = 9
+    assert instr.config_version == 9
+
+
+def test_grad_scaler_norms_are_unscaled(reader: InMemoryMetricReader) -> None:
+    model, opt, _ = _gpt_backward()
+    reference = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+    for explicit_unscale in (False, True):
+        model, opt, _ = _gpt_backward()
+        opt.zero_grad()
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        instr = TrainingInstrumentation(model, opt, reader.meter, grad_scaler=scaler)
+        torch.manual_seed(0)
+        GPT(TINY)  # same random stream as _gpt_backward
+        idx = torch.randint(0, TINY.vocab_size, (4, TINY.block_size))
+        with instr.step():
+            scaler.scale(model(idx, idx.roll(-1, dims=1))).backward()
+            if explicit_unscale:
+                scaler.unscale_(opt)
+            instr.after_backward()
+            scaler.step(opt)
+            scaler.update()
+        assert instr.last_stats["grad_norm"] == pytest.approx(reference, rel=1e-4)
+        assert instr.last_stats["grad_scaler_scale"] == 1024.0
