@@ -1,0 +1,211 @@
+"""The policy engine: hysteresis, dedup, persistence, the active gauge and the log records."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from policies import (
+    ACTIVE_FINDINGS_METRIC,
+    Detector,
+    EngineConfig,
+    Finding,
+    FrameStore,
+    PolicyEngine,
+    StoreWindow,
+    WindowSource,
+    sqlite_url,
+)
+from tests.policies.example_detector import UTILISATION, LowUtilisationDetector
+
+S = 10**9
+DECADE = 10  # seconds per data segment; windows cover exactly one segment
+
+
+def _store(pattern: str, job: str = "train-a") -> FrameStore:
+    """One point a second per GPU; segment k of GPU 0 is bad ("b") or good ("g")."""
+    rows = []
+    for k, verdict in enumerate(pattern):
+        for i in range(DECADE):
+            t = (k * DECADE + i) * S
+            rows.append({"time": t, "value": 0.2 if verdict == "b" else 0.9,
+                         "gpu.index": "0", "service.name": job})
+            rows.append({"time": t, "value": 0.9, "gpu.index": "1", "service.name": job})
+    return FrameStore({UTILISATION: pd.DataFrame(rows)})
+
+
+def _segment_end(k: int) -> int:
+    return (k * DECADE + DECADE - 1) * S
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.reader = InMemoryMetricReader()
+        self.meters = MeterProvider(metric_readers=[self.reader])
+        self.logs = InMemoryLogRecordExporter()
+        self.loggers = LoggerProvider()
+        self.loggers.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+
+    def gauge(self) -> dict[str, int]:
+        data = self.reader.get_metrics_data()
+        out: dict[str, int] = {}
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == ACTIVE_FINDINGS_METRIC:
+                        for p in metric.data.data_points:
+                            out[str(p.attributes["detector"])] = int(p.value)
+        return out
+
+
+@pytest.fixture
+def telemetry() -> Telemetry:
+    return Telemetry()
+
+
+def _engine(tmp_path: Path, store: FrameStore, telemetry: Telemetry,
+            detectors: list[Detector] | None = None, **config: float) -> PolicyEngine:
+    cfg = dict(interval_s=1.0, window_s=(DECADE - 1), open_after=3, close_after=3)
+    cfg.update(config)
+    return PolicyEngine(detectors or [LowUtilisationDetector()], WindowSource(store),
+                        db_url=sqlite_url(tmp_path / "state.db"),
+                        config=EngineConfig(**cfg),  # type: ignore[arg-type]
+                        meter_provider=telemetry.meters, logger_provider=telemetry.loggers)
+
+
+def _run(engine: PolicyEngine, segments: int) -> Iterator[tuple[int, list[str], list[str]]]:
+    for k in range(segments):
+        report = engine.evaluate_once(_segment_end(k))
+        yield k, [f.resource["gpu"] for f in report.opened], [f.resource["gpu"] for f in report.closed]
+
+
+def test_opens_after_n_bad_and_closes_after_m_clean(tmp_path: Path, telemetry: Telemetry) -> None:
+    pattern = "bbbbbggggg"
+    with _engine(tmp_path, _store(pattern), telemetry) as engine:
+        events = {k: (o, c) for k, o, c in _run(engine, len(pattern)) if o or c}
+    assert events == {2: (["0"], []), 7: ([], ["0"])}  # 3rd bad opens, 3rd clean closes
+    with _engine(tmp_path, _store(pattern), telemetry) as engine:
+        (finding,) = engine.findings.history()
+    assert (finding.opened_at_ns, finding.closed_at_ns) == (_segment_end(2), _segment_end(7))
+    assert finding.severity == "critical" and finding.resource == {"gpu": "0"}
+
+
+def test_flapping_never_opens_and_a_clean_blip_does_not_close(
+        tmp_path: Path, telemetry: Telemetry) -> None:
+    with _engine(tmp_path, _store("bgbgbgbg"), telemetry) as engine:
+        assert not any(o or c for _, o, c in _run(engine, 8))
+    with _engine(tmp_path / "2", _store("bbbgbbgbgg"), telemetry) as engine:
+        events = {k: (o, c) for k, o, c in _run(engine, 10) if o or c}
+    assert events == {2: (["0"], [])}  # never three clean in a row
+
+
+def test_open_after_one_and_different_thresholds(tmp_path: Path, telemetry: Telemetry) -> None:
+    with _engine(tmp_path, _store("bgg"), telemetry, open_after=1, close_after=2) as engine:
+        events = {k: (o, c) for k, o, c in _run(engine, 3) if o or c}
+    assert events == {0: (["0"], []), 2: ([], ["0"])}
+
+
+class DuplicatingDetector(LowUtilisationDetector):
+    """Returns every finding twice, the copy one severity lower (dedup must keep the worst)."""
+
+    def evaluate(self, window: StoreWindow) -> list[Finding]:
+        found = super().evaluate(window)
+        return [f.replace(severity="info") for f in found] + found
+
+
+def test_duplicates_in_one_evaluation_count_once(tmp_path: Path, telemetry: Telemetry) -> None:
+    with _engine(tmp_path, _store("bbbb"), telemetry, [DuplicatingDetector()]) as engine:
+        opened = [o for _, o, _ in _run(engine, 4)]
+        assert opened == [[], [], ["0"], []]
+        (active,) = engine.active()
+        assert active.severity == "critical"
+
+
+def test_active_findings_survive_a_restart(tmp_path: Path, telemetry: Telemetry) -> None:
+    store = _store("bbbbggg")
+    with _engine(tmp_path, store, telemetry) as engine:
+        for k in range(3):
+            engine.evaluate_once(_segment_end(k))
+        (before,) = engine.active()
+    with _engine(tmp_path, store, telemetry) as engine:
+        assert engine.active() == [before]
+        assert not engine.evaluate_once(_segment_end(3)).opened  # still bad: no duplicate
+        closed = [c for k in (4, 5, 6) for c in engine.evaluate_once(_segment_end(k)).closed]
+    assert [c.id for c in closed] == [before.id]
+
+
+def test_gauge_counts_active_findings_per_detector(tmp_path: Path, telemetry: Telemetry) -> None:
+    detectors: list[Detector] = [LowUtilisationDetector("low"),
+                                 LowUtilisationDetector("never", floor=0.0)]
+    with _engine(tmp_path, _store("bbbggg"), telemetry, detectors) as engine:
+        assert telemetry.gauge() == {"low": 0, "never": 0}
+        for k in range(3):
+            engine.evaluate_once(_segment_end(k))
+        assert telemetry.gauge() == {"low": 1, "never": 0}
+        for k in range(3, 6):
+            engine.evaluate_once(_segment_end(k))
+        assert telemetry.gauge() == {"low": 0, "never": 0}
+
+
+def test_one_log_record_per_open_and_close(tmp_path: Path, telemetry: Telemetry) -> None:
+    with _engine(tmp_path, _store("bbbbbggg"), telemetry) as engine:
+        list(_run(engine, 8))
+    records = [r.log_record for r in telemetry.logs.get_finished_logs()]
+    assert [r.event_name for r in records] == ["seedance.finding.opened", "seedance.finding.closed"]
+    opened, closed = records
+    assert opened.attributes is not None and closed.attributes is not None
+    assert opened.attributes["seedance.finding.detector"] == "low_utilisation"
+    assert opened.attributes["seedance.finding.resource.gpu"] == "0"
+    assert opened.attributes["seedance.finding.id"] == closed.attributes["seedance.finding.id"]
+    assert opened.timestamp == _segment_end(2) and closed.timestamp == _segment_end(7)
+    assert isinstance(opened.body, str) and "busy 20%" in opened.body
+    assert opened.severity_text == "CRITICAL"
+
+
+class BrokenDetector(Detector):
+    name = "broken"
+
+    def evaluate(self, window: StoreWindow) -> list[Finding]:
+        raise RuntimeError("bug")
+
+
+def test_a_failing_detector_does_not_stop_the_others(tmp_path: Path, telemetry: Telemetry) -> None:
+    with _engine(tmp_path, _store("bbb"), telemetry,
+                 [BrokenDetector(), LowUtilisationDetector()]) as engine:
+        reports = [engine.evaluate_once(_segment_end(k)) for k in range(3)]
+    assert reports[0].errors == {("broken", "train-a"): "RuntimeError: bug"}
+    assert [f.resource["gpu"] for f in reports[2].opened] == ["0"]
+
+
+def test_config_and_names_are_validated(tmp_path: Path, telemetry: Telemetry) -> None:
+    with pytest.raises(ValueError, match="open_after"):
+        EngineConfig(open_after=0)
+    with pytest.raises(ValueError, match="interval_s"):
+        EngineConfig(interval_s=0)
+    with pytest.raises(ValueError, match="unique"):
+        _engine(tmp_path, _store("b"), telemetry,
+                [LowUtilisationDetector(), LowUtilisationDetector()])
+
+
+def test_background_loop_opens_and_shuts_down(tmp_path: Path, telemetry: Telemetry) -> None:
+    engine = PolicyEngine([LowUtilisationDetector()], WindowSource(_store("b")),
+                          db_url=sqlite_url(tmp_path / "state.db"),
+                          config=EngineConfig(interval_s=0.01, window_s=9, open_after=3),
+                          meter_provider=telemetry.meters, logger_provider=telemetry.loggers,
+                          clock_ns=lambda: _segment_end(0))
+    engine.start()
+    engine.start()  # idempotent
+    deadline = time.monotonic() + 20
+    while not engine.active() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.shutdown(timeout_s=5)
+    engine.shutdown()  # idempotent
+    assert [f.resource for f in engine.active()] == [{"gpu": "0"}]
