@@ -5,15 +5,17 @@ Layout and why:
 - ``series``: one row per (metric name, attributes), attributes as canonical JSON.
 - ``chunks``: raw points, one row per series per chunk. A chunk never crosses a 2-hour block
   (aligned to the epoch, like Prometheus TSDB blocks). Each flush appends a chunk per series;
-  once a block holds 8 chunks they are merged into one, so a closed block is one row of up to
-  7,200 one-second points. Values are encoded by :mod:`collectors._store_codec` (exact).
+  a block's chunks are merged into one when 8 pile up and when the series moves on to a later
+  block, so a closed block is one row of up to 7,200 one-second points and a small flush costs
+  O(its own points). Values are encoded by :mod:`collectors._store_codec` (exact).
 - ``times``: the encoded timestamp column of a chunk, stored once by content hash. Series
   sampled together (one NVML tick, one OpenTelemetry collection) share identical timestamps,
   so the jitter bytes of a real sampler are paid once per group instead of once per series.
-- ``rollups``: per series, 1-minute buckets (one row per day) and 1-hour buckets (one row per
-  30 days) with min, max, sum, count, last (and the time of last, so late points merge
-  correctly). They are updated in the same transaction as the raw points, so a week of
-  1-minute data is ~700 small blobs to decode instead of a million rows.
+- ``rollups``: per series, 1-minute buckets (blocks of a day) and 1-hour buckets (blocks of 30
+  days) with min, max, sum, count, last (and the time of last, so late points merge
+  correctly), written in the same transaction as the raw points and merged like chunks (a
+  query combines pieces of a block not merged yet). A week of 1-minute data for 100 series is
+  ~800 small blobs to decode instead of a million rows.
 
 Concurrency: one writer process (the sidecar) buffers points in memory and commits them in one
 ``BEGIN IMMEDIATE`` transaction per flush (on size, every ``flush_interval_s`` from a
@@ -84,9 +86,10 @@ CREATE TABLE chunks(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
                     n INTEGER NOT NULL, times_id INTEGER NOT NULL, vals BLOB NOT NULL);
 CREATE INDEX chunks_by_series ON chunks(series_id, block_ns);
 CREATE INDEX chunks_by_times ON chunks(times_id);
-CREATE TABLE rollups(series_id INTEGER NOT NULL, step_s INTEGER NOT NULL,
-                     block_ns INTEGER NOT NULL, n INTEGER NOT NULL, data BLOB NOT NULL,
-                     PRIMARY KEY(series_id, step_s, block_ns));
+CREATE TABLE rollups(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
+                     step_s INTEGER NOT NULL, block_ns INTEGER NOT NULL, n INTEGER NOT NULL,
+                     data BLOB NOT NULL);
+CREATE INDEX rollups_by_series ON rollups(series_id, step_s, block_ns);
 """
 
 Agg = dict[str, np.ndarray]
@@ -186,19 +189,25 @@ def _encode_agg(agg: Agg) -> bytes:
         for k in _AGG_FIELDS])
 
 
-def _decode_agg(blob: bytes, n: int) -> Agg:
-    parts = codec.decode_columns(blob, len(_AGG_FIELDS))
-    return {k: codec.decode_times(p, n) if k in _TIME_FIELDS else codec.decode_values(p, n)
-            for k, p in zip(_AGG_FIELDS, parts)}
+def _decode_agg(blob: bytes, n: int, fields: tuple[str, ...] = _AGG_FIELDS) -> Agg:
+    parts = dict(zip(_AGG_FIELDS, codec.decode_columns(blob, len(_AGG_FIELDS))))
+    return {k: codec.decode_times(parts[k], n) if k in _TIME_FIELDS
+            else codec.decode_values(parts[k], n) for k in fields}
 
 
-def _split_by_block(times_ns: np.ndarray, block_ns: int) -> Iterator[tuple[int, slice]]:
-    """Yield (block start, slice) runs of sorted timestamps."""
+def _split_by_block(times_ns: np.ndarray, block_ns: int
+                    ) -> Iterator[tuple[int, slice, bool]]:
+    """Yield (block start, slice, sealed) runs of sorted timestamps.
+
+    A block is sealed when the same batch already reaches a later block: the series has moved
+    on, so the block's pieces can be merged into their final single row.
+    """
     blocks = times_ns // block_ns * block_ns
     starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
     for i, start in enumerate(starts):
-        stop = starts[i + 1] if i + 1 < len(starts) else blocks.shape[0]
-        yield int(blocks[start]), slice(int(start), int(stop))
+        last = i + 1 == len(starts)
+        stop = blocks.shape[0] if last else starts[i + 1]
+        yield int(blocks[start]), slice(int(start), int(stop)), not last
 
 
 def _is_busy(e: sqlite3.OperationalError) -> bool:
@@ -243,7 +252,7 @@ class TimeSeriesStore:
         self._buffered = 0
         self._attr_keys: dict[tuple[str, tuple[tuple[object, object], ...]], str] = {}
         self._series_ids: dict[tuple[str, str], int] = {}
-        self._chunk_counts: dict[tuple[int, int], int] = {}
+        self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
         self._last_maintenance = 0.0
         self._closed = False
         self._conn = self._connect()
@@ -427,8 +436,8 @@ class TimeSeriesStore:
                 if (t[1:] < t[:-1]).any():
                     order = np.argsort(t, kind="stable")
                     t, v = t[order], v[order]
-                for block, part in _split_by_block(t, _RAW_BLOCK_NS):
-                    self._append_chunk(sid, block, t[part], v[part], times_ids)
+                for block, part, sealed in _split_by_block(t, _RAW_BLOCK_NS):
+                    self._append_chunk(sid, block, t[part], v[part], times_ids, sealed)
                 agg = _points_agg(t, v, 60 * _NS)
                 self._merge_rollup(sid, 60, agg)
                 agg = dict(agg, bucket=agg["bucket"] // (3600 * _NS) * (3600 * _NS))
@@ -460,13 +469,10 @@ class TimeSeriesStore:
         return tid
 
     def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
-                      times_ids: dict[bytes, int]) -> None:
+                      times_ids: dict[bytes, int], sealed: bool) -> None:
         conn = self._conn
-        count = self._chunk_counts.get((sid, block))
-        if count is None:
-            count = conn.execute("SELECT count(*) FROM chunks WHERE series_id = ? AND "
-                                 "block_ns = ?", (sid, block)).fetchone()[0]
-        if count + 1 >= _MERGE_AT_CHUNKS:
+        count = self._rows_in_block(0, sid, block)
+        if count + 1 >= _MERGE_AT_CHUNKS or (sealed and count):
             rows = conn.execute(
                 "SELECT c.id, c.n, t.data, c.vals FROM chunks c JOIN times t "
                 "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns = ?",
@@ -482,20 +488,38 @@ class TimeSeriesStore:
             "VALUES(?, ?, ?, ?, ?, ?, ?)",
             (sid, block, int(t[0]), int(t[-1]), int(t.shape[0]),
              self._times_id(t, times_ids), codec.encode_values(v)))
-        self._chunk_counts[(sid, block)] = count + 1
+        self._chunk_counts[(0, sid, block)] = count + 1
+
+    def _rows_in_block(self, step_s: int, sid: int, block: int) -> int:
+        """Rows (raw chunks for step 0, else rollup pieces) that hold this series' block."""
+        count = self._chunk_counts.get((step_s, sid, block))
+        if count is None:
+            count = self._conn.execute(
+                "SELECT count(*) FROM chunks WHERE series_id = ? AND block_ns = ?"
+                if step_s == 0 else "SELECT count(*) FROM rollups WHERE series_id = ? AND "
+                "block_ns = ? AND step_s = ?", (sid, block) + ((step_s,) if step_s else ())
+            ).fetchone()[0]
+        return count
 
     def _merge_rollup(self, sid: int, step_s: int, agg: Agg) -> None:
+        """Append this flush's buckets as a piece; merge a block's pieces at 8 or once sealed."""
         conn = self._conn
-        for block, part in _split_by_block(agg["bucket"], _ROLLUP_BLOCK_NS[step_s]):
+        for block, part, sealed in _split_by_block(agg["bucket"], _ROLLUP_BLOCK_NS[step_s]):
             new = {k: a[part] for k, a in agg.items()}
-            row = conn.execute("SELECT n, data FROM rollups WHERE series_id = ? AND step_s = ?"
-                               " AND block_ns = ?", (sid, step_s, block)).fetchone()
-            if row is not None:
-                old = _decode_agg(row[1], row[0])
-                new = _combine({k: np.concatenate([old[k], new[k]]) for k in _AGG_FIELDS},
+            count = self._rows_in_block(step_s, sid, block)
+            if count + 1 >= _MERGE_AT_CHUNKS or (sealed and count):
+                rows = conn.execute("SELECT id, n, data FROM rollups WHERE series_id = ? AND "
+                                    "step_s = ? AND block_ns = ?", (sid, step_s, block)
+                                    ).fetchall()
+                olds = [_decode_agg(r[2], r[1]) for r in rows] + [new]
+                new = _combine({k: np.concatenate([o[k] for o in olds]) for k in _AGG_FIELDS},
                                presorted=False)
-            conn.execute("INSERT OR REPLACE INTO rollups VALUES(?, ?, ?, ?, ?)",
+                conn.executemany("DELETE FROM rollups WHERE id = ?", [(r[0],) for r in rows])
+                count = 0
+            conn.execute("INSERT INTO rollups(series_id, step_s, block_ns, n, data) "
+                         "VALUES(?, ?, ?, ?, ?)",
                          (sid, step_s, block, int(new["bucket"].shape[0]), _encode_agg(new)))
+            self._chunk_counts[(step_s, sid, block)] = count + 1
 
     def prune(self, *, now_ns: int | None = None) -> None:
         """Delete data past its retention, relative to ``now_ns`` (default: the wall clock)."""
@@ -586,12 +610,16 @@ class TimeSeriesStore:
     def _read_rollup(self, sid: int, step_s: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         block_ns, step_ns = _ROLLUP_BLOCK_NS[step_s], step_s * _NS
         rows = self._conn.execute(
-            "SELECT n, data FROM rollups WHERE series_id = ? AND step_s = ? AND block_ns > ? "
-            "AND block_ns <= ? ORDER BY block_ns",
+            "SELECT block_ns, n, data FROM rollups WHERE series_id = ? AND step_s = ? AND "
+            "block_ns > ? AND block_ns <= ? ORDER BY block_ns, id",
             (sid, step_s, max(lo, np.iinfo(np.int64).min + block_ns) - block_ns, hi)).fetchall()
-        aggs = [_decode_agg(r[1], r[0]) for r in rows]
+        pieces = len({r[0] for r in rows}) < len(rows)  # a block not merged yet
+        fields = _AGG_FIELDS if pieces else _AGG_FIELDS[:-1]  # last_ns only to merge
+        aggs = [_decode_agg(r[2], r[1], fields) for r in rows]
         agg = {k: np.concatenate([a[k] for a in aggs]) if aggs else np.empty(0)
-               for k in _AGG_FIELDS}
+               for k in fields}
+        if pieces:
+            agg = _combine(agg, presorted=False)
         bucket = agg["bucket"].astype(np.int64)
         keep = (bucket + step_ns > lo) & (bucket <= hi)
         count = agg["count"][keep]

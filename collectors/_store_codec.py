@@ -12,8 +12,10 @@ vectorised instead of bit-by-bit):
 - any other float64: XOR with the previous value's bits (equal leading bits cancel, and the
   29 trailing zero bits of a float32-derived value stay zero).
 
-The resulting uint64 words are byte-shuffled (all first bytes, then all second bytes, ...), so
-the zero high bytes form long runs, then zlib-compressed. Every transform is exact: values
+The resulting uint64 words are byte-shuffled (all first bytes, then all second bytes, ...);
+byte planes that are all zero (the high bytes of small deltas) are left out, flagged in a
+one-byte mask, and the rest is zlib-compressed, so decoding inflates only the bytes that carry
+information. Every transform is exact: values
 round-trip bit for bit, NaN payloads and -0.0 included.
 """
 
@@ -37,20 +39,31 @@ def _zigzag(x: np.ndarray) -> np.ndarray:
 
 
 def _unzigzag(u: np.ndarray) -> np.ndarray:
-    return ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view(np.int64)
+    """Inverse of :func:`_zigzag`, in place (``u`` is consumed)."""
+    sign = (u & np.uint64(1)).view(np.int64)
+    np.negative(sign, out=sign)
+    np.right_shift(u, np.uint64(1), out=u)
+    out = u.view(np.int64)
+    np.bitwise_xor(out, sign, out=out)
+    return out
 
 
 def _pack(words: np.ndarray) -> bytes:
-    shuffled = np.ascontiguousarray(words.astype("<u8", copy=False).view(np.uint8)
-                                    .reshape(-1, 8).T)
-    return zlib.compress(shuffled.tobytes(), _ZLIB_LEVEL)
+    """Byte-shuffle uint64 words, drop the all-zero byte planes, zlib the rest."""
+    planes = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8).T
+    kept = [i for i in range(8) if planes[i].any()]
+    mask = sum(1 << i for i in kept)
+    return bytes((mask,)) + zlib.compress(np.ascontiguousarray(planes[kept]).tobytes(),
+                                          _ZLIB_LEVEL)
 
 
 def _unpack(blob: bytes, n: int) -> np.ndarray:
-    if n == 0:
-        return np.empty(0, dtype=np.uint64)
-    planes = np.frombuffer(zlib.decompress(blob), dtype=np.uint8).reshape(8, n)
-    return np.ascontiguousarray(planes.T).view("<u8").reshape(n).astype(np.uint64, copy=False)
+    kept = [i for i in range(8) if blob[0] >> i & 1]
+    planes = np.zeros((n, 8), dtype=np.uint8)
+    if kept:
+        planes[:, kept] = np.frombuffer(zlib.decompress(blob[1:]), dtype=np.uint8
+                                        ).reshape(len(kept), n).T
+    return planes.view("<u8").reshape(n).astype(np.uint64, copy=False)
 
 
 def encode_times(times_ns: np.ndarray) -> bytes:
@@ -66,7 +79,7 @@ def decode_times(blob: bytes, n: int) -> np.ndarray:
     first, base = _TIMES.unpack_from(blob)
     out = np.empty(n, dtype=np.int64)
     out[0] = first
-    out[1:] = _unzigzag(_unpack(blob[_TIMES.size:], n - 1)) + base
+    np.add(_unzigzag(_unpack(blob[_TIMES.size:], n - 1)), base, out=out[1:])
     return np.cumsum(out, out=out)
 
 
@@ -90,7 +103,8 @@ def decode_values(blob: bytes, n: int) -> np.ndarray:
     """Inverse of :func:`encode_values` for a chunk of ``n`` values."""
     words = _unpack(blob[1:], n)
     if blob[:1] == _TAG_INT:
-        return np.cumsum(_unzigzag(words)).astype(np.float64)
+        ints = _unzigzag(words)
+        return np.cumsum(ints, out=ints).astype(np.float64)
     return np.bitwise_xor.accumulate(words).view(np.float64)
 
 
