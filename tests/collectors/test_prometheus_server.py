@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import bisect
 import http.server
-import json
 import math
-import os
-import shutil
-import socket
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -45,10 +40,9 @@ from collectors._prometheus import (
     prometheus_labels,
     serve_metrics,
 )
+from tests.servers import QUERY_WAIT_S, start_prometheus, wait_for
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-QUERY_WAIT_S = 30.0
 
 
 class FakeClock:
@@ -258,12 +252,6 @@ def test_serve_metrics_on_a_free_local_port_and_stop() -> None:
 # --- a real Prometheus server --------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _OtlpIntoCollector(http.server.ThreadingHTTPServer):
     """The sidecar's receive path in miniature: OTLP/HTTP protobuf -> decode -> collector."""
 
@@ -287,65 +275,6 @@ class _OtlpHandler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
-
-
-@pytest.fixture
-def prometheus_binary() -> str:
-    if not os.access(PROMETHEUS, os.X_OK):
-        reason = (f"no Prometheus server at {PROMETHEUS}; "
-                  "install it with scripts/install-test-deps.sh (Debian package 'prometheus')")
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return PROMETHEUS
-
-
-@pytest.fixture
-def prometheus_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="seedance-prometheus-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def start_prometheus(binary: str, workdir: Path, target: str) -> tuple[subprocess.Popen[bytes],
-                                                                        str]:
-    config = workdir / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: seedance-sidecar\n"
-        f"    static_configs:\n      - targets: ['{target}']\n")
-    port = free_port()
-    log = (workdir / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-    log.close()
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def query(api: str, promql: str) -> list[dict[str, object]]:
-    url = f"{api}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            body = json.load(reply)
-    except OSError:  # not listening yet
-        return []
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
-def wait_for(api: str, promql: str, proc: subprocess.Popen[bytes], deadline: float,
-             log: Path) -> list[dict[str, object]]:
-    """Poll ``promql`` until it returns finite values (bounded by ``deadline``, monotonic s)."""
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"prometheus exited: {log.read_text()[-2000:]}"
-        result = query(api, promql)
-        if result and all(math.isfinite(float(r["value"][1])) for r in result):  # type: ignore[index]
-            return result
-        time.sleep(0.5)
-    pytest.fail(f"no data for {promql!r} within {QUERY_WAIT_S} s; "
-                f"prometheus log: {log.read_text()[-2000:]}")
 
 
 @pytest.mark.integration

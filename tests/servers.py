@@ -1,0 +1,67 @@
+"""Real servers the tests start on loopback: free ports and a Prometheus server."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+QUERY_WAIT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_prometheus(binary: str, workdir: Path, target: str) -> tuple[subprocess.Popen[bytes],
+                                                                        str]:
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: seedance-sidecar\n"
+        f"    static_configs:\n      - targets: ['{target}']\n")
+    port = free_port()
+    log = (workdir / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    log.close()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def query(api: str, promql: str) -> list[dict[str, object]]:
+    url = f"{api}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body = json.load(reply)
+    except OSError:  # not listening yet
+        return []
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for(api: str, promql: str, proc: subprocess.Popen[bytes], deadline: float,
+             log: Path) -> list[dict[str, object]]:
+    """Poll ``promql`` until it returns finite values (bounded by ``deadline``, monotonic s)."""
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"prometheus exited: {log.read_text()[-2000:]}"
+        result = query(api, promql)
+        if result and all(math.isfinite(float(r["value"][1])) for r in result):  # type: ignore[index]
+            return result
+        time.sleep(0.5)
+    pytest.fail(f"no data for {promql!r} within {QUERY_WAIT_S} s; "
+                f"prometheus log: {log.read_text()[-2000:]}")
+
+

@@ -1,0 +1,165 @@
+"""The sidecar as a user runs it: a real process, a job using the stock OTel SDK, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import free_port, start_prometheus, wait_for
+
+SENDER = textwrap.dedent("""
+    import sys
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=sys.argv[1]), export_interval_millis=3_600_000)
+    provider = MeterProvider(metric_readers=[reader], resource=Resource.create(
+        {"service.name": "llm-train", "seedance.rank": 1}))
+    meter = provider.get_meter("e2e")
+    version = {"seedance.config.version": "7"}
+    meter.create_gauge("seedance.train.tokens_per_second").set(1234.5, version)
+    meter.create_counter("seedance.comm.allreduce.calls").add(12, version)
+    steps = meter.create_histogram("seedance.train.step.duration", unit="s")
+    for seconds in (0.25, 0.5, 2.0):
+        steps.record(seconds, version)
+    provider.shutdown()
+""")
+
+
+class Sidecar:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, store: Path) -> None:
+        self.proc, self.url, self.store = proc, url, store
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
+    port = free_port()
+    store = tmp_path / "metrics.db"
+    log = (tmp_path / "sidecar.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.sidecar", "--job", "e2e", "--listen", f"127.0.0.1:{port}",
+         "--store", str(store), "--nvml", "replay:h100_gpu_burn"],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, (tmp_path / "sidecar.log").read_text()
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "sidecar never became ready"
+        time.sleep(0.2)
+    yield Sidecar(proc, url, store)
+    proc.terminate()
+    proc.wait(15)
+    log.close()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def query_until(store: Path, name: str, *extra: str) -> list[dict[str, object]]:
+    """The store flushes on an interval: poll the CLI (a second process) for a bounded time."""
+    deadline = time.monotonic() + 20
+    while True:
+        result = cli("metrics", "query", name, "--store", str(store), "--since", "10m",
+                     "--json", *extra)
+        assert result.returncode == 0, result.stderr
+        points = json.loads(result.stdout)["points"]
+        if points or time.monotonic() > deadline:
+            return points
+        time.sleep(0.5)
+
+
+@pytest.mark.integration
+def test_stock_sdk_job_metrics_reach_the_cli_with_their_attributes(sidecar: Sidecar) -> None:
+    sent = subprocess.run([sys.executable, "-c", SENDER, f"{sidecar.url}/v1/metrics"],
+                          capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+
+    (gauge,) = query_until(sidecar.store, "seedance.train.tokens_per_second")
+    assert gauge["value"] == 1234.5
+    assert gauge["service.name"] == "llm-train"
+    assert gauge["seedance.rank"] == "1"
+    assert gauge["seedance.config.version"] == "7"
+
+    (counter,) = query_until(sidecar.store, "seedance.comm.allreduce.calls")
+    assert counter["value"] == 12
+
+    (count,) = query_until(sidecar.store, "seedance.train.step.duration.count")
+    (total,) = query_until(sidecar.store, "seedance.train.step.duration.sum")
+    assert (count["value"], total["value"]) == (3, 2.75)
+    buckets = query_until(sidecar.store, "seedance.train.step.duration.bucket",
+                          "--where", "le=+Inf")
+    assert [b["value"] for b in buckets] == [3]
+
+    # Filtering by an attribute the point does not have finds nothing.
+    assert query_until(sidecar.store, "seedance.train.tokens_per_second",
+                       "--where", "seedance.rank=0") == []
+
+    listing = cli("metrics", "list", "--store", str(sidecar.store), "--json")
+    names = {row["name"] for row in json.loads(listing.stdout)}
+    assert {"seedance.train.tokens_per_second", "hw.power", "hw.gpu.up"} <= names
+
+    # Replayed GPU counters are labelled as such.
+    power = query_until(sidecar.store, "hw.power")
+    assert power and all(p["seedance.replayed"] == "true" for p in power)
+
+
+@pytest.mark.integration
+def test_bad_requests_do_not_stop_the_sidecar(sidecar: Sidecar) -> None:
+    bad = httpx.post(f"{sidecar.url}/v1/metrics", content=b"\x0a\xff\xff",
+                     headers={"Content-Type": "application/x-protobuf"})
+    assert bad.status_code == 400
+    good = subprocess.run([sys.executable, "-c", SENDER, f"{sidecar.url}/v1/metrics"],
+                          capture_output=True, timeout=60)
+    assert good.returncode == 0
+    assert query_until(sidecar.store, "seedance.train.tokens_per_second")
+
+
+@pytest.mark.integration
+def test_real_prometheus_scrapes_a_training_metric_from_the_sidecar(
+        sidecar: Sidecar, prometheus_binary: str, prometheus_dir: Path) -> None:
+    sent = subprocess.run([sys.executable, "-c", SENDER, f"{sidecar.url}/v1/metrics"],
+                          capture_output=True, timeout=60)
+    assert sent.returncode == 0
+    target = sidecar.url.removeprefix("http://")
+    proc, api = start_prometheus(prometheus_binary, prometheus_dir, target)
+    try:
+        result = wait_for(api, 'seedance_train_tokens_per_second{service_name="llm-train"}',
+                          proc, time.monotonic() + 30, prometheus_dir / "prometheus.log")
+        assert float(result[0]["value"][1]) == 1234.5  # type: ignore[index]
+        assert result[0]["metric"]["seedance_config_version"] == "7"  # type: ignore[index]
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    missing = cli("metrics", "query", "x", "--store", str(tmp_path / "none.db"))
+    assert missing.returncode == 2
+    assert "no store here" in missing.stderr and "Traceback" not in missing.stderr
+    bad_where = cli("metrics", "query", "x", "--where", "nokey", "--store", "x.db")
+    assert bad_where.returncode == 2 and "KEY=VALUE" in bad_where.stderr
+    bad_trace = subprocess.run(
+        [sys.executable, "-m", "tuner.sidecar", "--nvml", "replay:nonexistent",
+         "--store", str(tmp_path / "m.db")],
+        capture_output=True, text=True, timeout=60, env={**os.environ})
+    assert bad_trace.returncode == 2
+    assert "no NVML trace" in bad_trace.stderr and "Traceback" not in bad_trace.stderr
