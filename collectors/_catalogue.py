@@ -235,7 +235,14 @@ SCRAPE_METRICS: tuple[MetricSpec, ...] = (
                attributes=_VLLM, description="Tokens generated"),
 )
 
+POLICY_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(name="seedance.findings.active", unit="{finding}", kind=G,
+               source="policy engine", attributes=("detector", "service.name"),
+               description="Findings open now, per detector"),
+)
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     GPU_METRICS + TRAINING_METRICS + COLLECTIVE_METRICS + SERVING_METRICS + SCRAPE_METRICS
+    + POLICY_METRICS
 )
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

@@ -302,8 +302,10 @@ class GpuSampler:
             if have("nvmlDeviceGetMemoryAffinity.node"):
                 info["numa.node"] = str(r["nvmlDeviceGetMemoryAffinity.node"])
             emit("seedance.gpu.info", 1, **info)
+        if have("nvmlDeviceGetUtilizationRates.gpu"):  # semconv: task general (not enc/dec)
+            emit("hw.gpu.utilization", float(r["nvmlDeviceGetUtilizationRates.gpu"]) * 0.01,
+                 **{"hw.gpu.task": "general"})
         for name, key, scale in (
-            ("hw.gpu.utilization", "nvmlDeviceGetUtilizationRates.gpu", 0.01),
             ("hw.gpu.memory.utilization", "nvmlDeviceGetUtilizationRates.memory", 0.01),
             ("hw.gpu.memory.usage", "nvmlDeviceGetMemoryInfo.used", 1),
             ("hw.gpu.memory.limit", "nvmlDeviceGetMemoryInfo.total", 1),
