@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +37,7 @@ import torch.distributed as dist
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from collectors._catalogue import BY_NAME
+from collectors._errors import SeedanceError
 from collectors._points import CONFIG_VERSION_ATTR
 
 __all__ = ["BucketStats", "CollectiveTimer", "StepStats", "bus_bandwidth", "install"]
@@ -107,7 +108,7 @@ class _Launch:
 class _Step:
     step: int
     config_version: int
-    attributes: Mapping[str, str]
+    attributes: Mapping[str, str | int]
     launches: list[_Launch] = field(default_factory=list)
     all_launched: bool = False
 
@@ -123,19 +124,29 @@ class CollectiveTimer:
     Thread-safe: the hook runs on the autograd thread, gloo completions on gloo's threads and
     collection on the reader's thread; one lock guards the in-flight steps. Errors in the
     bookkeeping are logged and never reach DDP; errors of the collective itself do.
+
+    ``config_version`` is an int or a callable returning one (as for the training
+    instrumentation), read when a step's first bucket is launched; it can be assigned later.
+    ``attributes`` (e.g. ``seedance.rank``) are added to every point.
     """
 
     def __init__(
-        self, meter: Meter, *, world_size: int, backend: str, config_version: int
+        self,
+        meter: Meter,
+        *,
+        world_size: int,
+        backend: str,
+        config_version: Callable[[], int] | int,
+        attributes: Mapping[str, str | int] | None = None,
     ) -> None:
         if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
+            raise SeedanceError(f"world_size must be >= 1, got {world_size}")
         if not backend:
-            raise ValueError("backend must be a non-empty name such as 'nccl' or 'gloo'")
+            raise SeedanceError("backend must be a non-empty name such as 'nccl' or 'gloo'")
         self._world_size = world_size
-        self._backend = backend
+        self._base_attributes = {**(attributes or {}), BACKEND_ATTR: backend}
         self._lock = threading.Lock()
-        self._config_version = config_version
+        self.config_version = config_version
         self._open: _Step | None = None
         self._in_flight: list[_Step] = []
         self._last: StepStats | None = None
@@ -165,10 +176,14 @@ class CollectiveTimer:
         """Ranks in the process group the hook reduces over."""
         return self._world_size
 
-    def set_config_version(self, config_version: int) -> None:
-        """Tag buckets launched from now on with a new config version."""
-        with self._lock:
-            self._config_version = config_version
+    @property
+    def config_version(self) -> int:
+        """The config version in force now."""
+        return int(self._version_source())
+
+    @config_version.setter
+    def config_version(self, value: Callable[[], int] | int) -> None:
+        self._version_source = value if callable(value) else (lambda v=int(value): v)
 
     def last_step_stats(self) -> StepStats | None:
         """The last step whose every bucket has completed, or None before the first one."""
@@ -188,13 +203,11 @@ class CollectiveTimer:
             launch.started_s = time.perf_counter()
         with self._lock:
             if self._open is None:
+                version = self.config_version
                 self._open = _Step(
                     step=self._next_step,
-                    config_version=self._config_version,
-                    attributes={
-                        CONFIG_VERSION_ATTR: str(self._config_version),
-                        BACKEND_ATTR: self._backend,
-                    },
+                    config_version=version,
+                    attributes={**self._base_attributes, CONFIG_VERSION_ATTR: version},
                 )
                 self._next_step += 1
             self._open.launches.append(launch)
@@ -264,23 +277,23 @@ class CollectiveTimer:
 
     # -- observable gauges -------------------------------------------------------------------
 
-    def _observed_step(self) -> tuple[StepStats | None, dict[str, str]]:
+    def _observed_step(self) -> tuple[StepStats | None, dict[str, str | int]]:
         last = self.last_step_stats()
         if last is None:
             return None, {}
-        return last, {CONFIG_VERSION_ATTR: str(last.config_version), BACKEND_ATTR: self._backend}
+        return last, {**self._base_attributes, CONFIG_VERSION_ATTR: last.config_version}
 
     def _observe_algbw(self, options: CallbackOptions) -> Iterable[Observation]:
         last, attributes = self._observed_step()
         return [] if last is None else [
-            Observation(b.algbw_bytes_per_s, {**attributes, BUCKET_ATTR: str(b.index)})
+            Observation(b.algbw_bytes_per_s, {**attributes, BUCKET_ATTR: b.index})
             for b in last.buckets
         ]
 
     def _observe_busbw(self, options: CallbackOptions) -> Iterable[Observation]:
         last, attributes = self._observed_step()
         return [] if last is None else [
-            Observation(b.busbw_bytes_per_s, {**attributes, BUCKET_ATTR: str(b.index)})
+            Observation(b.busbw_bytes_per_s, {**attributes, BUCKET_ATTR: b.index})
             for b in last.buckets
         ]
 
@@ -319,11 +332,11 @@ def install(ddp_model: torch.nn.parallel.DistributedDataParallel, timer: Collect
     """Register the timed all-reduce as ``ddp_model``'s communication hook (once, before backward).
 
     Raises:
-        ValueError: the timer's world size differs from the model's process group size.
+        SeedanceError: the timer's world size differs from the model's process group size.
     """
     group = ddp_model.process_group
     if group.size() != timer.world_size:
-        raise ValueError(
+        raise SeedanceError(
             f"timer world_size={timer.world_size} but the DDP process group has {group.size()} "
             "ranks"
         )

@@ -18,6 +18,7 @@ from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from collectors.torch_collective import CollectiveTimer, install  # noqa: E402
+from tests.collectors._otel_points import metric_points  # noqa: E402
 
 WORLD_SIZE = 2
 STEPS = 4
@@ -28,23 +29,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[dict[str, Any]]]:
-    points: dict[str, list[dict[str, Any]]] = {}
-    data = reader.get_metrics_data()
-    assert data is not None
-    for resource_metrics in data.resource_metrics:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                for point in metric.data.data_points:
-                    row: dict[str, Any] = {"attributes": dict(point.attributes or {})}
-                    if hasattr(point, "count"):
-                        row.update(count=point.count, sum=point.sum)
-                    else:
-                        row.update(value=point.value)
-                    points.setdefault(metric.name, []).append(row)
-    return points
 
 
 def _rank(rank: int, port: int, out_dir: str) -> None:
@@ -67,13 +51,14 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
         timer = CollectiveTimer(
             MeterProvider(metric_readers=[reader]).get_meter("test"),
             world_size=WORLD_SIZE, backend="gloo", config_version=1,
+            attributes={"seedance.rank": rank},
         )
         install(ddp, timer)
         optimiser = torch.optim.SGD(ddp.parameters(), lr=0.01)
         steps = []
         for step in range(STEPS):
             if step == VERSION_SWITCH_STEP:
-                timer.set_config_version(2)
+                timer.config_version = 2
             tokens = torch.randint(0, 50, (16,), generator=torch.Generator().manual_seed(step))
             ddp(tokens).square().mean().backward()
             optimiser.step()
@@ -102,7 +87,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
                 int(s) for s in logging_data["rebuilt_bucket_sizes"].split(",")
             ],
             "steps": steps,
-            "metrics": _metric_points(reader),
+            "metrics": metric_points(reader),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -151,12 +136,13 @@ def test_latency_and_bandwidths(ranks: list[dict[str, Any]]) -> None:
 
 @pytest.mark.integration
 def test_otel_points_carry_the_config_version(ranks: list[dict[str, Any]]) -> None:
-    for result in ranks:
+    for rank, result in enumerate(ranks):
         metrics, steps = result["metrics"], result["steps"]
         for version in (1, 2):
             mine = [s for s in steps if s["config_version"] == version]
             assert len(mine) == 2
-            attrs = {"seedance.config.version": str(version), "seedance.comm.backend": "gloo"}
+            attrs = {"seedance.config.version": version, "seedance.comm.backend": "gloo",
+                     "seedance.rank": rank}
             calls = [p for p in metrics["seedance.comm.allreduce.calls"]
                      if p["attributes"] == attrs]
             sent = [p for p in metrics["seedance.comm.allreduce.bytes"]
@@ -173,14 +159,15 @@ def test_otel_points_carry_the_config_version(ranks: list[dict[str, Any]]) -> No
 
 @pytest.mark.integration
 def test_gauges_report_only_the_last_steps_buckets(ranks: list[dict[str, Any]]) -> None:
-    for result in ranks:
+    for rank, result in enumerate(ranks):
         last = result["steps"][-1]
         assert result["metrics"]["seedance.comm.step_bytes"] == [{
-            "attributes": {"seedance.config.version": "2", "seedance.comm.backend": "gloo"},
+            "attributes": {"seedance.config.version": 2, "seedance.comm.backend": "gloo",
+                           "seedance.rank": rank},
             "value": last["step_bytes"],
         }]
         for name, key in (("seedance.comm.allreduce.algbw", "algbw"),
                           ("seedance.comm.allreduce.busbw", "busbw")):
             observed = {p["attributes"]["seedance.comm.bucket"]: p["value"]
                         for p in result["metrics"][name]}
-            assert observed == {str(b["index"]): b[key] for b in last["buckets"]}
+            assert observed == {b["index"]: b[key] for b in last["buckets"]}
