@@ -71,7 +71,6 @@ _MAINTENANCE_EVERY_S = 60.0
 _FORMAT = "seedance-tsdb"
 _FORMAT_VERSION = "1"
 _AGG_FIELDS = ("bucket", "min", "max", "sum", "count", "last", "last_ns")
-_TIME_FIELDS = frozenset({"bucket", "last_ns"})
 _RAW_COLUMNS = ("time", "value")
 _ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
 
@@ -183,16 +182,15 @@ def _combine(agg: Agg, *, presorted: bool) -> Agg:
             "last": agg["last"][ends], "last_ns": agg["last_ns"][ends]}
 
 
+_AGG_KINDS = "tvvvvvt"  # codec kind of each _AGG_FIELDS column
+
+
 def _encode_agg(agg: Agg) -> bytes:
-    return codec.encode_columns([
-        codec.encode_times(agg[k]) if k in _TIME_FIELDS else codec.encode_values(agg[k])
-        for k in _AGG_FIELDS])
+    return codec.encode_frame(_AGG_KINDS, [agg[k] for k in _AGG_FIELDS])
 
 
-def _decode_agg(blob: bytes, n: int, fields: tuple[str, ...] = _AGG_FIELDS) -> Agg:
-    parts = dict(zip(_AGG_FIELDS, codec.decode_columns(blob, len(_AGG_FIELDS))))
-    return {k: codec.decode_times(parts[k], n) if k in _TIME_FIELDS
-            else codec.decode_values(parts[k], n) for k in fields}
+def _decode_agg(blob: bytes, n: int) -> Agg:
+    return dict(zip(_AGG_FIELDS, codec.decode_frame(blob, _AGG_KINDS, n)))
 
 
 def _split_by_block(times_ns: np.ndarray, block_ns: int
@@ -458,14 +456,15 @@ class TimeSeriesStore:
         return sid
 
     def _times_id(self, times_ns: np.ndarray, cache: dict[bytes, int]) -> int:
-        blob = codec.encode_times(times_ns)
-        digest = hashlib.blake2b(blob, digest_size=16).digest()
+        """The id of this timestamp column, stored (encoded) only if no series has it yet."""
+        digest = hashlib.blake2b(times_ns.tobytes(), digest_size=16).digest()
         tid = cache.get(digest)
         if tid is None:
-            self._conn.execute("INSERT OR IGNORE INTO times(digest, data) VALUES(?, ?)",
-                               (digest, blob))
-            tid = cache[digest] = self._conn.execute(
-                "SELECT id FROM times WHERE digest = ?", (digest,)).fetchone()[0]
+            row = self._conn.execute("SELECT id FROM times WHERE digest = ?",
+                                     (digest,)).fetchone()
+            tid = cache[digest] = row[0] if row else self._conn.execute(
+                "INSERT INTO times(digest, data) VALUES(?, ?)",
+                (digest, codec.encode_times(times_ns))).lastrowid
         return tid
 
     def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
@@ -613,12 +612,10 @@ class TimeSeriesStore:
             "SELECT block_ns, n, data FROM rollups WHERE series_id = ? AND step_s = ? AND "
             "block_ns > ? AND block_ns <= ? ORDER BY block_ns, id",
             (sid, step_s, max(lo, np.iinfo(np.int64).min + block_ns) - block_ns, hi)).fetchall()
-        pieces = len({r[0] for r in rows}) < len(rows)  # a block not merged yet
-        fields = _AGG_FIELDS if pieces else _AGG_FIELDS[:-1]  # last_ns only to merge
-        aggs = [_decode_agg(r[2], r[1], fields) for r in rows]
+        aggs = [_decode_agg(r[2], r[1]) for r in rows]
         agg = {k: np.concatenate([a[k] for a in aggs]) if aggs else np.empty(0)
-               for k in fields}
-        if pieces:
+               for k in _AGG_FIELDS}
+        if len({r[0] for r in rows}) < len(rows):  # a block not merged yet
             agg = _combine(agg, presorted=False)
         bucket = agg["bucket"].astype(np.int64)
         keep = (bucket + step_ns > lo) & (bucket <= hi)

@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-_ZLIB_LEVEL = 6
+_ZLIB_LEVEL = 3
 _INT_LIMIT = 2.0**53
 
 _TIMES = struct.Struct("<qq")  # first timestamp, median delta
@@ -50,75 +50,99 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
 
 def _pack(words: np.ndarray) -> bytes:
     """Byte-shuffle uint64 words, drop the all-zero byte planes, zlib the rest."""
-    planes = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8).T
-    kept = [i for i in range(8) if planes[i].any()]
-    mask = sum(1 << i for i in kept)
-    return bytes((mask,)) + zlib.compress(np.ascontiguousarray(planes[kept]).tobytes(),
+    planes = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
+    kept = np.flatnonzero(planes.any(axis=0))
+    mask = int(np.left_shift(1, kept).sum())
+    return bytes((mask,)) + zlib.compress(np.ascontiguousarray(planes[:, kept].T).tobytes(),
                                           _ZLIB_LEVEL)
 
 
-def _unpack(blob: bytes, n: int) -> np.ndarray:
+def _unpack(blob: bytes | memoryview, n: int) -> np.ndarray:
     kept = [i for i in range(8) if blob[0] >> i & 1]
     planes = np.zeros((n, 8), dtype=np.uint8)
     if kept:
         planes[:, kept] = np.frombuffer(zlib.decompress(blob[1:]), dtype=np.uint8
                                         ).reshape(len(kept), n).T
-    return planes.view("<u8").reshape(n).astype(np.uint64, copy=False)
+    return planes.view("<u8").reshape(n)
+
+
+def _time_words(t: np.ndarray) -> tuple[bytes, np.ndarray]:
+    deltas = np.diff(t)
+    base = int(np.median(deltas)) if deltas.size else 0
+    words = np.empty(t.shape[0], dtype=np.uint64)
+    words[0] = 0
+    words[1:] = _zigzag(deltas - base)
+    return _TIMES.pack(int(t[0]), base), words
+
+
+def _whole(v: np.ndarray) -> bool:
+    with np.errstate(invalid="ignore"):
+        return bool(np.isfinite(v).all() and (np.abs(v) < _INT_LIMIT).all()
+                    and (v == np.rint(v)).all() and not np.signbit(v[v == 0]).any())
+
+
+def _value_words(v: np.ndarray) -> tuple[bytes, np.ndarray]:
+    if _whole(v):
+        return _TAG_INT, _zigzag(np.diff(v.astype(np.int64), prepend=np.int64(0)))
+    bits = v.view(np.uint64)
+    return _TAG_XOR, bits ^ np.concatenate(([np.uint64(0)], bits[:-1]))
+
+
+def encode_frame(kinds: str, columns: list[np.ndarray]) -> bytes:
+    """Encode equal-length columns in one blob; ``kinds[i]`` is "t" (int64 ns) or "v" (float64).
+
+    One zlib stream for all columns keeps the fixed cost per blob low (a rollup piece of a few
+    buckets has seven columns).
+    """
+    heads, words = [], []
+    for kind, column in zip(kinds, columns):
+        head, w = (_time_words(np.asarray(column, dtype=np.int64)) if kind == "t"
+                   else _value_words(np.asarray(column, dtype=np.float64)))
+        heads.append(head)
+        words.append(w)
+    return b"".join(heads) + _pack(np.concatenate(words))
+
+
+def decode_frame(blob: bytes, kinds: str, n: int) -> list[np.ndarray]:
+    """Inverse of :func:`encode_frame` for columns of length ``n``."""
+    heads, pos = [], 0
+    for kind in kinds:
+        size = _TIMES.size if kind == "t" else 1
+        heads.append(blob[pos:pos + size])
+        pos += size
+    words = _unpack(memoryview(blob)[pos:], n * len(kinds)).reshape(len(kinds), n)
+    out = []
+    for kind, head, w in zip(kinds, heads, words):
+        w = w.copy()
+        if kind == "t":
+            first, base = _TIMES.unpack(head)
+            t = _unzigzag(w)
+            t += base
+            t[0] = first
+            out.append(np.cumsum(t, out=t))
+        elif head == _TAG_INT:
+            ints = _unzigzag(w)
+            out.append(np.cumsum(ints, out=ints).astype(np.float64))
+        else:
+            out.append(np.bitwise_xor.accumulate(w).view(np.float64))
+    return out
 
 
 def encode_times(times_ns: np.ndarray) -> bytes:
     """Encode sorted or unsorted int64 nanosecond timestamps (length >= 1)."""
-    t = np.asarray(times_ns, dtype=np.int64)
-    deltas = np.diff(t)
-    base = int(np.median(deltas)) if deltas.size else 0
-    return _TIMES.pack(int(t[0]), base) + _pack(_zigzag(deltas - base))
+    return encode_frame("t", [times_ns])
 
 
 def decode_times(blob: bytes, n: int) -> np.ndarray:
     """Inverse of :func:`encode_times` for a chunk of ``n`` timestamps."""
-    first, base = _TIMES.unpack_from(blob)
-    out = np.empty(n, dtype=np.int64)
-    out[0] = first
-    np.add(_unzigzag(_unpack(blob[_TIMES.size:], n - 1)), base, out=out[1:])
-    return np.cumsum(out, out=out)
-
-
-def _whole(v: np.ndarray) -> bool:
-    finite = np.isfinite(v)
-    return bool(finite.all() and (np.abs(v) < _INT_LIMIT).all() and (v == np.rint(v)).all()
-                and not np.signbit(v[v == 0]).any())
+    return decode_frame(blob, "t", n)[0]
 
 
 def encode_values(values: np.ndarray) -> bytes:
     """Encode float64 values exactly, choosing the integer or the XOR transform per chunk."""
-    v = np.asarray(values, dtype=np.float64)
-    if _whole(v):
-        ints = v.astype(np.int64)
-        return _TAG_INT + _pack(_zigzag(np.diff(ints, prepend=np.int64(0))))
-    bits = v.view(np.uint64)
-    return _TAG_XOR + _pack(bits ^ np.concatenate(([np.uint64(0)], bits[:-1])))
+    return encode_frame("v", [values])
 
 
 def decode_values(blob: bytes, n: int) -> np.ndarray:
     """Inverse of :func:`encode_values` for a chunk of ``n`` values."""
-    words = _unpack(blob[1:], n)
-    if blob[:1] == _TAG_INT:
-        ints = _unzigzag(words)
-        return np.cumsum(ints, out=ints).astype(np.float64)
-    return np.bitwise_xor.accumulate(words).view(np.float64)
-
-
-def encode_columns(columns: list[bytes]) -> bytes:
-    """Join several encoded columns into one blob (length-prefixed)."""
-    head = struct.pack(f"<{len(columns)}I", *(len(c) for c in columns))
-    return head + b"".join(columns)
-
-
-def decode_columns(blob: bytes, count: int) -> list[bytes]:
-    """Split a blob written by :func:`encode_columns` with ``count`` columns."""
-    sizes = struct.unpack_from(f"<{count}I", blob)
-    out, pos = [], 4 * count
-    for size in sizes:
-        out.append(blob[pos:pos + size])
-        pos += size
-    return out
+    return decode_frame(blob, "v", n)[0]
