@@ -118,24 +118,29 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
                attributes=_JOB, description="Learning rate of the first param group"),
 )
 
+_COMM = _JOB + ("seedance.comm.backend",)
+_COMM_BUCKET = _COMM + ("seedance.comm.bucket",)
+
 COLLECTIVE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.comm.allreduce.duration", unit="s", kind=H,
-               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
-               description="Latency of one bucket's all-reduce"),
+               source="DDP comm hook", attributes=_COMM,
+               description="Latency of one bucket's all-reduce, launch to completion"),
     MetricSpec(name="seedance.comm.allreduce.bytes", unit="By", kind=S, source="DDP comm hook",
-               attributes=_JOB + ("seedance.comm.backend",),
+               attributes=_COMM,
                description="Bytes all-reduced (bucket buffer size)"),
     MetricSpec(name="seedance.comm.allreduce.calls", unit="{call}", kind=S,
-               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
+               source="DDP comm hook", attributes=_COMM,
                description="All-reduce calls (one per bucket per step)"),
     MetricSpec(name="seedance.comm.allreduce.algbw", unit="By/s", kind=G,
-               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
-               description="Algorithm bandwidth: bytes / latency"),
+               source="DDP comm hook", attributes=_COMM_BUCKET,
+               description="Algorithm bandwidth of each bucket of the last completed step: "
+               "bytes / latency"),
     MetricSpec(name="seedance.comm.allreduce.busbw", unit="By/s", kind=G,
-               source="DDP comm hook", attributes=_JOB + ("seedance.comm.backend",),
-               description="Bus bandwidth (nccl-tests): algbw x 2(n-1)/n"),
+               source="DDP comm hook", attributes=_COMM_BUCKET,
+               description="Bus bandwidth (nccl-tests) of each bucket of the last completed "
+               "step: algbw x 2(n-1)/n"),
     MetricSpec(name="seedance.comm.step_bytes", unit="By", kind=G, source="DDP comm hook",
-               attributes=_JOB, description="Bytes all-reduced in the last step"),
+               attributes=_COMM, description="Bytes all-reduced in the last completed step"),
 )
 
 SERVING_METRICS: tuple[MetricSpec, ...] = (
