@@ -135,7 +135,7 @@ def ingest_rows(path: Path, data: list[Series], batch_s: int) -> float:
                                     key).lastrowid or 0
         tt, vv = t[s:s + batch_s], v[s:s + batch_s]
         conn.executemany("INSERT INTO points VALUES(?, ?, ?)",
-                         zip([ids[key]] * tt.shape[0], tt.tolist(), vv.tolist()))
+                         zip([ids[key]] * tt.shape[0], tt.tolist(), vv.tolist(), strict=True))
         pending += tt.shape[0]
         if pending >= 200_000:  # the store's default buffer size: same commit cadence
             conn.execute("COMMIT")

@@ -190,7 +190,7 @@ def _encode_agg(agg: Agg) -> bytes:
 
 
 def _decode_agg(blob: bytes, n: int) -> Agg:
-    return dict(zip(_AGG_FIELDS, codec.decode_frame(blob, _AGG_KINDS, n)))
+    return dict(zip(_AGG_FIELDS, codec.decode_frame(blob, _AGG_KINDS, n), strict=True))
 
 
 def _split_by_block(times_ns: np.ndarray, block_ns: int
@@ -462,9 +462,11 @@ class TimeSeriesStore:
         if tid is None:
             row = self._conn.execute("SELECT id FROM times WHERE digest = ?",
                                      (digest,)).fetchone()
-            tid = cache[digest] = row[0] if row else self._conn.execute(
-                "INSERT INTO times(digest, data) VALUES(?, ?)",
-                (digest, codec.encode_times(times_ns))).lastrowid
+            if row is None:
+                row = self._conn.execute(
+                    "INSERT INTO times(digest, data) VALUES(?, ?) RETURNING id",
+                    (digest, codec.encode_times(times_ns))).fetchone()
+            tid = cache[digest] = int(row[0])
         return tid
 
     def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
@@ -587,12 +589,12 @@ class TimeSeriesStore:
                     "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
                     "ORDER BY id", (name,)))
                 if all(attrs.get(k) == v for k, v in wanted.items())]
-            if resolution == "auto":
-                resolution = _pick_resolution(found, since_ns, until_ns)
-            parts = [(attrs, self._read_raw(sid, lo, hi) if resolution == "raw"
-                      else self._read_rollup(sid, _STEP_S[resolution], lo, hi))
+            chosen = (_pick_resolution(found, since_ns, until_ns) if resolution == "auto"
+                      else resolution)
+            parts = [(attrs, self._read_raw(sid, lo, hi) if chosen == "raw"
+                      else self._read_rollup(sid, _STEP_S[chosen], lo, hi))
                      for sid, attrs, _, _ in found]
-        return _frame(parts, _RAW_COLUMNS if resolution == "raw" else _ROLLUP_COLUMNS)
+        return _frame(parts, _RAW_COLUMNS if chosen == "raw" else _ROLLUP_COLUMNS)
 
     def _read_raw(self, sid: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         rows = self._conn.execute(

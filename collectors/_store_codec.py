@@ -95,7 +95,7 @@ def encode_frame(kinds: str, columns: list[np.ndarray]) -> bytes:
     buckets has seven columns).
     """
     heads, words = [], []
-    for kind, column in zip(kinds, columns):
+    for kind, column in zip(kinds, columns, strict=True):
         head, w = (_time_words(np.asarray(column, dtype=np.int64)) if kind == "t"
                    else _value_words(np.asarray(column, dtype=np.float64)))
         heads.append(head)
@@ -112,7 +112,7 @@ def decode_frame(blob: bytes, kinds: str, n: int) -> list[np.ndarray]:
         pos += size
     words = _unpack(memoryview(blob)[pos:], n * len(kinds)).reshape(len(kinds), n)
     out = []
-    for kind, head, w in zip(kinds, heads, words):
+    for kind, head, w in zip(kinds, heads, words, strict=True):
         w = w.copy()
         if kind == "t":
             first, base = _TIMES.unpack(head)

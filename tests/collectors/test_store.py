@@ -96,7 +96,7 @@ def test_write_points_equals_write_series(tmp_path: Path) -> None:
     t = T0 + np.arange(50) * NS
     v = np.linspace(0, 1, 50)
     with _store(tmp_path / "a.db") as a, _store(tmp_path / "b.db") as b:
-        a.write(Point("m", float(x), int(y), {"k": "v"}) for y, x in zip(t, v))
+        a.write(Point("m", float(x), int(y), {"k": "v"}) for y, x in zip(t, v, strict=True))
         b.write_series("m", {"k": "v"}, t, v)
         pd.testing.assert_frame_equal(a.query("m", resolution="raw"),
                                       b.query("m", resolution="raw"))
