@@ -161,11 +161,6 @@ class Trainer:
         return sum(losses) / len(losses)
 
 
-def _otlp_base(endpoint: str) -> str:
-    """TelemetryConfig wants the base URL; accept the full ``.../v1/metrics`` too."""
-    return endpoint.removesuffix("/").removesuffix("/v1/metrics")
-
-
 def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
         otlp_endpoint: str | None = None, export_interval_s: float = 1.0,
         seconds: float | None = None, log_every: int = 10) -> dict[str, float]:
@@ -175,7 +170,7 @@ def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
     instr: TrainingInstrumentation | NullTrainingInstrumentation = NullTrainingInstrumentation()
     if otlp_endpoint:
         telemetry = setup_telemetry(TelemetryConfig(
-            job=job, rank=rank, otlp_endpoint=_otlp_base(otlp_endpoint),
+            job=job, rank=rank, otlp_endpoint=otlp_endpoint,
             otlp_protocol="http/protobuf", export_interval_s=export_interval_s))
         instr = TrainingInstrumentation(trainer.model, trainer.optimizer,
                                         telemetry.meter("workloads.train"),

@@ -208,3 +208,23 @@ def test_grad_scaler_norms_are_unscaled(reader: InMemoryMetricReader) -> None:
             scaler.update()
         assert instr.last_stats["grad_norm"] == pytest.approx(reference, rel=1e-4)
         assert instr.last_stats["grad_scaler_scale"] == 1024.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_values_are_deferred_then_match_cpu(reader: InMemoryMetricReader) -> None:
+    model, opt, loss = _gpt_backward()
+    cpu = TrainingInstrumentation(model, opt, reader.meter, stats_every=1)
+    with cpu.step():
+        cpu.after_backward()
+        cpu.record_loss(loss)
+    model.cuda()  # .cuda() moves the gradients along with the parameters
+    gpu = TrainingInstrumentation(model, opt, reader.meter, stats_every=1)
+    with gpu.step():
+        gpu.after_backward()
+        gpu.record_loss(loss.cuda())
+    gpu.flush()
+    expected, got = cpu.last_stats, gpu.last_stats
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+    for name, group in expected["groups"].items():
+        assert got["groups"][name] == pytest.approx(group, rel=1e-4)
