@@ -249,7 +249,7 @@ class Checkpointer:
                     del state[p][key]
         with torch.no_grad():
             torch._foreach_copy_(dst, src)
-        for group, saved in zip(self.optimizer.param_groups, snapshot._hyperparameters):
+        for group, saved in zip(self.optimizer.param_groups, snapshot._hyperparameters, strict=True):
             group.update(copy.deepcopy(saved))
 
     def local_rollback(self, snapshot: Snapshot, group: GroupSpec,
@@ -275,7 +275,7 @@ class Checkpointer:
         src = [snapshot._params[i] for i in index]
         if modules:
             mine = {id(b) for m in modules for b in self.model.get_submodule(m).buffers()}
-            for b, saved in zip(self._model_buffers, snapshot._model_buffers):
+            for b, saved in zip(self._model_buffers, snapshot._model_buffers, strict=True):
                 if id(b) in mine:
                     dst.append(b.detach())
                     src.append(saved)
@@ -305,7 +305,7 @@ class Checkpointer:
             hits = match_modules(self.model, patterns)
             modules = tuple(dict.fromkeys(n for ns in hits.values() for n in ns))
         else:
-            params = list(dict.fromkeys(group))  # type: ignore[arg-type]
+            params: list[nn.Parameter] = list(dict.fromkeys(group))  # type: ignore[arg-type]
             unknown = [p for p in params if id(p) not in self._index]
             if unknown or not params:
                 raise CheckpointError("local rollback needs a non-empty set of the model's "

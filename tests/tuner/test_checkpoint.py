@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tuner.checkpoint import CheckpointBudgetError, CheckpointError, Checkpointer
+from tuner.checkpoint import CheckpointBudgetError, Checkpointer, CheckpointError
 from tuner.precision import PatternMatchError, PrecisionPolicy, apply_precision
 from workloads.gpt import GPT, GPTConfig
 
@@ -67,7 +67,7 @@ def _assert_equal(a: object, b: object, path: str = "") -> None:
             _assert_equal(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _assert_equal(x, y, f"{path}[{i}]")
     elif torch.is_tensor(a):
         assert torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b), path
@@ -255,7 +255,7 @@ def test_fp16_group_underflows_and_local_rollback_recovers() -> None:
     losses = [run.step() for _ in range(20)]
     assert all(run.grad_norm(m) > 0.0 for m in run.handle.groups["attention"])
     assert losses[-1] < loss_at_rollback
-    assert sum(b < a for a, b in zip(losses, losses[1:])) >= 15
+    assert sum(b < a for a, b in zip(losses, losses[1:], strict=False)) >= 15
 
 
 @pytest.mark.integration
