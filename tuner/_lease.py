@@ -1,0 +1,550 @@
+"""The sidecar side of the knob lease (docs/lease-protocol.md): who is attached, what they run.
+
+`JobRegistry` is the one place that knows, per job, its knob space, its baseline and desired
+configs, the session holding the lease and the acks it sent. The rollout controller drives it
+(`set_desired`, `push_action`, `wait_ack`, `on_lapse`); the HTTP router (`lease_router`) serves
+the job's client. No torch here: the sidecar imports this.
+
+Threads, not asyncio: the registry is shared by HTTP handlers and the rollout controller's own
+threads (`wait_ack` blocks one of them), so it guards its state with one `threading.Condition`.
+The endpoints are plain `def`s, which FastAPI runs in its worker thread pool, so a long poll
+blocks a pool thread, never the event loop. Only rank 0 of a job polls and a poll lasts at most
+half the lease TTL, so one thread per attached job is the whole cost (the pool holds 40).
+
+Versions: every `attach` that resets a config, `set_desired`, `set_baseline`, `push_action` and
+lapse takes the next number of a per-job counter, so a version names one apply. A job that
+re-attaches (after a sidecar restart the registry is empty) sends the version it runs and the
+counter continues above it, so versions never repeat within a job.
+
+Nothing is persisted: the rollout controller journals its changes, and on restart jobs simply
+re-attach (their next lease call gets 404).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from collectors._errors import SeedanceError
+from tuner._knobs import Config, Knob, KnobError, KnobSpace, KnobValue
+
+log = logging.getLogger(__name__)
+
+JobKind = Literal["train", "serve"]
+JobState = Literal["attached", "lapsed"]
+AckStatus = Literal["applied", "failed"]
+ACTION_KINDS = ("snapshot", "rollback")
+ROLLBACK_SCOPES = ("full", "local")
+MAX_ACKS_KEPT = 1000
+
+
+class LeaseError(SeedanceError):
+    """A lease call cannot be served as asked."""
+
+
+class UnknownJobError(LeaseError):
+    """No job of that name is attached (HTTP 404): the client re-attaches."""
+
+
+class SessionError(LeaseError):
+    """The session is not the job's current one, or its lease lapsed (HTTP 409)."""
+
+
+class InvalidRequestError(LeaseError):
+    """A well-formed request with values the registry refuses (HTTP 422)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack:
+    """What the job reported after a step boundary: `version` took effect (or failed) at `step`.
+
+    `actions` echoes each one-shot action it ran, with `"status"` ("done" | "failed") and
+    `"error"`. `time_s` is the sidecar's wall clock when the ack arrived.
+    """
+
+    job: str
+    session: str
+    version: int
+    step: int
+    status: AckStatus
+    error: str | None = None
+    actions: tuple[Mapping[str, Any], ...] = ()
+    time_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "session": self.session, "version": self.version,
+                "step": self.step, "status": self.status, "error": self.error,
+                "actions": [dict(a) for a in self.actions], "time_s": self.time_s}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """One lease answer: the config to run, the baseline to fall back to, pending actions."""
+
+    config: Config
+    baseline: Config
+    change_id: str | None
+    traceparent: str | None
+    lease_ttl_s: float
+    actions: tuple[Mapping[str, Any], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config.to_json(), "baseline": self.baseline.to_json(),
+                "change_id": self.change_id, "traceparent": self.traceparent,
+                "lease_ttl_s": self.lease_ttl_s, "actions": [dict(a) for a in self.actions]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStatus:
+    """A job as the registry sees it now.
+
+    `acked_version` is the last version the job acked as applied (None before the first ack);
+    `last_step` the step of its last ack. `expires_in_s` is negative once lapsed.
+    """
+
+    job: str
+    kind: JobKind
+    world_size: int
+    state: JobState
+    session: str
+    lease_ttl_s: float
+    expires_in_s: float
+    knobs: KnobSpace
+    baseline: Config
+    desired: Config
+    change_id: str | None
+    acked_version: int | None
+    last_step: int | None
+
+    @property
+    def desired_version(self) -> int:
+        return self.desired.version
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "kind": self.kind, "world_size": self.world_size,
+                "state": self.state, "lease_ttl_s": self.lease_ttl_s,
+                "expires_in_s": round(self.expires_in_s, 3),
+                "knobs": [k.to_json() for k in self.knobs.knobs.values()],
+                "baseline": self.baseline.to_json(), "desired": self.desired.to_json(),
+                "change_id": self.change_id, "acked_version": self.acked_version,
+                "last_step": self.last_step}
+
+
+LapseCallback = Callable[[JobStatus], None]
+
+
+@dataclass(kw_only=True)
+class _Job:
+    name: str
+    kind: JobKind
+    world_size: int
+    space: KnobSpace
+    baseline: Config
+    desired: Config
+    session: str
+    ttl_s: float
+    expires_at: float
+    state: JobState = "attached"
+    change_id: str | None = None
+    traceparent: str | None = None
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    last_version: int = 0
+    acks: collections.deque[Ack] = field(
+        default_factory=lambda: collections.deque(maxlen=MAX_ACKS_KEPT))
+
+    def next_version(self) -> int:
+        self.last_version += 1
+        return self.last_version
+
+
+def validate_action(action: Mapping[str, Any]) -> dict[str, Any]:
+    """A one-shot action as the protocol allows it, or InvalidRequestError naming the field."""
+    action = dict(action)
+    kind = action.get("kind")
+    if kind not in ACTION_KINDS:
+        raise InvalidRequestError(f"action kind must be one of {ACTION_KINDS}, got {kind!r}")
+    change_id = action.get("change_id")
+    if change_id is not None and not isinstance(change_id, str):
+        raise InvalidRequestError(f"action change_id must be a string, got {change_id!r}")
+    allowed = {"kind", "change_id"}
+    if kind == "rollback":
+        allowed |= {"scope", "group"}
+        scope = action.get("scope", "full")
+        if scope not in ROLLBACK_SCOPES:
+            raise InvalidRequestError(
+                f"rollback scope must be one of {ROLLBACK_SCOPES}, got {scope!r}")
+        action["scope"] = scope
+        group = action.get("group")
+        if scope == "local" and (not isinstance(group, str) or not group):
+            raise InvalidRequestError("a local rollback needs a module group name in 'group'")
+    extra = sorted(set(action) - allowed)
+    if extra:
+        raise InvalidRequestError(f"{kind} action has unknown field(s) {', '.join(extra)}")
+    return action
+
+
+class JobRegistry:
+    """Thread-safe registry of attached jobs and their leases; see the module docstring.
+
+    `lease_ttl_s` is the default TTL; a job may ask for its own at attach. Lapses are found by
+    `reap()`, which the thread started by `start()` calls every quarter of the shortest TTL;
+    `clock` (monotonic seconds) is injectable so tests can move time.
+    """
+
+    def __init__(self, *, lease_ttl_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not lease_ttl_s > 0:
+            raise LeaseError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        self.lease_ttl_s = lease_ttl_s
+        self._clock = clock
+        self._jobs: dict[str, _Job] = {}
+        self._cond = threading.Condition()
+        self._on_lapse: list[LapseCallback] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- the job's side (the HTTP router calls these) ---------------------------------------
+
+    def attach(self, job: str, *, rank: int = 0, world_size: int = 1, kind: JobKind = "train",
+               knobs: Iterable[Knob], baseline: Mapping[str, Any],
+               lease_ttl_s: float | None = None, version: int = 0) -> tuple[str, Config]:
+        """Start a new session for `job` (replacing any earlier one) and return it with the
+        config the job should run.
+
+        `knobs` are all the job's knobs (the client declares the built-ins too: their domains
+        depend on the job, e.g. its thread count). `baseline` is the job's proposal; a known job
+        keeps the registry's baseline and desired config when they fit the declared knobs.
+        `version` is the config version the job runs now; new versions go above it. Only rank 0
+        holds a lease (SessionError otherwise).
+        """
+        if rank != 0:
+            raise SessionError(f"only rank 0 holds the lease of job {job!r}, not rank {rank}")
+        if kind not in ("train", "serve"):
+            raise InvalidRequestError(f"kind must be 'train' or 'serve', got {kind!r}")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise InvalidRequestError(f"world_size must be an int >= 1, got {world_size!r}")
+        ttl_s = self.lease_ttl_s if lease_ttl_s is None else float(lease_ttl_s)
+        if not ttl_s > 0:
+            raise InvalidRequestError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        space = KnobSpace.of(knobs)
+        proposed = space.validate(baseline)
+        session = secrets.token_hex(8)
+        with self._cond:
+            now = self._clock()
+            record = self._jobs.get(job)
+            if record is None:
+                record = _Job(name=job, kind=kind, world_size=world_size, space=space,
+                              baseline=Config(0, proposed), desired=Config(0, proposed),
+                              session=session, ttl_s=ttl_s, expires_at=now + ttl_s,
+                              last_version=max(0, int(version)))
+                record.baseline = record.desired = Config(record.next_version(), proposed)
+                self._jobs[job] = record
+            else:
+                record.last_version = max(record.last_version, int(version))
+                if not (_fits(space, record.baseline) and _fits(space, record.desired)):
+                    record.baseline = record.desired = Config(record.next_version(), proposed)
+                    record.change_id = record.traceparent = None
+                    record.actions.clear()
+                record.kind, record.world_size, record.space = kind, world_size, space
+                record.session, record.ttl_s = session, ttl_s
+                record.expires_at, record.state = now + ttl_s, "attached"
+            self._cond.notify_all()
+            log.info("job %s attached (session %s, world size %d, %d knobs, config v%d)",
+                     job, session, world_size, len(space.knobs), record.desired.version)
+            return session, record.desired
+
+    def lease(self, job: str, session: str, known_version: int, wait_s: float) -> Lease:
+        """Renew the lease and return the desired config: at once when its version differs
+        from `known_version`, else when it changes or after `wait_s` (capped at half the TTL,
+        so the next call renews in time)."""
+        with self._cond:
+            record = self._session(job, session)
+            record.expires_at = self._clock() + record.ttl_s
+            deadline = time.monotonic() + max(0.0, min(float(wait_s), record.ttl_s / 2))
+            while (record.desired.version == known_version and record.session == session
+                   and record.state == "attached"):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._session(job, session)
+            return Lease(config=record.desired, baseline=record.baseline,
+                         change_id=record.change_id, traceparent=record.traceparent,
+                         lease_ttl_s=record.ttl_s, actions=tuple(record.actions))
+
+    def ack(self, job: str, session: str, *, version: int, step: int, status: AckStatus,
+            error: str | None = None, actions: Iterable[Mapping[str, Any]] = ()) -> Ack:
+        """Record an ack (renews the lease). Pending actions up to an applied version are done."""
+        if status not in ("applied", "failed"):
+            raise InvalidRequestError(f"status must be 'applied' or 'failed', got {status!r}")
+        with self._cond:
+            record = self._session(job, session)
+            if not 0 < version <= record.last_version:
+                raise InvalidRequestError(f"version {version} was never issued to job {job!r} "
+                                          f"(last {record.last_version})")
+            record.expires_at = self._clock() + record.ttl_s
+            ack = Ack(job=job, session=session, version=int(version), step=int(step),
+                      status=status, error=error, actions=tuple(dict(a) for a in actions),
+                      time_s=time.time())
+            record.acks.append(ack)
+            if version >= record.desired.version:
+                record.actions.clear()
+            self._cond.notify_all()
+            return ack
+
+    # ---- the rollout controller's side ------------------------------------------------------
+
+    def set_desired(self, job: str, values: Mapping[str, Any], *, change_id: str | None = None,
+                    traceparent: str | None = None) -> Config:
+        """Ask the job to run `values` (knobs not named keep their baseline value) under a NEW
+        version; raises KnobError for values outside the knob space."""
+        with self._cond:
+            record = self._record(job)
+            checked = record.space.validate(values, partial=True)
+            record.desired = Config(record.next_version(), {**record.baseline.values, **checked})
+            record.change_id, record.traceparent = change_id, traceparent
+            self._cond.notify_all()
+            return record.desired
+
+    def set_baseline(self, job: str, values: Mapping[str, Any]) -> Config:
+        """Make `values` (a full assignment; missing knobs take their defaults) the config the
+        job falls back to when its lease lapses. The desired config is left alone."""
+        with self._cond:
+            record = self._record(job)
+            record.baseline = Config(record.next_version(), record.space.validate(values))
+            self._cond.notify_all()
+            return record.baseline
+
+    def push_action(self, job: str, action: Mapping[str, Any]) -> Config:
+        """Queue a one-shot action (snapshot / rollback) for the next step boundary.
+
+        The desired config gets a new version carrying the same values, so the job sees the
+        change and acks it; actions run before the config's values are applied and stay
+        pending until a version at or above it is acked.
+        """
+        checked = validate_action(action)
+        with self._cond:
+            record = self._record(job)
+            record.actions.append(checked)
+            record.desired = Config(record.next_version(), record.desired.values)
+            self._cond.notify_all()
+            return record.desired
+
+    def wait_ack(self, job: str, version: int, timeout_s: float) -> Ack | None:
+        """The first ack of `version` or a later one (a job applies only the newest config it
+        has, so it may skip one); None after `timeout_s`. Check `ack.version` and `status`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                record = self._record(job)
+                found = next((a for a in record.acks if a.version >= version), None)
+                left = deadline - time.monotonic()
+                if found is not None or left <= 0:
+                    return found
+                self._cond.wait(left)
+
+    def acks(self, job: str) -> list[Ack]:
+        """The job's acks, oldest first (the last MAX_ACKS_KEPT)."""
+        with self._cond:
+            return list(self._record(job).acks)
+
+    def jobs(self) -> list[JobStatus]:
+        with self._cond:
+            return [self._status(r) for r in self._jobs.values()]
+
+    def status(self, job: str) -> JobStatus:
+        with self._cond:
+            return self._status(self._record(job))
+
+    def on_lapse(self, callback: LapseCallback) -> None:
+        """Call `callback(status)` once each time a job's lease lapses (from the reaper thread;
+        exceptions are logged). By then the registry has reset the desired config to the
+        baseline and dropped pending actions, as the job itself does."""
+        with self._cond:
+            self._on_lapse.append(callback)
+
+    # ---- lapse detection ---------------------------------------------------------------------
+
+    def reap(self) -> list[str]:
+        """Mark every job whose lease expired as lapsed; return their names."""
+        lapsed: list[JobStatus] = []
+        with self._cond:
+            now = self._clock()
+            for record in self._jobs.values():
+                if record.state == "attached" and now >= record.expires_at:
+                    record.state = "lapsed"
+                    record.desired = Config(record.next_version(), record.baseline.values)
+                    record.change_id = record.traceparent = None
+                    record.actions.clear()
+                    lapsed.append(self._status(record))
+            if lapsed:
+                self._cond.notify_all()
+            callbacks = list(self._on_lapse)
+        for status in lapsed:
+            log.warning("job %s: lease lapsed (no call for %.1f s); desired config is the "
+                        "baseline again", status.job, status.lease_ttl_s)
+            for callback in callbacks:
+                try:
+                    callback(status)
+                except Exception:
+                    log.exception("lapse callback %r failed for job %s", callback, status.job)
+        return [s.job for s in lapsed]
+
+    def start(self) -> None:
+        """Start the reaper thread (idempotent)."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._reap_loop, name="lease-reaper",
+                                            daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the reaper thread (idempotent)."""
+        with self._cond:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout_s)
+
+    def _reap_loop(self) -> None:
+        while True:
+            with self._cond:
+                ttls = [r.ttl_s for r in self._jobs.values()] or [self.lease_ttl_s]
+            if self._stop.wait(min(ttls) / 4):
+                return
+            try:
+                self.reap()
+            except Exception:
+                log.exception("lease reaper failed; going on")
+
+    # ---- helpers (call with the lock held) ----------------------------------------------------
+
+    def _record(self, job: str) -> _Job:
+        record = self._jobs.get(job)
+        if record is None:
+            raise UnknownJobError(f"job {job!r} is not attached; attach first")
+        return record
+
+    def _session(self, job: str, session: str) -> _Job:
+        record = self._record(job)
+        if record.session != session:
+            raise SessionError(f"session {session!r} of job {job!r} was replaced; re-attach")
+        if record.state == "lapsed":
+            raise SessionError(f"the lease of job {job!r} lapsed; re-attach")
+        return record
+
+    def _status(self, record: _Job) -> JobStatus:
+        applied = [a for a in record.acks if a.status == "applied"]
+        return JobStatus(
+            job=record.name, kind=record.kind, world_size=record.world_size, state=record.state,
+            session=record.session, lease_ttl_s=record.ttl_s,
+            expires_in_s=record.expires_at - self._clock(), knobs=record.space,
+            baseline=record.baseline, desired=record.desired, change_id=record.change_id,
+            acked_version=applied[-1].version if applied else None,
+            last_step=record.acks[-1].step if record.acks else None)
+
+
+def _fits(space: KnobSpace, config: Config) -> bool:
+    try:
+        return (set(config.values) == set(space.knobs)
+                and space.validate(config.values) == dict(config.values))
+    except KnobError:
+        return False
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AttachBody(_Body):
+    rank: int = 0
+    world_size: int = 1
+    kind: JobKind = "train"
+    knobs: list[dict[str, Any]] = Field(default_factory=list)
+    baseline: dict[str, KnobValue] = Field(default_factory=dict)
+    lease_ttl_s: float | None = None
+    version: int = 0
+
+
+class AckBody(_Body):
+    session: str
+    version: int
+    step: int
+    status: AckStatus
+    error: str | None = None
+    actions: list[dict[str, Any]] = Field(default_factory=list)
+
+
+_HTTP_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (UnknownJobError, 404), (SessionError, 409), (InvalidRequestError, 422), (KnobError, 422))
+
+
+def _http(exc: SeedanceError) -> HTTPException:
+    code = next((c for t, c in _HTTP_STATUS if isinstance(exc, t)), 400)
+    return HTTPException(status_code=code, detail=str(exc))
+
+
+def lease_router(registry: JobRegistry) -> APIRouter:
+    """The three endpoints of docs/lease-protocol.md, plus `GET /v1/jobs` for people.
+
+    Errors are `{"detail": "<one line>"}` with 404 (unknown job), 409 (stale session or lapsed
+    lease: re-attach) or 422 (values outside the knob space, bad action or body).
+    """
+    router = APIRouter(prefix="/v1/jobs", tags=["lease"])
+
+    @router.post("/{job}/attach")
+    def attach(job: str, body: AttachBody) -> dict[str, Any]:
+        try:
+            knobs = [Knob.from_json(k) for k in body.knobs]
+            session, config = registry.attach(
+                job, rank=body.rank, world_size=body.world_size, kind=body.kind, knobs=knobs,
+                baseline=body.baseline, lease_ttl_s=body.lease_ttl_s, version=body.version)
+            status = registry.status(job)
+        except SeedanceError as exc:
+            raise _http(exc) from None
+        return {"session": session, "lease_ttl_s": status.lease_ttl_s,
+                "config": config.to_json(), "baseline": status.baseline.to_json()}
+
+    @router.get("/{job}/lease")
+    def lease(job: str, session: str, version: int,
+              wait_s: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
+        try:
+            return registry.lease(job, session, version, wait_s).to_json()
+        except SeedanceError as exc:
+            raise _http(exc) from None
+
+    @router.post("/{job}/ack")
+    def ack(job: str, body: AckBody) -> dict[str, bool]:
+        try:
+            registry.ack(job, body.session, version=body.version, step=body.step,
+                         status=body.status, error=body.error, actions=body.actions)
+        except SeedanceError as exc:
+            raise _http(exc) from None
+        return {"ok": True}
+
+    @router.get("")
+    def jobs() -> list[dict[str, Any]]:
+        return [s.to_json() for s in registry.jobs()]
+
+    return router
+
+
+__all__ = [
+    "Ack", "InvalidRequestError", "JobRegistry", "JobStatus", "Lease", "LeaseError",
+    "SessionError", "UnknownJobError", "lease_router", "validate_action",
+]
+
