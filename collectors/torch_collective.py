@@ -110,7 +110,6 @@ class _Step:
     config_version: int
     attributes: Mapping[str, str | int]
     launches: list[_Launch] = field(default_factory=list)
-    all_launched: bool = False
 
 
 def bus_bandwidth(algbw_bytes_per_s: float, world_size: int) -> float:
@@ -211,8 +210,7 @@ class CollectiveTimer:
                 )
                 self._next_step += 1
             self._open.launches.append(launch)
-            if is_last:
-                self._open.all_launched = True
+            if is_last:  # every bucket of the step is launched: it waits for completions
                 self._in_flight.append(self._open)
                 self._open = None
         return launch
@@ -314,15 +312,20 @@ def _timed_allreduce_hook(state: _HookState, bucket):  # type: ignore[no-untyped
     """DDP's default averaging all-reduce, timed per bucket."""
     buffer = bucket.buffer()
     buffer.div_(state.process_group.size())
-    launch = state.timer._launch(bucket.index(), bucket.is_last(), buffer)
+    try:
+        launch: _Launch | None = state.timer._launch(bucket.index(), bucket.is_last(), buffer)
+    except Exception:  # the job must never die of its telemetry
+        _LOG.exception("collective timing failed at launch; reducing this bucket untimed")
+        launch = None
     future = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()
 
     def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = fut.value()[0]  # a failed collective raises here and reaches DDP
-        try:
-            state.timer._completed(launch)
-        except Exception:
-            _LOG.exception("collective timing failed; the all-reduce itself succeeded")
+        if launch is not None:
+            try:
+                state.timer._completed(launch)
+            except Exception:
+                _LOG.exception("collective timing failed; the all-reduce itself succeeded")
         return reduced
 
     return future.then(done)
