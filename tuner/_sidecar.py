@@ -23,6 +23,7 @@ from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats,
 from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
 from collectors._store import TimeSeriesStore
 from tuner._config import SidecarConfig
+from tuner._lease import JobRegistry, lease_router
 from tuner._sources import build_gpu_sampler, build_scrapers
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Sidecar:
         self.registry.register(self.latest)
         self.store: TimeSeriesStore | None = None
         self.stats = ReceiverStats()
+        self.jobs = JobRegistry()
         self._forwarder = (
             Forwarder(ForwarderConfig(url=config.upstream_otlp_endpoint))
             if config.upstream_otlp_endpoint else None
@@ -76,6 +78,7 @@ class Sidecar:
                 self._forwarder.start()
             if self.config.prometheus_port is not None:
                 self._metrics_server = serve_metrics(self.registry, self.config.prometheus_port)
+            self.jobs.start()
             self._started = True
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
@@ -83,6 +86,7 @@ class Sidecar:
             if not self._started:
                 return
             self._started = False
+            self.jobs.shutdown(timeout_s)
             for scraper in self._scrapers:
                 scraper.shutdown(timeout_s)
             self._gpu_sampler.shutdown(timeout_s)
@@ -109,6 +113,7 @@ class Sidecar:
             otlp_router(self.sink, max_body_bytes=self.config.max_body_bytes,
                         forwarder=self._forwarder, stats=self.stats)
         )
+        app.include_router(lease_router(self.jobs))
 
         @app.get("/healthz")
         def healthz() -> dict[str, str]:
