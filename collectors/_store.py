@@ -475,7 +475,7 @@ class TimeSeriesStore:
         count = self._rows_in_block(0, sid, block)
         if count + 1 >= _MERGE_AT_CHUNKS or (sealed and count):
             rows = conn.execute(
-                "SELECT c.id, c.n, t.data, c.vals FROM chunks c JOIN times t "
+                "SELECT c.id, c.n, t.data, c.vals, c.times_id FROM chunks c JOIN times t "
                 "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns = ?",
                 (sid, block)).fetchall()
             t = np.concatenate([codec.decode_times(r[2], r[1]) for r in rows] + [t])
@@ -483,6 +483,12 @@ class TimeSeriesStore:
             order = np.argsort(t, kind="stable")
             t, v = t[order], v[order]
             conn.executemany("DELETE FROM chunks WHERE id = ?", [(r[0],) for r in rows])
+            # Drop timestamp columns no chunk uses any more. Ids cached in times_ids stay valid:
+            # each is used by a chunk inserted in this commit, and those are not merged again
+            # before it ends (a commit appends to each series' block once).
+            conn.executemany("DELETE FROM times WHERE id = ? AND NOT EXISTS "
+                             "(SELECT 1 FROM chunks WHERE times_id = times.id)",
+                             [(i,) for i in {r[4] for r in rows}])
             count = 0
         conn.execute(
             "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals) "

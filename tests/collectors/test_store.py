@@ -177,6 +177,24 @@ def test_series_sampled_together_share_one_timestamp_column(tmp_path: Path) -> N
         assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 20
 
 
+def test_merging_chunks_leaves_no_orphan_timestamp_columns(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    t = T0 + np.arange(200) * NS
+    with _store(path) as store:
+        for i in range(20):
+            part = slice(i * 10, i * 10 + 10)
+            store.write_series("a", {}, t[part], np.arange(200.0)[part])
+            store.write_series("b", {}, t[part] if i % 3 else t[:10], np.ones(10))
+            store.flush()
+        a = store.query("a", resolution="raw")
+        b = store.query("b", resolution="raw")
+    assert a["value"].tolist() == list(np.arange(200.0)) and len(b) == 200
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM times WHERE id NOT IN "
+                            "(SELECT times_id FROM chunks)").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM times").fetchone()[0] >= 1
+
+
 def test_retention_prunes_raw_then_rollups(tmp_path: Path) -> None:
     now = time.time_ns() // NS * NS  # flushes prune against the wall clock too
     t = now - np.arange(0, 3 * 86400, 60)[::-1] * NS
