@@ -148,25 +148,26 @@ def ingest_rows(path: Path, data: list[Series], batch_s: int) -> float:
     return elapsed
 
 
-def read_week_store(path: Path, since_ns: int, until_ns: int) -> tuple[float, int]:
+def read_week_store(path: Path, since_ns: int, until_ns: int) -> tuple[float, float, int]:
+    """(wall s, CPU s of this process, rows) for the week query."""
     with TimeSeriesStore(path, readonly=True) as store:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         df = store.query("sim.util", since_ns=since_ns, until_ns=until_ns, resolution="1m")
-        return time.perf_counter() - start, len(df)
+        return time.perf_counter() - start, time.process_time() - cpu, len(df)
 
 
-def read_week_rows(path: Path, since_ns: int, until_ns: int) -> tuple[float, int]:
+def read_week_rows(path: Path, since_ns: int, until_ns: int) -> tuple[float, float, int]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     df = pd.read_sql_query(
         "SELECT series_id, ts / 60000000000 * 60000000000 AS minute, avg(value) AS value, "
         "min(value) AS min, max(value) AS max, count(*) AS count FROM points "
         "WHERE ts BETWEEN ? AND ? GROUP BY series_id, minute ORDER BY minute",
         conn, params=(since_ns, until_ns))
     df["time"] = pd.to_datetime(df["minute"], unit="ns", utc=True)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     conn.close()
-    return elapsed, len(df)
+    return elapsed, cpu_s, len(df)
 
 
 def file_bytes(path: Path) -> int:
@@ -226,7 +227,7 @@ def main() -> None:
     store_s, rows_s = interleaved(args.repeats, run_store, run_rows)
 
     few = max(1, args.point_objects // (seconds or 1))
-    point_data = data[:few]
+    point_data = data[::max(1, len(data) // few)][:few]  # spread over the kinds
     point_count = sum(t.shape[0] for _, _, t, _ in point_data)
     write_s = [ingest_store_points(tmp / f"points{r}.db", point_data)
                for r in range(args.repeats)]
@@ -250,16 +251,25 @@ def main() -> None:
     ingest_store(week_store, week, 86400 // args.week_interval_s)
     ingest_rows(week_rows, week, 86400 // args.week_interval_s)
     until = week_start + week_s * NS
+    cpu: dict[str, list[float]] = {"store": [], "rows": []}
+
+    def timed(kind: str, fn: Callable[[Path, int, int], tuple[float, float, int]],
+              path: Path) -> float:
+        wall, cpu_s, _ = fn(path, week_start, until)
+        cpu[kind].append(cpu_s)
+        return wall
+
     read_store, read_rows = interleaved(
-        args.repeats, lambda r: read_week_store(week_store, week_start, until)[0],
-        lambda r: read_week_rows(week_rows, week_start, until)[0])
-    _, week_rows_store = read_week_store(week_store, week_start, until)
-    _, week_rows_rows = read_week_rows(week_rows, week_start, until)
+        args.repeats, lambda r: timed("store", read_week_store, week_store),
+        lambda r: timed("rows", read_week_rows, week_rows))
+    week_rows_store = read_week_store(week_store, week_start, until)[2]
+    week_rows_rows = read_week_rows(week_rows, week_start, until)[2]
 
     med = statistics.median
     result = {
         "data": "SIMULATED (seeded numpy); mix " + ", ".join(f"{k} {s:.0%}" for k, s in MIX),
         "machine": f"{platform.node()} {os.cpu_count()} cpus, python {platform.python_version()}",
+        "load_average_1m_at_end": os.getloadavg()[0],
         "points": points, "series": args.series, "seconds": seconds, "repeats": args.repeats,
         "ingest_points_per_s": {"store_write_series": points / med(store_s),
                                 "store_write_points": point_count / med(write_s),
@@ -269,6 +279,7 @@ def main() -> None:
                             "baseline_rows": sizes["rows"] / points,
                             "store_per_kind": per_kind},
         "week_1m_read_s": {"store": med(read_store), "baseline_rows": med(read_rows),
+                           "store_cpu": med(cpu["store"]), "baseline_rows_cpu": med(cpu["rows"]),
                            "rows_returned": {"store": week_rows_store,
                                              "baseline": week_rows_rows}},
         "raw_samples": {"ingest_store_s": store_s, "ingest_rows_s": rows_s,
@@ -293,6 +304,10 @@ def main() -> None:
         print(f"{'  bytes/point ' + kind:38} {value:12.2f}")
     print(f"{'week of 1m rollups, 100 series (s)':38} {wk['store']:12.3f} "
           f"{wk['baseline_rows']:12.3f} {rat['week_read']:7.3f} <= 0.5 s")
+    print(f"{'  same, CPU s of the reading process':38} {wk['store_cpu']:12.3f} "
+          f"{wk['baseline_rows_cpu']:12.3f}")
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus "
+          "(a shared box: wall times stretch with load)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
