@@ -183,7 +183,7 @@ class ServingInstrumentation:
                              req_id)
                 return
             request.first_token_s = now
-            self._token_times_s.append(now)
+            self._note_token(now)
         if request.config_version == version:
             self._ttft.record(now - request.started_s, self._attributes(version))
 
@@ -196,7 +196,16 @@ class ServingInstrumentation:
                 _LOG.warning("token for %r ignored: unknown request or no first token yet",
                              req_id)
                 return
-            self._token_times_s.append(now)
+            self._note_token(now)
+
+    def _note_token(self, now: float) -> None:
+        """Remember a token's time, forgetting those out of the window (call under the lock)."""
+        self._token_times_s.append(now)
+        self._forget_tokens_before(now - self._rate_window_s)
+
+    def _forget_tokens_before(self, cutoff_s: float) -> None:
+        while self._token_times_s and self._token_times_s[0] <= cutoff_s:
+            self._token_times_s.popleft()
 
     def request_finished(self, req_id: Hashable, output_tokens: int) -> None:
         """The request's last token is out; ``output_tokens`` counts all of them."""
@@ -217,8 +226,7 @@ class ServingInstrumentation:
     def _observe_tokens_per_s(self, options: CallbackOptions) -> Iterable[Observation]:
         now = self._clock()
         with self._lock:
-            while self._token_times_s and self._token_times_s[0] <= now - self._rate_window_s:
-                self._token_times_s.popleft()
+            self._forget_tokens_before(now - self._rate_window_s)
             tokens = len(self._token_times_s)
         window_s = min(self._rate_window_s, now - self._created_s)
         return [Observation(tokens / window_s, self._attributes())] if window_s > 0 else []
