@@ -15,18 +15,45 @@ from policies.detectors._communication import (
     TinyBucketDetector,
     nvlink_peak_bytes_per_s,
 )
+from policies.detectors._gradients import (
+    CollapseConfig,
+    GradientCollapseDetector,
+    GradientUnderflowDetector,
+    NonFiniteConfig,
+    NonFiniteDetector,
+    UnderflowConfig,
+    locate_cause,
+    seed_collapse_step,
+)
+from policies.detectors._input import InputBoundConfig, InputBoundDetector
+from policies.detectors._precision import SmallBatchPrecisionConfig, SmallBatchPrecisionDetector
+from policies.detectors._steps import BATCH_SIZE_ATTR, PRECISION_ATTR
 
 __all__ = [
     "AutoscalerThrashDetector",
+    "BATCH_SIZE_ATTR",
     "BandwidthConfig",
     "BandwidthSaturationDetector",
+    "CollapseConfig",
     "CommunicationConfig",
     "CommunicationDegradationDetector",
+    "GradientCollapseDetector",
+    "GradientUnderflowDetector",
     "ImbalanceConfig",
+    "InputBoundConfig",
+    "InputBoundDetector",
     "LoadImbalanceDetector",
+    "NonFiniteConfig",
+    "NonFiniteDetector",
+    "PRECISION_ATTR",
+    "SmallBatchPrecisionConfig",
+    "SmallBatchPrecisionDetector",
     "ThrashConfig",
     "TinyBucketConfig",
     "TinyBucketDetector",
+    "UnderflowConfig",
+    "locate_cause",
     "nvlink_peak_bytes_per_s",
     "rebalance_weight",
+    "seed_collapse_step",
 ]

@@ -1,0 +1,107 @@
+"""Reading training telemetry per optimizer step, and histogram totals over a window.
+
+The training instrumentation sets synchronous gauges once per step, and the OpenTelemetry SDK
+re-exports a gauge's last value at every collection (cumulative temporality). So a store holds
+one reading per export, not per step: a slow step is seen several times, and with exports
+slower than steps some steps are never seen. :func:`per_step` pairs each reading with the
+``seedance.train.step`` gauge of the same collection and keeps one reading per step, so rules
+that count steps (the seed's gradient-collapse rule) count steps and not exports. For the exact
+per-step rule the job must export at least once a step (``export_interval_s`` <= step time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from collectors import CONFIG_VERSION_ATTR
+from policies._window import StoreWindow
+from policies.detectors._series import increase
+
+RANK_ATTR = "seedance.rank"
+MODULE_GROUP_ATTR = "seedance.module_group"
+"""Attribute of per-group gradient metrics (``collectors.torch_training.MODULE_GROUP_ATTR``)."""
+PRECISION_ATTR = "seedance.precision"
+"""Optional attribute: the precision a point was measured under (fp32, bf16, fp16, fp8), for
+the whole job or, on per-group gradient metrics, for that group."""
+BATCH_SIZE_ATTR = "seedance.batch_size"
+"""Optional attribute: samples per optimizer step on this rank when the point was measured."""
+REDUCED_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+
+STEP = "seedance.train.step"
+STEP_DURATION = "seedance.train.step.duration"
+DATA_WAIT = "seedance.train.data_wait.duration"
+LOSS = "seedance.train.loss"
+GRAD_NORM = "seedance.train.grad.norm"
+GROUP_NORM = "seedance.train.grad.group_norm"
+ZERO_FRACTION = "seedance.train.grad.zero_fraction"
+NONFINITE = "seedance.train.grad.nonfinite"
+SCALE = "seedance.train.grad_scaler.scale"
+TOKENS_PER_S = "seedance.train.tokens_per_second"
+LEARNING_RATE = "seedance.train.learning_rate"
+
+
+def attribute_columns(frame: pd.DataFrame) -> list[str]:
+    """The attribute columns of a store frame (all but ``time`` and ``value``)."""
+    return [c for c in frame.columns if c not in ("time", "value", "step")]
+
+
+def per_step(window: StoreWindow, name: str) -> pd.DataFrame:
+    """Readings of gauge ``name`` with a ``step`` column, one per step and series, step-ordered.
+
+    Without ``seedance.train.step`` points in the window every reading is kept, time-ordered,
+    with ``step`` NaN. Readings that no step reading shares a collection with are dropped.
+    """
+    frame = window.query(name)
+    if frame.empty:
+        return frame.assign(step=pd.Series(dtype="float64"))
+    steps = window.query(STEP)
+    if steps.empty:
+        return frame.assign(step=float("nan"))
+    keys = [c for c in (RANK_ATTR, CONFIG_VERSION_ATTR)
+            if c in frame.columns and c in steps.columns]
+    paired = frame.merge(
+        steps[["time", *keys, "value"]].rename(columns={"value": "step"})
+        .drop_duplicates(["time", *keys]),
+        on=["time", *keys], how="inner")
+    paired = paired.drop_duplicates([*attribute_columns(frame), "step"], keep="first")
+    return paired.sort_values(["step", "time"], kind="stable").reset_index(drop=True)
+
+
+def by(frame: pd.DataFrame, columns: Sequence[str]) -> list[tuple[dict[str, str], pd.DataFrame]]:
+    """Split ``frame`` by the ``columns`` it has: (values of those columns, rows)."""
+    present = [c for c in columns if c in frame.columns]
+    if frame.empty:
+        return []
+    if not present:
+        return [({}, frame)]
+    out = []
+    for values, rows in frame.groupby(present, dropna=False, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        key = {c: str(v) for c, v in zip(present, values, strict=True) if isinstance(v, str)}
+        out.append((key, rows.reset_index(drop=True)))
+    return out
+
+
+def histogram_totals(window: StoreWindow, name: str, group: Sequence[str]) -> pd.DataFrame:
+    """Seconds and observations a histogram gained in the window, summed per ``group`` values.
+
+    Each histogram series is cumulative (``NAME.sum``, ``NAME.count``); what it gained is the
+    increase of its points inside the window (the first point is the baseline), summed over
+    series that share the ``group`` attributes. Columns: the group attributes present, ``sum``
+    and ``count``.
+    """
+    totals: dict[tuple[str, ...], list[float]] = {}
+    columns: list[str] = []
+    for part, index in ((".sum", 0), (".count", 1)):
+        frame = window.query(name + part)
+        if frame.empty:
+            continue
+        columns = [c for c in group if c in frame.columns]
+        for _, rows in by(frame, attribute_columns(frame)):
+            key = tuple(str(rows[c].iloc[0]) for c in columns)
+            totals.setdefault(key, [0.0, 0.0])[index] += increase(rows)
+    return pd.DataFrame([{**dict(zip(columns, k, strict=True)), "sum": s, "count": n}
+                         for k, (s, n) in totals.items()],
+                        columns=[*columns, "sum", "count"])
