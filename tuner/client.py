@@ -1,0 +1,629 @@
+"""The in-job side of the knob lease: apply the sidecar's config at step boundaries, ack it.
+
+Imported by the training job (it needs torch), never by the sidecar. Works with any
+``nn.Module`` and ``torch.optim`` optimizer::
+
+    session = tuner.client.attach(model, optimizer, job="gpt", sidecar="http://127.0.0.1:4318",
+                                  global_batch=32)
+    warmup = session.knob("warmup_steps", 100, low=0, high=1000, integer=True)
+    for x, y in loader:                                   # x: one global batch (this rank's part)
+        with session.step(tokens=x.numel(), samples=len(x)):
+            n = session.micro_batches(32)                 # live micro_batch knob, global batch fixed
+            for xs, ys in zip(x.chunk(n), y.chunk(n)):
+                (model(xs, ys) / n).backward()
+            session.after_backward()
+            optimizer.step(); optimizer.zero_grad()
+    session.close()
+
+What happens at the start of each ``session.step()`` (a step boundary): the newest config a
+background thread received by long-polling the sidecar is applied (the hot path never waits on
+HTTP): one-shot actions first (snapshot; full or local rollback via ``tuner.checkpoint``), then
+the built-in knobs (``precision.<group>`` via ``tuner.precision``, ``threads`` via
+``torch.set_num_threads``, ``micro_batch`` read through ``micro_batches``) and the user knobs
+(``handle.value``). The version is acked with the step number and becomes the
+``seedance.config.version`` of every metric point from then on (the session owns the
+``TrainingInstrumentation`` and, unless given a meter, the OTLP export to the sidecar).
+
+Multi-rank: only rank 0 talks to the sidecar. At every boundary rank 0 broadcasts one int64
+("which update is newest"); only when it differs from the one in force does it broadcast the
+update itself (``broadcast_object_list``), so every rank switches at the same step.
+
+Fail open: if the lease cannot be renewed for ``lease_ttl_s`` (sidecar gone), the job goes back
+to the last baseline it was sent at the next boundary, logs it once, trains on, and re-attaches
+when the sidecar answers again. With ``sidecar=None`` the session is a null object: knobs keep
+their defaults and nothing talks to the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+import torch.distributed as dist
+from opentelemetry import trace
+from opentelemetry.metrics import Meter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from torch import nn
+
+from collectors._errors import SeedanceError
+from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
+from collectors.torch_training import (
+    NullTrainingInstrumentation,
+    TrainingInstrumentation,
+    _unwrap,
+    assign_groups,
+)
+from tuner._knobs import Config, Knob, KnobSpace, KnobValue
+from tuner.checkpoint import Checkpointer, Snapshot
+from tuner.precision import PrecisionHandle, PrecisionPolicy, apply_precision
+
+log = logging.getLogger(__name__)
+
+PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+DEFAULT_LEASE_TTL_S = 10.0
+MAX_POLL_S = 30.0
+_tracer = trace.get_tracer("tuner.client")
+
+
+class ClientError(SeedanceError):
+    """The session is used in a way it cannot honour (a knob declared too late, say)."""
+
+
+class KnobHandle:
+    """A live knob: read ``.value`` each step; it changes only at a step boundary."""
+
+    def __init__(self, knob: Knob) -> None:
+        self.knob = knob
+        self.value: KnobValue = knob.default
+
+    def __repr__(self) -> str:
+        return f"KnobHandle({self.knob.name}={self.value!r})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Update:
+    """A config to apply at the next boundary; `seq` orders updates within this job."""
+
+    seq: int
+    config: Config
+    actions: tuple[Mapping[str, Any], ...] = ()
+    change_id: str | None = None
+    traceparent: str | None = None
+    session: str | None = None  # the lease session to ack to; None for a lapse (nobody to ack)
+
+
+class _NoLease:
+    """Null lease: ranks other than 0 and jobs without a sidecar."""
+
+    def start(self, knobs: Sequence[Knob], baseline: Mapping[str, KnobValue]) -> None:
+        pass
+
+    def poll(self) -> _Update | None:
+        return None
+
+    def ack(self, update: _Update, body: dict[str, Any]) -> None:
+        pass
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        pass
+
+
+class _Lease:
+    """Rank 0's lease: a long-poll thread, an ack thread and the lapse clock.
+
+    The poll thread only publishes `_Update`s; the training thread picks the newest with
+    `poll()` (an attribute read plus a clock read), which is also where a lapse is noticed, so
+    the switch to the baseline happens at the first boundary after the TTL ran out.
+    """
+
+    def __init__(self, url: str, *, job: str, kind: str, world_size: int,
+                 lease_ttl_s: float | None, applied_version: Callable[[], int],
+                 timeout_s: float = 5.0) -> None:
+        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        self._job = job
+        self._kind = kind
+        self._world_size = world_size
+        self._ask_ttl_s = lease_ttl_s
+        self._ttl_s = lease_ttl_s or DEFAULT_LEASE_TTL_S
+        self._applied_version = applied_version  # callable: the version the job runs now
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._stop = threading.Event()
+        self._acks: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._knobs: list[dict[str, Any]] = []
+        self._baseline_values: dict[str, KnobValue] = {}
+        self.latest: _Update | None = None
+        self._session: str | None = None
+        self._received = -1
+        self._baseline: Config | None = None
+        self._renewed_at = 0.0
+        self._lapsed = False
+
+    def start(self, knobs: Sequence[Knob], baseline: Mapping[str, KnobValue]) -> None:
+        self._knobs = [k.to_json() for k in knobs]
+        self._baseline_values = dict(baseline)
+        for target, name in ((self._poll_loop, "lease-poll"), (self._ack_loop, "lease-ack")):
+            thread = threading.Thread(target=target, name=f"{name}-{self._job}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def poll(self) -> _Update | None:
+        if (self._session is not None and not self._lapsed
+                and time.monotonic() >= self._renewed_at + self._ttl_s):
+            self._lapse()
+        return self.latest
+
+    def ack(self, update: _Update, body: dict[str, Any]) -> None:
+        if update.session is not None:
+            self._acks.put((update.session, body))
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._acks.put(None)
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self._threads.clear()
+        self._http.close()
+
+    # ---- background ------------------------------------------------------------------------
+
+    def _publish(self, config: Config, **fields: Any) -> None:
+        self.latest = _Update(seq=next(self._seq), config=config, **fields)
+
+    def _lapse(self) -> None:
+        with self._lock:
+            if self._session is None or self._lapsed:
+                return
+            if time.monotonic() < self._renewed_at + self._ttl_s:
+                return
+            self._lapsed = True
+            self._session = None
+            assert self._baseline is not None
+            self._publish(self._baseline)
+        log.warning("job %s: lease not renewed for %.1f s (sidecar unreachable); back to the "
+                    "baseline config v%d at the next step, training on", self._job, self._ttl_s,
+                    self._baseline.version)
+
+    def _poll_loop(self) -> None:
+        backoff_s = 0.1
+        while not self._stop.is_set():
+            try:
+                if self._session is None:
+                    self._attach()
+                else:
+                    self._long_poll()
+                backoff_s = 0.1
+            except httpx.HTTPError as exc:
+                log.debug("lease call failed: %s", exc)
+                self._stop.wait(min(backoff_s, self._ttl_s / 4))
+                backoff_s = min(backoff_s * 2, 2.0)
+            except Exception:
+                log.exception("lease thread error; going on")
+                self._stop.wait(1.0)
+
+    def _attach(self) -> None:
+        started = time.monotonic()
+        body = {"rank": 0, "world_size": self._world_size, "kind": self._kind,
+                "knobs": self._knobs, "baseline": self._baseline_values,
+                "lease_ttl_s": self._ask_ttl_s, "version": int(self._applied_version())}
+        r = self._http.post(f"/v1/jobs/{self._job}/attach", json=body)
+        if r.status_code != 200:
+            log.warning("attach of job %s refused (%d): %s", self._job, r.status_code,
+                        _detail(r))
+            self._stop.wait(self._ttl_s / 2)
+            return
+        data = r.json()
+        config = _config(data["config"])
+        with self._lock:
+            was_lapsed = self._lapsed
+            self._session, self._ttl_s = data["session"], float(data["lease_ttl_s"])
+            self._baseline = _config(data["baseline"])
+            self._renewed_at, self._lapsed, self._received = started, False, config.version
+            self._publish(config, session=self._session)
+        log.log(logging.WARNING if was_lapsed else logging.INFO,
+                "job %s attached to the sidecar (session %s, config v%d, lease %.1f s)",
+                self._job, self._session, config.version, self._ttl_s)
+
+    def _long_poll(self) -> None:
+        session, started = self._session, time.monotonic()
+        # A quarter of the TTL: the lease counts from the start of the last answered call, so
+        # two polls back to back still renew well inside the TTL.
+        wait_s = min(self._ttl_s / 4, MAX_POLL_S)
+        r = self._http.get(f"/v1/jobs/{self._job}/lease",
+                           params={"session": session, "version": self._received,
+                                   "wait_s": wait_s},
+                           timeout=wait_s + min(self._timeout_s, self._ttl_s / 4))
+        with self._lock:
+            if session != self._session:  # lapsed meanwhile: this answer is stale
+                return
+            if r.status_code in (404, 409):
+                log.info("lease of job %s ended (%d: %s); re-attaching", self._job,
+                         r.status_code, _detail(r))
+                self._session = None
+                return
+            r.raise_for_status()
+            data = r.json()
+            self._renewed_at = started
+            self._baseline = _config(data["baseline"])
+            config = _config(data["config"])
+            if config.version != self._received:
+                self._received = config.version
+                self._publish(config, actions=tuple(data["actions"]),
+                              change_id=data["change_id"], traceparent=data["traceparent"],
+                              session=session)
+
+    def _ack_loop(self) -> None:
+        while True:
+            item = self._acks.get()
+            if item is None:
+                return
+            session, body = item
+            for attempt in range(3):
+                try:
+                    r = self._http.post(f"/v1/jobs/{self._job}/ack",
+                                        json={"session": session, **body})
+                    if r.status_code != 200:
+                        log.warning("ack of v%s refused (%d): %s", body["version"],
+                                    r.status_code, _detail(r))
+                    break
+                except httpx.HTTPError as exc:
+                    log.debug("ack of v%s failed (try %d): %s", body["version"], attempt + 1,
+                              exc)
+                    if self._stop.wait(0.2):
+                        break
+            else:
+                log.warning("ack of v%s not delivered", body["version"])
+
+
+def _config(data: Mapping[str, Any]) -> Config:
+    return Config(int(data["version"]), dict(data["values"]))
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("detail"))
+    except ValueError:
+        return r.text[:200]
+
+
+def _knob_group_name(group: str) -> str:
+    name = re.sub(r"\W", "_", group)
+    return name if name.isidentifier() else f"_{name}"
+
+
+def default_precision_groups(model: nn.Module, module_groups: Mapping[str, Sequence[str]] | None
+                             ) -> dict[str, tuple[str, ...]]:
+    """Precision groups named like the instrumentation's gradient groups: each group is the
+    modules that own its parameters (exact names), so ``precision.ffn`` acts on exactly the
+    parameters whose norms are reported as ``ffn``. Parameters of the root module are left out
+    (casting the root would cast everything)."""
+    names = [n for n, p in _unwrap(model).named_parameters() if p.requires_grad]
+    groups: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for name, group in zip(names, assign_groups(names, module_groups), strict=True):
+        owner = name.rpartition(".")[0]
+        if owner and owner not in seen:
+            seen.add(owner)
+            groups.setdefault(group, []).append(owner)
+    return {g: tuple(m) for g, m in groups.items()}
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Session:
+    """One job's live config; made by ``attach``. Use it from the training thread only."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, job: str,
+                 sidecar: str | None, kind: str = "train",
+                 grad_scaler: torch.amp.GradScaler | None = None,
+                 module_groups: Mapping[str, Sequence[str]] | None = None,
+                 lease_ttl_s: float | None = None, meter: Meter | None = None,
+                 precision_groups: Mapping[str, Sequence[str]] | None = None,
+                 global_batch: int | None = None, micro_batch: int | None = None,
+                 snapshot_max_bytes: int | None = None, export_interval_s: float = 5.0) -> None:
+        if lease_ttl_s is not None and not lease_ttl_s > 0:
+            raise ClientError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        self.job = job
+        self.model = _unwrap(model)
+        self.optimizer = optimizer
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.version = 0
+        self.steps_done = 0
+        self.switches: list[tuple[int, int]] = []
+        """(step, version) of every config that took effect, for logs and tests."""
+        self._snapshot_max_bytes = snapshot_max_bytes
+        self._checkpointer: Checkpointer | None = None
+        self._snapshots: dict[str, Snapshot] = {}
+        self._precision: PrecisionHandle | None = None
+        self._telemetry: Telemetry | None = None
+        if meter is None and sidecar is not None:
+            self._telemetry = setup_telemetry(TelemetryConfig(
+                job=job, rank=self.rank, otlp_endpoint=sidecar, otlp_protocol="http/protobuf",
+                export_interval_s=export_interval_s))
+            meter = self._telemetry.meter("tuner.client")
+        self.instrumentation: TrainingInstrumentation | NullTrainingInstrumentation = (
+            TrainingInstrumentation(model, optimizer, meter, grad_scaler=grad_scaler,
+                                    module_groups=module_groups, config_version=0)
+            if meter is not None else NullTrainingInstrumentation())
+        groups = (dict(precision_groups) if precision_groups is not None
+                  else default_precision_groups(model, module_groups))
+        self._precision_groups = {_knob_group_name(g): tuple(p) for g, p in groups.items()}
+        self._knobs: dict[str, Knob] = {}
+        self._handles: dict[str, KnobHandle] = {}
+        self._started = False
+        for group in self._precision_groups:
+            self._declare(Knob(name=f"precision.{group}", default="fp32",
+                               choices=PRECISION_CHOICES,
+                               description=f"compute precision of module group {group}"))
+        cpus = max(_usable_cpus(), torch.get_num_threads())
+        if cpus > 1:
+            self._declare(Knob(name="threads", default=torch.get_num_threads(), low=1,
+                               high=cpus, integer=True, description="torch.set_num_threads"))
+        self._global_batch = global_batch
+        if global_batch is not None:
+            if global_batch % self.world_size:
+                raise ClientError(f"global_batch {global_batch} is not a multiple of the world "
+                                  f"size {self.world_size}")
+            per_rank = global_batch // self.world_size
+            sizes = tuple(d for d in range(1, per_rank + 1) if per_rank % d == 0)
+            self._declare(Knob(name="micro_batch", default=micro_batch or per_rank,
+                               choices=sizes, description="samples per micro-batch and rank"))
+        self._values: dict[str, KnobValue] = {}
+        self._applied_seq = 0
+        self._lease: _Lease | _NoLease = (
+            _Lease(sidecar, job=job, kind=kind, world_size=self.world_size,
+                   lease_ttl_s=lease_ttl_s, applied_version=lambda: self.version)
+            if sidecar is not None and self.rank == 0 else _NoLease())
+        self._sync = sidecar is not None and self.world_size > 1
+        self._flag_device = torch.device(
+            "cuda", torch.cuda.current_device()) if self._sync and dist.get_backend() == "nccl" \
+            else torch.device("cpu")
+
+    # ---- declaring -------------------------------------------------------------------------
+
+    def knob(self, name: str, default: KnobValue, choices: Sequence[KnobValue] | None = None,
+             low: float | None = None, high: float | None = None, *, integer: bool = False,
+             log: bool = False, scope: str = "live", risk: str = "low",
+             description: str = "") -> KnobHandle:
+        """Declare a knob of your own (before the first step); read ``.value`` each step."""
+        return self._declare(Knob(
+            name=name, default=default, choices=tuple(choices) if choices is not None else None,
+            low=low, high=high, integer=integer, log=log, scope=scope,  # type: ignore[arg-type]
+            risk=risk, description=description))  # type: ignore[arg-type]
+
+    def _declare(self, knob: Knob) -> KnobHandle:
+        if self._started:
+            raise ClientError(f"knob {knob.name}: declare knobs before the first step")
+        if knob.name in self._knobs:
+            raise ClientError(f"knob {knob.name} is already declared")
+        self._knobs[knob.name] = knob
+        handle = self._handles[knob.name] = KnobHandle(knob)
+        return handle
+
+    @property
+    def knobs(self) -> KnobSpace:
+        return KnobSpace.of(self._knobs.values())
+
+    @property
+    def values(self) -> dict[str, KnobValue]:
+        """The config values in force (the knob defaults before the first step)."""
+        return {n: h.value for n, h in self._handles.items()}
+
+    @property
+    def precision_groups(self) -> Mapping[str, tuple[str, ...]]:
+        return dict(self._precision_groups)
+
+    def micro_batches(self, global_batch: int) -> int:
+        """How many micro-batches this rank accumulates so the global batch stays
+        ``global_batch`` under the live ``micro_batch`` knob (declared by ``attach(global_batch=
+        ...)``)."""
+        if "micro_batch" not in self._handles:
+            raise ClientError("no micro_batch knob: pass global_batch= to attach()")
+        if global_batch != self._global_batch:
+            raise ClientError(f"global_batch {global_batch} differs from the {self._global_batch} "
+                              "given to attach()")
+        return global_batch // self.world_size // int(self._handles["micro_batch"].value)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
+        """One optimizer step; the newest config takes effect as it begins."""
+        self._boundary()
+        try:
+            with self.instrumentation.step(tokens=tokens, samples=samples):
+                yield
+        finally:
+            self.steps_done += 1
+
+    def data_wait(self) -> contextlib.AbstractContextManager[None]:
+        return self.instrumentation.data_wait()
+
+    def after_backward(self, *, unscaled: bool | None = None) -> None:
+        self.instrumentation.after_backward(unscaled=unscaled)
+
+    def record_loss(self, loss: torch.Tensor | float) -> None:
+        self.instrumentation.record_loss(loss)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop talking to the sidecar, flush metrics, remove precision hooks (idempotent)."""
+        self._lease.shutdown(timeout_s)
+        self._lease = _NoLease()
+        self.instrumentation.flush()
+        if self._telemetry is not None:
+            self._telemetry.shutdown(timeout_s)
+            self._telemetry = None
+        if self._precision is not None:
+            self._precision.remove()
+            self._precision = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- boundary ----------------------------------------------------------------------------
+
+    def _boundary(self) -> None:
+        if not self._started:
+            self._started = True
+            self._values = self.knobs.defaults()
+            self._lease.start(list(self._knobs.values()), self._values)
+        update = self._lease.poll()
+        if self._sync:
+            update = self._broadcast(update)
+        if update is not None and update.seq != self._applied_seq:
+            self._apply(update)
+
+    def _broadcast(self, update: _Update | None) -> _Update | None:
+        seq = update.seq if update is not None else self._applied_seq
+        flag = torch.tensor([seq], dtype=torch.int64, device=self._flag_device)
+        dist.broadcast(flag, src=0)
+        if int(flag.item()) == self._applied_seq:
+            return None
+        box: list[Any] = [update]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]  # type: ignore[no-any-return]
+
+    def _apply(self, update: _Update) -> None:
+        step, config = self.steps_done, update.config
+        context = (TraceContextTextMapPropagator().extract({"traceparent": update.traceparent})
+                   if update.traceparent else None)
+        with _tracer.start_as_current_span(
+                "seedance.config.apply", context=context,
+                attributes={"seedance.config.version": config.version, "seedance.step": step,
+                            "seedance.job": self.job}):
+            results = [self._run_action(action) for action in update.actions]
+            previous = dict(self._values)
+            try:
+                self._set_values(config.values)
+                status, error = "applied", None
+            except Exception as exc:
+                status, error = "failed", f"{type(exc).__name__}: {exc}"
+                log.warning("job %s: config v%d failed at step %d (%s); keeping v%d", self.job,
+                            config.version, step, error, self.version)
+                with contextlib.suppress(Exception):
+                    self._set_values(previous)
+        self._applied_seq = update.seq
+        if status == "applied" and config.version != self.version:
+            self.version = config.version
+            self.instrumentation.config_version = config.version
+            self.switches.append((step, config.version))
+            changed = sorted(k for k in config.values if previous.get(k) != config.values[k])
+            log.info("job %s: config v%d in force from step %d%s", self.job, config.version,
+                     step, f" ({', '.join(changed)})" if changed else "")
+        self._lease.ack(update, {"version": config.version, "step": step, "status": status,
+                                 "error": error, "actions": results})
+
+    def _set_values(self, values: Mapping[str, KnobValue]) -> None:
+        values = self.knobs.validate(values)
+        changed = {k: v for k, v in values.items() if self._values.get(k) != v}
+        if any(k.startswith("precision.") for k in changed):
+            self._set_precision({g: str(values[f"precision.{g}"])
+                                 for g in self._precision_groups})
+        if "threads" in changed:
+            torch.set_num_threads(int(values["threads"]))
+        for name, value in values.items():
+            self._handles[name].value = value
+        self._values = dict(values)
+
+    def _set_precision(self, precisions: Mapping[str, str]) -> None:
+        if self._precision is not None:
+            self._precision.remove()
+            self._precision = None
+        if any(p != "fp32" for p in precisions.values()):
+            self._precision = apply_precision(self.model, PrecisionPolicy.from_groups(
+                self._precision_groups, precisions))  # type: ignore[arg-type]
+
+    def _run_action(self, action: Mapping[str, Any]) -> dict[str, Any]:
+        result = {**action, "status": "done", "error": None}
+        try:
+            change_id = action.get("change_id") or ""
+            if action["kind"] == "snapshot":
+                self._snapshots[change_id] = self._checkpoint().snapshot(label=change_id)
+            elif action["kind"] == "rollback":
+                snapshot = (self._snapshots[change_id] if change_id in self._snapshots
+                            else self._checkpoint().latest())
+                if action.get("scope", "full") == "full":
+                    self._checkpoint().full_rollback(snapshot)
+                else:
+                    self._local_rollback(snapshot, str(action["group"]))
+            else:
+                raise ClientError(f"unknown action kind {action['kind']!r}")
+        except Exception as exc:
+            result.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+            log.warning("job %s: action %s failed: %s", self.job, dict(action), result["error"])
+        return result
+
+    def _local_rollback(self, snapshot: Snapshot, group: str) -> None:
+        """Weights and optimizer state of one group; its precision is the config's to set."""
+        if group not in self._precision_groups:
+            raise ClientError(f"unknown module group {group!r}; groups: "
+                              f"{sorted(self._precision_groups)}")
+        self._checkpoint().local_rollback(snapshot, list(self._precision_groups[group]))
+
+    def _checkpoint(self) -> Checkpointer:
+        if self._checkpointer is None:
+            max_bytes = self._snapshot_max_bytes or 2 * _state_bytes(self.model, self.optimizer)
+            self._checkpointer = Checkpointer(self.model, self.optimizer, max_bytes=max_bytes)
+        return self._checkpointer
+
+
+def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters, buffers and optimizer state now, with Adam-like state assumed if none yet."""
+    tensors = [*model.parameters(), *model.buffers()]
+    state = [v for s in optimizer.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    own = sum(t.numel() * t.element_size() for t in tensors)
+    held = sum(t.numel() * t.element_size() for t in state)
+    return own + (held or 2 * own) + 1024
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, job: str,
+           sidecar: str | None, kind: str = "train",
+           grad_scaler: torch.amp.GradScaler | None = None,
+           module_groups: Mapping[str, Sequence[str]] | None = None,
+           lease_ttl_s: float | None = None, meter: Meter | None = None,
+           precision_groups: Mapping[str, Sequence[str]] | None = None,
+           global_batch: int | None = None, micro_batch: int | None = None,
+           snapshot_max_bytes: int | None = None, export_interval_s: float = 5.0) -> Session:
+    """A ``Session`` for one job; nothing talks to the sidecar until the first step.
+
+    ``sidecar``: the sidecar's base URL (lease API and OTLP), None for a null session.
+    ``module_groups``: fnmatch patterns over parameter names for the gradient groups;
+    ``precision_groups``: patterns over module names for ``precision.<group>`` (default: the
+    modules owning each gradient group's parameters). ``global_batch`` declares the
+    ``micro_batch`` knob (divisors of the per-rank batch, default ``micro_batch`` or one
+    micro-batch). ``lease_ttl_s``: asked of the sidecar (None: its default). ``meter``: record
+    metrics there instead of exporting OTLP to the sidecar. Call in every rank, after
+    ``torch.distributed.init_process_group``.
+    """
+    return Session(model, optimizer, job=job, sidecar=sidecar, kind=kind,
+                   grad_scaler=grad_scaler, module_groups=module_groups,
+                   lease_ttl_s=lease_ttl_s, meter=meter, precision_groups=precision_groups,
+                   global_batch=global_batch, micro_batch=micro_batch,
+                   snapshot_max_bytes=snapshot_max_bytes, export_interval_s=export_interval_s)
+
+
+__all__ = ["ClientError", "KnobHandle", "Session", "attach", "default_precision_groups"]
