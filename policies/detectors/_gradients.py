@@ -320,7 +320,8 @@ class GradientUnderflowDetector(Detector):
         measurements = [Measurement(name="scale_backoff_streak", value=float(streak),
                                     unit="{reading}")]
         thresholds = [Threshold(measurement="scale_backoff_streak", comparison=">=",
-                                value=float(cfg.scale_backoffs), unit="{reading}")]
+                                value=float(cfg.scale_backoffs), unit="{reading}")
+                      ] if backing_off else []
         if not scales.empty:
             measurements.append(Measurement(name="loss_scale", value=float(
                 scales["value"].iloc[-1])))
@@ -349,9 +350,16 @@ class GradientUnderflowDetector(Detector):
                 Measurement(name=f"{s.group}.zero_fraction", value=s.zero_fraction_last),
                 Measurement(name=f"{s.group}.onset_step", value=s.onset_step, unit="{step}"),
             ]
-            thresholds.append(Threshold(measurement=f"{s.group}.zero_norm_steps",
-                                        comparison=">=", value=float(cfg.zero_readings),
-                                        unit="{step}"))
+            if s.zero_tail >= cfg.zero_readings:
+                thresholds.append(Threshold(measurement=f"{s.group}.zero_norm_steps",
+                                            comparison=">=", value=float(cfg.zero_readings),
+                                            unit="{step}"))
+            rise = s.zero_fraction_last - s.zero_fraction_first
+            if rise >= cfg.zero_fraction_rise:
+                measurements.append(Measurement(name=f"{s.group}.zero_fraction_rise",
+                                                value=rise))
+                thresholds.append(Threshold(measurement=f"{s.group}.zero_fraction_rise",
+                                            comparison=">=", value=cfg.zero_fraction_rise))
         onset = min(by_group[c].onset_step for c in causes)
         if not totals.empty:
             steps = totals["step"].to_numpy(dtype=np.float64)

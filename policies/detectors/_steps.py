@@ -48,10 +48,11 @@ def attribute_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def per_step(window: StoreWindow, name: str) -> pd.DataFrame:
-    """Readings of gauge ``name`` with a ``step`` column, one per step and series, step-ordered.
+    """Readings of gauge ``name`` with a ``step`` column, one per step and series, by time.
 
-    Without ``seedance.train.step`` points in the window every reading is kept, time-ordered,
-    with ``step`` NaN. Readings that no step reading shares a collection with are dropped.
+    Time orders them, not the step index, which restarts with the job. Without
+    ``seedance.train.step`` points in the window every reading is kept, with ``step`` NaN.
+    Readings that no step reading shares a collection with are dropped.
     """
     frame = window.query(name)
     if frame.empty:
@@ -66,7 +67,7 @@ def per_step(window: StoreWindow, name: str) -> pd.DataFrame:
         .drop_duplicates(["time", *keys]),
         on=["time", *keys], how="inner")
     paired = paired.drop_duplicates([*attribute_columns(frame), "step"], keep="first")
-    return paired.sort_values(["step", "time"], kind="stable").reset_index(drop=True)
+    return paired.sort_values("time", kind="stable").reset_index(drop=True)
 
 
 def by(frame: pd.DataFrame, columns: Sequence[str]) -> list[tuple[dict[str, str], pd.DataFrame]]:

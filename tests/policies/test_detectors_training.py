@@ -1,0 +1,241 @@
+"""Training-side detectors: unit cases over hand-built frames, then real torch jobs on CPU.
+
+Frames built here by hand are SYNTHETIC (labelled per test); the integration tests train real
+models with the real instrumentation exporting through the OTel SDK into a real store file.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies import Detector, FrameStore, StoreWindow
+from policies.detectors import (
+    BATCH_SIZE_ATTR,
+    PRECISION_ATTR,
+    CollapseConfig,
+    GradientCollapseDetector,
+    GradientUnderflowDetector,
+    InputBoundDetector,
+    NonFiniteDetector,
+    SmallBatchPrecisionDetector,
+    UnderflowConfig,
+    locate_cause,
+    seed_collapse_step,
+)
+
+JOB = "train-a"
+S = 10**9
+BASE = {"service.name": JOB, "seedance.rank": "0"}
+
+
+def _window(rows: dict[str, list[dict[str, object]]]) -> StoreWindow:
+    store = FrameStore({name: pd.DataFrame(r) for name, r in rows.items()})
+    return StoreWindow(store, job=JOB, since_ns=0, until_ns=10**6 * S)
+
+
+def _steps_frame(values: dict[str, list[float]], *, repeat: int = 1,
+                 attrs: dict[str, dict[str, str]] | None = None
+                 ) -> dict[str, list[dict[str, object]]]:
+    """SYNTHETIC per-step gauges: ``values[name][i]`` is step i; each step exported ``repeat``
+    times (as the SDK re-exports a gauge until the next step sets it)."""
+    n = max(len(v) for v in values.values())
+    rows: dict[str, list[dict[str, object]]] = {"seedance.train.step": []}
+    for i in range(n):
+        for r in range(repeat):
+            t = (i * repeat + r) * S
+            rows["seedance.train.step"].append({"time": t, "value": i, **BASE})
+            for name, series in values.items():
+                metric, _, group = name.partition("@")
+                extra = {"seedance.module_group": group} if group else {}
+                extra.update((attrs or {}).get(name, {}))
+                if i < len(series):
+                    rows.setdefault(metric, []).append(
+                        {"time": t, "value": series[i], **BASE, **extra})
+    return rows
+
+
+# -- the seed's collapse rule ----------------------------------------------------------------
+
+def test_seed_rule_fires_at_the_first_step_where_both_conditions_hold() -> None:
+    # ratios < 0.05 from step 2 on, three in a row first at step 4; the variance of the last 5
+    # norms first drops below 1e-8 at step 7 (window 1e-5 .. 1e-13): that is the step.
+    norms = [1.0, 1.0, 1e-3, 1e-5, 1e-7, 1e-9, 1e-11, 1e-13, 1e-15]
+    assert seed_collapse_step(norms) == 7
+    assert seed_collapse_step(norms[:7]) is None
+    assert np.var(norms[2:7]) > 1e-8 > np.var(norms[3:8])  # why not earlier: the variance
+
+
+def test_seed_rule_needs_three_ratios_in_a_row_and_skips_zero_predecessors() -> None:
+    assert seed_collapse_step([1.0] * 20) is None
+    tiny = [1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 4e-8, 1e-6, 4e-8, 1e-6]  # variance tiny, ratios not
+    assert seed_collapse_step(tiny) is None
+    flushed = [1.0, 1.0, 1e-3, 0.0, 0.0, 0.0, 0.0, 0.0]  # ratio after a zero is undefined
+    assert seed_collapse_step(flushed) is None
+    assert seed_collapse_step([5e-5, 1e-6, 1e-8, 1e-10, 1e-12]) == 4  # earliest possible step
+    loose = CollapseConfig(ratio_below=0.5, consecutive=2, variance_below=1.0, variance_window=3)
+    assert seed_collapse_step([1.0, 0.4, 0.1], loose) == 2
+
+
+@given(st.lists(st.sampled_from([1.0, 0.3, 1e-2, 1e-4, 1e-6, 1e-8, 1e-10, 1e-12, 0.0,
+                                 math.inf, math.nan]), max_size=14))
+def test_seed_rule_flags_no_later_and_no_earlier(norms: list[float]) -> None:
+    t = seed_collapse_step(norms)
+    if t is None:
+        assert all(seed_collapse_step(norms[:k]) is None for k in range(len(norms)))
+        return
+    assert seed_collapse_step(norms[:t + 1]) == t  # holds with only the past
+    assert seed_collapse_step(norms[:t]) is None  # and not before
+    assert seed_collapse_step(norms + [1.0, 0.0]) == t  # the future does not move it
+
+
+def test_collapse_detector_counts_steps_not_exports() -> None:
+    """SYNTHETIC frames: each step exported 3 times; the finding names step 7 as the seed."""
+    norms = [1.0, 1.0, 1e-3, 1e-5, 1e-7, 1e-9, 1e-11, 1e-13]
+    findings = GradientCollapseDetector().evaluate(
+        _window(_steps_frame({"seedance.train.grad.norm": norms}, repeat=3)))
+    assert len(findings) == 1
+    f = findings[0]
+    assert (f.severity, f.resource) == ("critical", {"seedance.rank": "0"})
+    assert f.evidence.value("collapse_step") == 7
+    assert f.evidence.value("norm_variance") == pytest.approx(np.var(norms[3:8]))
+    assert f.evidence.value("max_norm_ratio") == pytest.approx(0.01)
+    assert {c.knob for c in f.suggested_changes} == {"checkpoint.restore", "precision"}
+
+
+def test_collapse_detector_is_quiet_on_healthy_and_flushed_norms() -> None:
+    """SYNTHETIC frames: a slow healthy decay, and a flush to exact zero (underflow's case)."""
+    healthy = list(np.linspace(2.0, 0.5, 40))
+    flushed = [1.0, 1.0, 1e-3] + [0.0] * 10
+    for norms in (healthy, flushed):
+        assert GradientCollapseDetector().evaluate(
+            _window(_steps_frame({"seedance.train.grad.norm": norms}))) == []
+
+
+# -- underflow, cause, non-finite (synthetic frames) -------------------------------------------
+
+def test_locate_cause_order_then_precision_then_ambiguous() -> None:
+    assert locate_cause(["a", "b"], forward_order=("a", "b", "c"))[0] == ["b"]
+    assert locate_cause(["a", "b"], precisions={"a": "fp32", "b": "fp16"})[0] == ["b"]
+    causes, how = locate_cause(["b", "a"])
+    assert causes == ["a", "b"] and how.startswith("ambiguous")
+
+
+def test_underflow_cause_from_a_precision_attribute() -> None:
+    """SYNTHETIC frames: ffn drops to fp16 at step 6 and zeroes; attention upstream starves."""
+    n = 12
+    frames = _steps_frame({
+        "seedance.train.grad.group_norm@attention": [0.2] * 6 + [0.0] * 6,
+        "seedance.train.grad.group_norm@ffn": [0.3] * 6 + [0.0] * 6,
+        "seedance.train.grad.group_norm@head": [0.9] * n,
+        "seedance.train.grad.norm": [0.97] * 6 + [0.9] * 6,
+    }, attrs={"seedance.train.grad.group_norm@ffn": {PRECISION_ATTR: "fp16"},
+              "seedance.train.grad.group_norm@attention": {PRECISION_ATTR: "fp32"},
+              "seedance.train.grad.group_norm@head": {PRECISION_ATTR: "fp32"}})
+    findings = GradientUnderflowDetector().evaluate(_window(frames))
+    assert len(findings) == 1
+    f = findings[0]
+    assert f.resource == {"seedance.rank": "0", "module_group": "ffn"}
+    assert "starved upstream: attention" in f.evidence.summary
+    assert f.evidence.value("ffn.onset_step") == 6
+    assert f.evidence.value("ffn.zero_norm_steps") == 6
+    assert f.evidence.value("global_norm_after") == pytest.approx(0.9)
+    assert [(c.knob, c.value) for c in f.suggested_changes] == [("precision.ffn", "fp32")]
+
+
+def test_underflow_is_quiet_for_groups_without_gradients_and_healthy_groups() -> None:
+    """SYNTHETIC frames: an unused group reports norm 0 and zero fraction 0 (no elements)."""
+    frames = _steps_frame({
+        "seedance.train.grad.group_norm@unused": [0.0] * 10,
+        "seedance.train.grad.zero_fraction@unused": [0.0] * 10,
+        "seedance.train.grad.group_norm@ffn": list(np.linspace(0.5, 0.2, 10)),
+        "seedance.train.grad.zero_fraction@ffn": [0.001] * 10,
+        "seedance.train.grad_scaler.scale": [65536.0] * 5 + [32768.0] * 5,  # one back-off
+    })
+    assert GradientUnderflowDetector().evaluate(_window(frames)) == []
+
+
+def test_a_loss_scale_backing_off_step_after_step_is_flagged() -> None:
+    """SYNTHETIC frames: the scale halves 6 steps running."""
+    scales = [2.0**20] * 4 + [2.0**(19 - i) for i in range(6)]
+    frames = _steps_frame({"seedance.train.grad_scaler.scale": scales,
+                           "seedance.train.grad.group_norm@ffn": [0.3] * 10})
+    (f,) = GradientUnderflowDetector(UnderflowConfig(scale_backoffs=5)).evaluate(_window(frames))
+    assert f.evidence.value("scale_backoff_streak") == 6
+    assert GradientUnderflowDetector(UnderflowConfig(scale_backoffs=7)).evaluate(
+        _window(frames)) == []
+
+
+def test_non_finite_with_a_grad_scaler_tolerates_routine_overflows() -> None:
+    """SYNTHETIC frames: with a scaler, 2 overflowing steps are routine, 3 in a row are not."""
+    def frames(bad: int) -> StoreWindow:
+        grads = [1.0] * 5 + [math.inf] * bad
+        return _window(_steps_frame({"seedance.train.grad.norm": grads,
+                                     "seedance.train.loss": [2.0] * len(grads),
+                                     "seedance.train.grad_scaler.scale": [1024.0] * len(grads)}))
+    assert NonFiniteDetector().evaluate(frames(2)) == []
+    (f,) = NonFiniteDetector().evaluate(frames(3))
+    assert f.evidence.value("nonfinite_grad_run") == 3
+    assert f.evidence.value("first_nonfinite_step") == 5
+
+
+# -- small-batch precision and input-bound (synthetic histograms) ------------------------------
+
+def _histograms(phases: list[tuple[dict[str, str], int, float, float]]
+                ) -> dict[str, list[dict[str, object]]]:
+    """SYNTHETIC cumulative histograms: per phase (attributes, steps, step_s, wait_s), one
+    export per step as the SDK writes them (``.sum`` and ``.count`` per series)."""
+    rows: dict[str, list[dict[str, object]]] = {}
+    t = 0
+    for attrs, steps, step_s, wait_s in phases:
+        for i in range(1, steps + 1):
+            t += S
+            for name, each in (("seedance.train.step.duration", step_s),
+                               ("seedance.train.data_wait.duration", wait_s)):
+                rows.setdefault(f"{name}.sum", []).append(
+                    {"time": t, "value": each * i, **BASE, **attrs})
+                rows.setdefault(f"{name}.count", []).append(
+                    {"time": t, "value": float(i), **BASE, **attrs})
+    return rows
+
+
+def _phase(version: int, precision: str, batch: int) -> dict[str, str]:
+    return {"seedance.config.version": str(version), PRECISION_ATTR: precision,
+            BATCH_SIZE_ATTR: str(batch)}
+
+
+def test_small_batch_precision_flags_reduced_precision_that_is_not_faster() -> None:
+    """SYNTHETIC histograms: bf16 steps 0.12 s against fp32 0.10 s at batch 4."""
+    window = _window(_histograms([(_phase(1, "fp32", 4), 20, 0.10, 0.0),
+                                  (_phase(2, "bf16", 4), 20, 0.12, 0.0)]))
+    (f,) = SmallBatchPrecisionDetector().evaluate(window)
+    # each series' first export is its baseline: 19 steps of each are measured
+    assert f.evidence.value("fp32_step_time") == pytest.approx(0.10)
+    assert f.evidence.value("bf16_step_time") == pytest.approx(0.12)
+    assert f.evidence.value("fp32_steps") == f.evidence.value("bf16_steps") == 19
+    assert f.evidence.value("step_time_ratio") == pytest.approx(1.2)
+    assert [(c.knob, c.value) for c in f.suggested_changes] == [("precision", "fp32")]
+
+
+@pytest.mark.parametrize("phases", [
+    [(_phase(1, "fp32", 4), 20, 0.10, 0.0), (_phase(2, "bf16", 4), 20, 0.07, 0.0)],  # faster
+    [(_phase(1, "fp32", 32), 20, 0.10, 0.0), (_phase(2, "bf16", 32), 20, 0.12, 0.0)],  # big
+    [(_phase(1, "bf16", 4), 20, 0.12, 0.0)],  # nothing to compare with
+], ids=["bf16-faster", "large-batch", "no-fp32-baseline"])
+def test_small_batch_precision_stays_quiet(phases: list) -> None:
+    """SYNTHETIC histograms."""
+    assert SmallBatchPrecisionDetector().evaluate(_window(_histograms(phases))) == []
+
+
+def test_input_bound_on_synthetic_histograms() -> None:
+    """SYNTHETIC histograms: 30 ms wait per 100 ms step is bound, 10 ms is not."""
+    (f,) = InputBoundDetector().evaluate(_window(_histograms([({}, 20, 0.1, 0.03)])))
+    assert f.evidence.value("wait_ratio") == pytest.approx(0.3)
+    assert InputBoundDetector().evaluate(_window(_histograms([({}, 20, 0.1, 0.01)]))) == []
