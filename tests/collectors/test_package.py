@@ -1,0 +1,30 @@
+"""The collectors facade: every public name resolves, and importing it stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import collectors
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in collectors.__all__:
+        assert getattr(collectors, name) is not None
+
+
+def test_importing_the_package_loads_neither_torch_nor_the_server_stack() -> None:
+    code = ("import sys, collectors; "
+            "print(sorted(m for m in ('torch', 'pandas', 'fastapi') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_the_sidecar_runs_without_torch() -> None:
+    """Block torch's import: the sidecar, policies and the CLI must still load."""
+    code = ("import sys; sys.modules['torch'] = None; "
+            "import tuner._sidecar, tuner.cli, policies, collectors._nvml; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
