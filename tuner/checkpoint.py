@@ -109,12 +109,12 @@ class Checkpointer:
         self.on_full = on_full
         self.snapshots: list[Snapshot] = []
         self._params = list(dict.fromkeys(model.parameters()))
-        in_optimizer = [p for g in optimizer.param_groups for p in g["params"]]
-        stray = [p for p in in_optimizer if all(p is not q for q in self._params)]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        stray = [p for g in optimizer.param_groups for p in g["params"]
+                 if id(p) not in self._index]
         if stray:
             raise CheckpointError(f"the optimizer holds {len(stray)} tensors that are not "
                                   "parameters of the model")
-        self._index = {id(p): i for i, p in enumerate(self._params)}
         self._model_buffers = list(model.buffers())
         self._seq = 0
         self._spare: dict[_Key, torch.Tensor] = {}
@@ -187,7 +187,8 @@ class Checkpointer:
                     f"snapshot {label!r} ({need / 2**20:.1f} MiB) refused: "
                     f"{len(self.snapshots)} snapshots hold {self.nbytes / 2**20:.1f} MiB of "
                     f"max_bytes {self.max_bytes / 2**20:.1f} MiB; drop one with discard()")
-            self.discard(self.snapshots[0], reason=f"to make room for {label!r}")
+            self.discard(self.snapshots[0], reason=f"evicted, the oldest, to make room for "
+                                                   f"{label!r} within max_bytes")
 
     def discard(self, snapshot: Snapshot, *, reason: str = "discarded") -> None:
         """Free a snapshot; its buffers are kept for reuse by the next snapshot."""
@@ -197,7 +198,7 @@ class Checkpointer:
         snapshot.evicted = True
         self._spare = snapshot._buffers
         snapshot._buffers = {}
-        log.warning("evicted %s (%s); %d snapshots, %.1f MiB left", snapshot, reason,
+        log.warning("dropped %s (%s); %d snapshots, %.1f MiB left", snapshot, reason,
                     len(self.snapshots), self.nbytes / 2**20)
 
     def _buffer(self, key: _Key, numel: int) -> torch.Tensor:

@@ -273,3 +273,20 @@ def test_fp16_head_starves_every_group_upstream() -> None:
             break
     assert starved
     assert run.grad_norm("lm_head") > 0.0  # the input gradient flushed before the weight's
+
+
+def test_local_rollback_moves_precision_up_only() -> None:
+    run = _GPTRun()
+    ck = Checkpointer(run.model, run.opt, max_bytes=1 << 28)
+    snap = ck.snapshot()
+    run.handle.set_group("ffn", "fp16")
+    with pytest.raises(CheckpointError, match="'fp32' or 'bf16'"):
+        ck.local_rollback(snap, "ffn", run.handle, precision="fp16")
+    assert run.handle.precision_of("h.0.mlp.fc") == "fp16"
+    ck.local_rollback(snap, "ffn", run.handle, precision="bf16")
+    assert {run.handle.precision_of(f"h.{i}.mlp.{leaf}")
+            for i in range(GPT_CFG.n_layer) for leaf in ("fc", "proj")} == {"bf16"}
+    assert run.handle.precision_of("h.0.attn.qkv") == "fp32"
+    other = _GPTRun()
+    with pytest.raises(CheckpointError, match="another model"):
+        ck.local_rollback(snap, "ffn", other.handle)
