@@ -97,7 +97,8 @@ def collective_intervals(window: StoreWindow) -> pd.DataFrame:
             d_calls, d_bytes, d_count, d_sum = (float(p["delta"].iloc[k]) for p in parts)
             if d_calls <= 0 or d_count <= 0 or d_sum <= 0:
                 continue
-            rows.append({"rank": rank, "time": parts[0]["time"].iloc[k], "calls": d_calls,
+            rows.append({"rank": rank, "interval": k, "time": parts[0]["time"].iloc[k],
+                         "calls": d_calls,
                          "bytes": d_bytes, "message_bytes": d_bytes / d_calls,
                          "latency_s": d_sum / d_count})
     out = pd.DataFrame(rows)
@@ -107,6 +108,16 @@ def collective_intervals(window: StoreWindow) -> pd.DataFrame:
     out["busbw"] = out["message_bytes"] * factor / out["latency_s"]
     out.attrs["bus_factor"] = factor
     return out.sort_values(["time", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _fastest_rank(intervals: pd.DataFrame) -> pd.DataFrame:
+    """Per interval index, the row of the rank with the shortest latency.
+
+    A rank's all-reduce latency includes waiting for the slowest peer to arrive; the rank that
+    arrives last waits least, so its latency is the collective's own time.
+    """
+    best = intervals.loc[intervals.groupby("interval")["latency_s"].idxmin()]
+    return best.sort_values("interval").reset_index(drop=True)
 
 
 def _per_rank(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -140,6 +151,7 @@ class CommunicationConfig:
     min_intervals: int = 3
     recent_intervals: int = 3
     high_comm_share: float = 0.3
+    max_alpha_s: float = 5e-4
 
     def __post_init__(self) -> None:
         if self.link_peak_bytes_per_s is not None and self.link_peak_bytes_per_s <= 0:
@@ -154,13 +166,19 @@ class CommunicationConfig:
 
 
 def _comm_share(window: StoreWindow, intervals: pd.DataFrame) -> float | None:
-    """Seconds in all-reduce per second of step time, over the window (None: no step data)."""
+    """Share of step time in all-reduce, of the rank that waits least (None: no step data)."""
     steps = latest_version(window.query(STEP_SUM))
     if steps.empty:
         return None
-    step_s = sum(float(interval_increases(f)["delta"].sum()) for _, f in _per_rank(steps))
-    comm_s = float((intervals["calls"] * intervals["latency_s"]).sum())
-    return comm_s / step_s if step_s > 0 else None
+    shares = []
+    for rank, frame in _per_rank(steps):
+        step_s = float(interval_increases(frame)["delta"].sum())
+        mine = intervals[intervals["rank"] == rank]
+        if step_s > 0 and not mine.empty:
+            # bucket latencies overlap (a bucket queues behind earlier ones), so their sum is
+            # an upper bound of the time in communication: clamp it at the step time
+            shares.append(min(1.0, float((mine["calls"] * mine["latency_s"]).sum()) / step_s))
+    return min(shares) if shares else None
 
 
 _DEGRADATION_CHANGES = (
@@ -192,8 +210,12 @@ class CommunicationDegradationDetector(Detector):
         factor = float(intervals.attrs["bus_factor"])
         ranks = _ranks_from_factor(factor)
         peak = cfg.link_peak_bytes_per_s or nvlink_peak_bytes_per_s(_device_name(window))
-        alpha_s = float(intervals["latency_s"].min())
-        recent = intervals.tail(cfg.recent_intervals * intervals["rank"].nunique())
+        alpha_s = min(float(intervals["latency_s"].min()), cfg.max_alpha_s)
+        if peak is not None:  # the part of each latency the bandwidth term does not explain
+            residual = intervals["latency_s"] - intervals["message_bytes"] * factor / peak
+            alpha_s = min(alpha_s, max(0.0, float(residual.min())))
+        paths = _fastest_rank(intervals)
+        recent = paths.tail(cfg.recent_intervals)
         busbw = float(recent["busbw"].median())
         message = float(recent["message_bytes"].median())
         measurements = [Measurement(name="busbw", value=busbw, unit="By/s"),
@@ -214,13 +236,13 @@ class CommunicationDegradationDetector(Detector):
             thresholds.append(Threshold(measurement="expected_over_measured_time",
                                         comparison="<", value=cfg.degraded_ratio))
             model = ("policies.allreduce_time_s alpha-beta model: t = alpha + 2(n-1)/n S / B, "
-                     "alpha = fastest interval's latency, B = link peak")
+                     "alpha = unexplained latency (<= max_alpha_s), B = link peak")
             if ratio < cfg.degraded_ratio:
                 problems.append(f"all-reduce takes {1 / ratio:.1f}x the time the alpha-beta "
                                 f"model expects on a {peak / 1e9:.4g} GB/s link "
                                 f"(bus bandwidth {busbw / 1e9:.3g} GB/s)")
                 severity = "critical"
-        baseline = self._baseline(intervals)
+        baseline = self._baseline(paths)
         if baseline is not None:
             measurements += [Measurement(name="baseline_busbw", value=baseline, unit="By/s"),
                              Measurement(name="busbw_over_baseline", value=busbw / baseline)]
@@ -244,10 +266,8 @@ class CommunicationDegradationDetector(Detector):
             suggested_changes=_DEGRADATION_CHANGES,
         )]
 
-    def _baseline(self, intervals: pd.DataFrame) -> float | None:
-        """Best bus bandwidth of the earlier intervals at a message size within 2x of now."""
-        per_time = intervals.groupby("time", sort=True).agg(
-            busbw=("busbw", "median"), message_bytes=("message_bytes", "median"))
+    def _baseline(self, per_time: pd.DataFrame) -> float | None:
+        """Median bus bandwidth of the earlier intervals at a message size within 2x of now."""
         if len(per_time) < 2 * self.config.recent_intervals:
             return None
         earlier = per_time.iloc[: -self.config.recent_intervals]
@@ -256,7 +276,7 @@ class CommunicationDegradationDetector(Detector):
                           & (earlier["message_bytes"] <= now * 2)]
         if similar.empty:
             return None
-        return float(similar["busbw"].quantile(0.9))
+        return float(similar["busbw"].median())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
