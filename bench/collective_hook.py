@@ -1,7 +1,8 @@
 """Step-time cost of the timed all-reduce hook against DDP's default allreduce_hook.
 
 Two gloo ranks on CPU train two identical DDP models, one with each hook, alternating steps
-(A/B interleaved in the same run, so machine noise hits both). Rank 0 writes medians and their
+(A/B interleaved in the same run, order flipped every step, so machine noise and
+order effects hit both). Rank 0 writes medians and their
 ratio to bench/results/collective_hook.json.
 
     python bench/collective_hook.py --steps 200 --width 512
@@ -68,7 +69,8 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
         batch = torch.randn(args.batch, args.width)
         times: dict[str, list[float]] = {name: [] for name in runs}
         for step in range(args.warmup + args.steps):
-            for name, (ddp, optimiser) in runs.items():
+            arms = list(runs.items())
+            for name, (ddp, optimiser) in arms if step % 2 else reversed(arms):
                 elapsed = _step(ddp, optimiser, batch)
                 if step >= args.warmup:
                     times[name].append(elapsed)
@@ -76,7 +78,7 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
             medians = {name: statistics.median(values) for name, values in times.items()}
             stats = timer.last_step_stats()
             result = {
-                "what": "median step time, 2 gloo ranks on CPU, A/B interleaved",
+                "what": "median step time, 2 gloo ranks on CPU, A/B interleaved (ABBA)",
                 "args": vars(args),
                 "median_step_s": medians,
                 "ratio_timed_over_default": medians["timed_hook"]

@@ -239,7 +239,11 @@ class CollectiveTimer:
                 while self._in_flight and all(
                     launch.recorded for launch in self._in_flight[0].launches
                 ):
-                    self._last = self._summarise(self._in_flight.pop(0))
+                    step = self._in_flight.pop(0)
+                    self._last = self._summarise(step)
+                    # Once per step, not per bucket: each OTel measurement costs tens of us.
+                    self._bytes.add(self._last.step_bytes, step.attributes)
+                    self._calls.add(self._last.calls, step.attributes)
         except Exception:  # the job must never die of its telemetry
             _LOG.exception("collective timing bookkeeping failed; dropping this reading")
 
@@ -254,8 +258,6 @@ class CollectiveTimer:
             launch.latency_s = launch.start_event.elapsed_time(end) / 1e3
         launch.recorded = True
         self._duration.record(launch.latency_s, step.attributes)
-        self._bytes.add(launch.size_bytes, step.attributes)
-        self._calls.add(1, step.attributes)
 
     def _summarise(self, step: _Step) -> StepStats:
         buckets = []
