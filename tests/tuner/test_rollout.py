@@ -1,0 +1,293 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collectors._store import TimeSeriesStore
+from policies._findings import Evidence, Finding
+from policies._state_db import sqlite_url
+from tests.tuner._simjob import SimJob
+from tuner._lease import JobRegistry
+from tuner._measure import MeasureConfig
+from tuner._rollout import (
+    TRANSITIONS,
+    Change,
+    GradientCollapseFindings,
+    IllegalTransition,
+    NonFiniteLoss,
+    RolloutConfig,
+    RolloutController,
+    RolloutError,
+)
+
+MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, tokens_per_step=512.0)
+CONFIG = RolloutConfig(pairs=3, proposal_ttl_s=100.0, measure=MEASURE)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    clock = Clock()
+    registry = JobRegistry(lease_ttl_s=30.0, clock=clock)
+    store = TimeSeriesStore(tmp_path / "metrics.db")
+    yield {"clock": clock, "registry": registry, "store": store,
+           "url": sqlite_url(tmp_path / "state.db"), "tmp": tmp_path}
+    store.close()
+
+
+def controller(parts: dict[str, Any], **kwargs: Any) -> RolloutController:
+    kwargs.setdefault("config", CONFIG)
+    return RolloutController(parts["registry"], parts["store"].query, db_url=parts["url"],
+                             clock=parts["clock"], **kwargs)
+
+
+def fast_micro_batch(values: Any) -> float:
+    return 0.10 if values["micro_batch"] == 4 else 0.13
+
+
+def drive(ctl: RolloutController, job: SimJob, change_id: str, rounds: int = 40) -> Change:
+    for _ in range(rounds):
+        ctl.tick()
+        change = ctl.get(change_id)
+        if change.state not in ("approved", "applying", "observing"):
+            return change
+        job.run(8)
+    raise AssertionError(f"change still {ctl.get(change_id).state}")
+
+
+def test_transition_table_is_closed_and_terminal_states_stay() -> None:
+    states = set(TRANSITIONS)
+    assert all(targets <= states for targets in TRANSITIONS.values())
+    for terminal in ("rolled_back", "rejected", "expired", "failed"):
+        assert not TRANSITIONS[terminal]
+
+
+def test_illegal_transitions_raise(parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="test", source="operator")
+    ctl.reject(change.id, "alice", "not now")
+    with pytest.raises(IllegalTransition):
+        ctl.approve(change.id, "bob")
+    with pytest.raises(RolloutError):
+        ctl.propose(job.job, {"micro_batch": 8}, reason="no-op", source="operator")
+    kinds = [e["kind"] for e in ctl.events(change_id=change.id)]
+    assert kinds == ["proposed", "rejected"]
+    rejected = ctl.events(change_id=change.id)[-1]
+    assert (rejected["actor"], rejected["reason"]) == ("alice", "not now")
+
+
+def test_faster_config_is_kept_and_becomes_the_baseline(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    ctl.set_mode(job.job, "auto", by="alice")
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="trial", source="trial")
+    assert change.state == "approved" and change.approved_by == "auto"
+    done = drive(ctl, job, change.id)
+    assert done.state == "kept", ctl.events(change_id=change.id)[-1]
+    assert done.comparison is not None and done.comparison["ci_low"] > 0
+    assert registry.status(job.job).baseline.values["micro_batch"] == 4
+    arms = [w.arm for w in done.windows]
+    assert arms == ["candidate", "baseline"] * 3
+    assert len({w.version for w in done.windows}) == 6  # every window a fresh version
+    events = ctl.events(change_id=change.id)
+    states = [e["to_state"] for e in events if e["to_state"]]
+    assert states == ["proposed", "approved", "applying", "observing", "kept"]
+    applies = [e for e in events if e["kind"] == "desired"]
+    assert all(e["version_after"] for e in applies)
+
+
+def test_slower_config_is_rolled_back_without_an_action(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=lambda v: 0.2 if v["micro_batch"] == 1 else 0.1)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 1}, reason="trial", source="trial")
+    ctl.approve(change.id, "alice", "try it")
+    done = drive(ctl, job, change.id)
+    assert done.state == "rolled_back"
+    assert done.plan["rollback"] == "config"
+    assert "regression" in done.plan["ended_because"]
+    assert len(done.windows) < 6  # stopped early after enough pairs
+    assert not [a for a in job.actions if a["kind"] == "rollback"]
+    assert registry.status(job.job).desired.values["micro_batch"] == 8
+
+
+def test_no_measurable_gain_is_rolled_back(parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=lambda v: 0.1, noise=0.05)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"prefetch": 4}, reason="trial", source="trial")
+    ctl.approve(change.id, "alice")
+    done = drive(ctl, job, change.id)
+    assert done.state == "rolled_back"
+    assert done.comparison is not None and done.comparison["ci_low"] <= 0
+
+
+def test_approval_by_mode_risk_scope_and_bounds(parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
+    config = RolloutConfig(measure=MEASURE, auto_bounds={"prefetch": (1, 4)})
+    ctl = controller(parts, config=config)
+    assert ctl.mode(job.job) == "suggest"
+    assert ctl.propose(job.job, {"prefetch": 3}, reason="r", source="trial").state == "proposed"
+    ctl.set_mode(job.job, "auto", by="alice")
+    assert ctl.propose(job.job, {"prefetch": 3}, reason="r", source="trial").state == "approved"
+    assert ctl.propose(job.job, {"prefetch": 6}, reason="r", source="trial").state == "proposed"
+    high = ctl.propose(job.job, {"precision": "bf16"}, reason="r", source="finding")
+    assert (high.risk, high.state) == ("high", "proposed")
+    restart = ctl.propose(job.job, {"threads": 1}, reason="r", source="operator")
+    assert (restart.scope, restart.state) == ("restart", "proposed")
+    ctl.set_mode(job.job, "off", by="alice")
+    off = ctl.propose(job.job, {"prefetch": 3}, reason="r", source="trial")
+    assert off.state == "rejected"
+    modes = [e for e in ctl.events(job=job.job) if e["kind"] == "mode"]
+    assert [(e["detail"]["from"], e["detail"]["to"]) for e in modes] == [
+        ("suggest", "auto"), ("auto", "off")]
+
+
+def test_proposals_expire(parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="finding")
+    ctl.tick()
+    assert ctl.get(change.id).state == "proposed"
+    parts["clock"].now += CONFIG.proposal_ttl_s + 1
+    ctl.tick()
+    assert ctl.get(change.id).state == "expired"
+
+
+def test_nonfinite_loss_forces_a_full_rollback(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch,
+                 loss=lambda v, step: float("inf") if v["micro_batch"] == 4 else 3.0)
+    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    done = drive(ctl, job, change.id)
+    assert done.state == "rolled_back" and done.plan["rollback"] == "full"
+    job.run(1)
+    assert {"kind": "rollback", "scope": "full", "change_id": change.id} in job.actions
+    assert registry.status(job.job).desired.values["micro_batch"] == 8
+
+
+def test_gradient_collapse_finding_rolls_back_the_group_locally(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    findings: list[Finding] = []
+    ctl = controller(parts, guardrails=[GradientCollapseFindings(lambda: findings)])
+    change = ctl.propose(job.job, {"precision.ffn": "bf16", "micro_batch": 4}, reason="r",
+                         source="finding")
+    ctl.approve(change.id, "alice")
+    ctl.tick()
+    job.run(8)
+    assert job.actions[0] == {"kind": "snapshot", "change_id": change.id}  # before lowering
+    ctl.tick()
+    assert ctl.get(change.id).state == "observing"
+    findings.append(Finding(
+        detector="gradient_collapse", job=job.job, severity="critical",
+        resource={"module_group": "ffn"}, id="f1",
+        opened_at_ns=int(parts["clock"].now * 1e9) + 1,
+        evidence=Evidence(summary="grad norm ratio < 0.05 for 3 steps", model="seed 3.3")))
+    ctl.tick()
+    done = ctl.get(change.id)
+    assert done.state == "rolled_back" and done.plan["rollback"] == "local"
+    job.run(1)
+    assert {"kind": "rollback", "scope": "local", "group": "ffn",
+            "change_id": change.id} in job.actions
+    status = registry.status(job.job)
+    assert status.desired.values["precision.ffn"] == "fp32"
+    assert status.desired.values["micro_batch"] == 8
+
+
+def test_lapsed_lease_fails_the_change(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    ctl.tick()
+    job.run(8)
+    ctl.tick()
+    parts["clock"].now += 31
+    assert registry.reap() == [job.job]
+    assert ctl.get(change.id).state == "failed"
+
+
+def test_operator_rolls_back_a_kept_change(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="operator")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "kept"
+    undone = ctl.rollback(job.job, "bob", "paged: loss looks odd")
+    assert undone.state == "rolled_back"
+    assert registry.status(job.job).baseline.values["micro_batch"] == 8
+    last = ctl.events(change_id=change.id)[-2]
+    assert (last["from_state"], last["actor"]) == ("kept", "bob")
+
+
+def test_a_new_controller_rolls_back_changes_left_in_flight(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    first = controller(parts)
+    change = first.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    first.approve(change.id, "alice")
+    first.tick()
+    job.run(8)
+    first.tick()
+    assert first.get(change.id).state == "observing"
+    assert registry.status(job.job).desired.values["micro_batch"] == 8  # window 1: baseline
+    job.run(8)
+    first.tick()
+    assert registry.status(job.job).desired.values["micro_batch"] == 4
+    # the process dies here; a new controller opens the same database
+    second = controller(parts)
+    recovered = second.get(change.id)
+    assert recovered.state == "rolled_back"
+    assert second.events(change_id=change.id)[-2]["actor"] == "recovery"
+    assert registry.status(job.job).desired.values["micro_batch"] == 8
+
+
+_KILLED_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from tuner._lease import JobRegistry
+    from tuner._rollout import RolloutController
+    from tests.tuner._simjob import KNOBS
+    registry = JobRegistry()
+    registry.attach("train", knobs=KNOBS, baseline={})
+    ctl = RolloutController(registry, lambda *a, **k: None, db_url=sys.argv[1])
+    change = ctl.propose("train", {"micro_batch": 4}, reason="r", source="operator")
+    ctl.approve(change.id, "alice")
+    real = registry.set_desired
+    def die(*args, **kwargs):  # killed after the journal write, before the job is told
+        os.kill(os.getpid(), signal.SIGKILL)
+    registry.set_desired = die
+    ctl.tick()
+""")
+
+
+def test_kill_9_mid_transition_leaves_a_journaled_change_that_is_rolled_back(
+        parts: dict[str, Any]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _KILLED_CHILD, parts["url"]], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    (change,) = ctl.changes(job=job.job)
+    assert change.state == "rolled_back"
+    kinds = [e["kind"] for e in ctl.events(change_id=change.id)]
+    assert kinds[:5] == ["proposed", "approved", "applying", "apply", "rolled_back"]

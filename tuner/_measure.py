@@ -1,0 +1,238 @@
+"""Honest live measurement: throughput and loss of one config version, and A/B comparisons.
+
+Every point a job emits carries the config version in force (``seedance.config.version``), and
+every apply gets a fresh version, so a window is selected by version alone and never straddles
+a switch.
+
+Throughput of a window (``measure_window``): read the version's cumulative step-duration
+histogram (``seedance.train.step.duration.count`` / ``.sum``, one series per rank). Warm-up is
+excluded exactly so: on each rank, the export point at which the version's cumulative step
+count first reaches ``warmup_steps`` is the window's start; every step counted up to and
+including that export (at least ``warmup_steps``, a few more when exports are sparser than
+steps) is dropped, and the window is (count_end - count_start) steps taking
+(sum_end - sum_start) seconds of step time. The job's step time is the slowest rank's mean
+(ranks wait for each other), and tokens/s = ``tokens_per_step / step_s``. When the job's
+tokens per step is unknown, tokens/s is the sum over ranks of the harmonic mean of the
+``seedance.train.tokens_per_second`` gauge points after the start (each point is one step's
+tokens / wall time, so their harmonic mean is tokens over time). Loss: the mean of the
+``seedance.train.loss`` points after the start; any non-finite loss of the version (warm-up
+included) is reported.
+
+Comparison (``compare``): windows alternate B C B C ... B, each a fresh version. Each candidate
+window is paired with the mean of its neighbouring baseline windows (drift cancels), giving
+relative gains d_i = C_i / B_i - 1; the percentile bootstrap of mean(d) (seeded, so repeatable)
+gives the confidence interval. A change is kept only when the interval excludes zero from
+above. Loss guardrail: each candidate's loss may exceed its neighbouring baselines' mean (the
+baseline trajectory at that time) by at most ``loss_tolerance`` (relative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from collectors._points import CONFIG_VERSION_ATTR
+
+STEP_DURATION = "seedance.train.step.duration"
+TOKENS_PER_SECOND = "seedance.train.tokens_per_second"
+LOSS = "seedance.train.loss"
+JOB_ATTR = "service.name"
+RANK_ATTR = "seedance.rank"
+
+Arm = Literal["baseline", "candidate"]
+QueryFn = Callable[..., pd.DataFrame]
+"""The store's query: ``TimeSeriesStore.query(name, *, where, since_ns, until_ns, resolution)``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureConfig:
+    """How windows are measured and compared."""
+
+    warmup_steps: int = 5
+    min_steps: int = 5
+    tokens_per_step: float | None = None
+    confidence: float = 0.95
+    n_bootstrap: int = 4000
+    loss_tolerance: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise ValueError(f"MeasureConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.min_steps < 1:
+            raise ValueError(f"MeasureConfig.min_steps must be >= 1, got {self.min_steps}")
+        if self.tokens_per_step is not None and not self.tokens_per_step > 0:
+            raise ValueError("MeasureConfig.tokens_per_step must be > 0")
+        if not 0.5 < self.confidence < 1:
+            raise ValueError(f"MeasureConfig.confidence must be in (0.5, 1), "
+                             f"got {self.confidence}")
+        if self.n_bootstrap < 100:
+            raise ValueError("MeasureConfig.n_bootstrap must be >= 100")
+        if self.loss_tolerance < 0:
+            raise ValueError("MeasureConfig.loss_tolerance must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """What one version measured after its warm-up."""
+
+    version: int
+    arm: Arm
+    steps: int
+    step_s: float
+    tokens_per_s: float
+    loss: float
+    nonfinite_loss: bool
+    start_ns: int
+    end_ns: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """Candidate against baseline over paired windows; gains are relative (0.1 = +10%)."""
+
+    pairs: int
+    gain: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    loss_excess: float
+    loss_ok: bool
+
+    @property
+    def improves(self) -> bool:
+        """The interval excludes zero from above: a measured gain."""
+        return self.pairs > 0 and self.ci_low > 0
+
+    @property
+    def regresses(self) -> bool:
+        """The interval excludes zero from below: a measured loss of throughput."""
+        return self.pairs > 0 and self.ci_high < 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pairs": self.pairs, "gain": self.gain, "ci_low": self.ci_low,
+                "ci_high": self.ci_high, "confidence": self.confidence,
+                "loss_excess": self.loss_excess, "loss_ok": self.loss_ok}
+
+
+def _by_rank(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    if frame.empty:
+        return {}
+    if RANK_ATTR not in frame.columns:
+        return {"0": frame}
+    return {str(r): f for r, f in frame.groupby(frame[RANK_ATTR].astype(str))}
+
+
+def _ns(frame: pd.DataFrame) -> np.ndarray:
+    return pd.DatetimeIndex(frame["time"]).asi8
+
+
+def version_points(query: QueryFn, name: str, job: str, version: int) -> pd.DataFrame:
+    """Raw points of ``name`` the job emitted under ``version``."""
+    return query(name, where={JOB_ATTR: job, CONFIG_VERSION_ATTR: str(version)},
+                 resolution="raw")
+
+
+def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
+                   config: MeasureConfig) -> Window | None:
+    """The version's window after warm-up, or None while it has fewer than ``min_steps``."""
+    counts = _by_rank(version_points(query, STEP_DURATION + ".count", job, version))
+    sums = _by_rank(version_points(query, STEP_DURATION + ".sum", job, version))
+    if not counts or set(counts) != set(sums):
+        return None
+    step_s, steps, starts, ends = [], [], [], []
+    for rank, c in counts.items():
+        both = pd.merge(c[["time", "value"]], sums[rank][["time", "value"]], on="time",
+                        suffixes=("_count", "_sum")).sort_values("time")
+        count = both["value_count"].to_numpy()
+        total = both["value_sum"].to_numpy()
+        reached = np.flatnonzero(count >= config.warmup_steps)
+        if reached.size == 0:
+            return None
+        w = int(reached[0])
+        n = count[-1] - count[w]
+        if n < config.min_steps:
+            return None
+        times = _ns(both)
+        step_s.append((total[-1] - total[w]) / n)
+        steps.append(int(n))
+        starts.append(int(times[w]))
+        ends.append(int(times[-1]))
+    start_ns, end_ns = max(starts), min(ends)
+    if config.tokens_per_step is not None:
+        tokens_per_s = config.tokens_per_step / max(step_s)
+    else:
+        tokens_per_s = 0.0
+        for frame in _by_rank(version_points(query, TOKENS_PER_SECOND, job, version)).values():
+            values = frame["value"].to_numpy()[_ns(frame) > start_ns]
+            values = values[values > 0]
+            if values.size == 0:
+                return None
+            tokens_per_s += float(values.size / np.sum(1.0 / values))
+    loss_frame = version_points(query, LOSS, job, version)
+    loss_values = loss_frame["value"].to_numpy()
+    after = loss_values[_ns(loss_frame) > start_ns] if len(loss_frame) else loss_values
+    finite = after[np.isfinite(after)]
+    return Window(version=version, arm=arm, steps=min(steps), step_s=float(max(step_s)),
+                  tokens_per_s=float(tokens_per_s),
+                  loss=float(finite.mean()) if finite.size else math.nan,
+                  nonfinite_loss=bool(np.any(~np.isfinite(loss_values))),
+                  start_ns=start_ns, end_ns=end_ns)
+
+
+def nonfinite_loss(query: QueryFn, job: str, version: int) -> bool:
+    """Whether any loss point of the version is NaN or infinite (a guardrail)."""
+    values = version_points(query, LOSS, job, version)["value"].to_numpy()
+    return bool(np.any(~np.isfinite(values)))
+
+
+def _neighbour_baselines(windows: Sequence[Window]) -> list[tuple[Window, list[Window]]]:
+    pairs = []
+    for i, w in enumerate(windows):
+        if w.arm != "candidate":
+            continue
+        around = [windows[j] for j in (i - 1, i + 1)
+                  if 0 <= j < len(windows) and windows[j].arm == "baseline"]
+        if around:
+            pairs.append((w, around))
+    return pairs
+
+
+def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
+    """Paired relative gains of candidate windows over their neighbouring baseline windows."""
+    pairs = _neighbour_baselines(windows)
+    if not pairs:
+        return Comparison(pairs=0, gain=math.nan, ci_low=math.nan, ci_high=math.nan,
+                          confidence=config.confidence, loss_excess=math.nan, loss_ok=True)
+    gains = np.array([c.tokens_per_s / np.mean([b.tokens_per_s for b in bs]) - 1
+                      for c, bs in pairs])
+    rng = np.random.default_rng(config.seed)
+    means = rng.choice(gains, size=(config.n_bootstrap, gains.size), replace=True).mean(axis=1)
+    alpha = 1 - config.confidence
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    excess = []
+    for c, bs in pairs:
+        base = float(np.mean([b.loss for b in bs]))
+        if math.isfinite(c.loss) and math.isfinite(base):
+            excess.append((c.loss - base) / abs(base) if base else c.loss - base)
+    worst = max(excess) if excess else math.nan
+    nonfinite = any(c.nonfinite_loss for c, _ in pairs)
+    loss_ok = not nonfinite and (not excess or worst <= config.loss_tolerance)
+    return Comparison(pairs=len(pairs), gain=float(gains.mean()), ci_low=float(low),
+                      ci_high=float(high), confidence=config.confidence,
+                      loss_excess=float(worst), loss_ok=loss_ok)
+
+
+def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:
+    """Windows as ``Window.to_json`` wrote them (the rollout journal stores them so)."""
+    return [Window(**{k: (float(v) if k in ("step_s", "tokens_per_s", "loss") else v)
+                      for k, v in row.items()}) for row in rows]

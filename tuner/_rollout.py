@@ -1,0 +1,740 @@
+"""The rollout controller: proposed -> approved -> applying -> observing -> kept | rolled_back.
+
+An explicit state machine over changes, journaled in the state database (the findings store's
+SQLAlchemy URL) BEFORE every transition and every call that touches a job, so a crash at any
+moment leaves a change the next controller finds: on start, every change left in `applying` or
+`observing` is rolled back. ``change_events`` is append-only and is the audit log: proposals,
+decisions (who, when, why), applies with the config versions before and after, acks, windows,
+keeps and rollbacks.
+
+Life of a change (``tick()`` advances every active one; a sidecar thread calls it):
+
+- ``proposed``: waits for a person unless the job's approval mode is ``auto`` and the change is
+  live, low risk and within the operator's per-knob bounds. Expires after ``proposal_ttl_s``.
+- ``approved``: waits until no other change of the job is in flight. A change that lowers a
+  precision first pushes a ``{"kind": "snapshot"}`` action.
+- ``applying``: the candidate was sent (``registry.set_desired``); waits for its ack.
+- ``observing``: windows alternate candidate, baseline, candidate, ... (each a fresh version, see
+  ``tuner._measure``); after each candidate window guardrails are checked and observers
+  (the search driver) may stop it. Kept only when the gain's interval excludes zero and loss
+  stays on the baseline's trajectory; then the candidate becomes the baseline.
+- Guardrails roll back at once: non-finite loss -> FULL rollback action; a gradient-collapse /
+  underflow finding on group G -> LOCAL rollback action for G and precision.G back to fp32;
+  a measured regression -> config rollback only. A lapsed lease fails the change.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from collectors._errors import SeedanceError
+from policies._findings import Finding
+from policies._state_db import _sqlite_pragmas
+from tuner._knobs import KnobSpace, KnobValue
+from tuner._lease import JobRegistry, JobStatus
+from tuner._measure import (
+    Comparison,
+    MeasureConfig,
+    QueryFn,
+    Window,
+    compare,
+    measure_window,
+    nonfinite_loss,
+    windows_from_json,
+)
+
+log = logging.getLogger(__name__)
+
+State = Literal["proposed", "approved", "applying", "observing", "kept", "rolled_back",
+                "rejected", "expired", "failed"]
+Source = Literal["trial", "finding", "operator"]
+Mode = Literal["auto", "suggest", "off"]
+RollbackKind = Literal["config", "full", "local"]
+
+TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "proposed": frozenset({"approved", "rejected", "expired", "failed"}),
+    "approved": frozenset({"applying", "rejected", "failed"}),
+    "applying": frozenset({"observing", "rolled_back", "failed"}),
+    "observing": frozenset({"kept", "rolled_back", "failed"}),
+    "kept": frozenset({"rolled_back"}),
+    "rolled_back": frozenset(), "rejected": frozenset(), "expired": frozenset(),
+    "failed": frozenset(),
+}
+"""Legal transitions; ``kept -> rolled_back`` only by an operator's ``rollback``."""
+ACTIVE: frozenset[str] = frozenset({"proposed", "approved", "applying", "observing"})
+IN_FLIGHT: frozenset[str] = frozenset({"applying", "observing"})
+PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""Higher index = lower precision; lowering one is a risky change (snapshot first)."""
+PRUNED = "pruned by the search"
+
+
+class RolloutError(SeedanceError):
+    """A change cannot be proposed or moved as asked."""
+
+
+class IllegalTransition(RolloutError):
+    """The state machine does not allow this move."""
+
+
+# ---- storage ------------------------------------------------------------------------------
+
+_metadata = MetaData()
+changes_table = Table(
+    "changes", _metadata,
+    Column("id", String(64), primary_key=True),
+    Column("job", String(256), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at_ns", BigInteger, nullable=False),
+    Column("updated_at_ns", BigInteger, nullable=False),
+    Column("body", Text, nullable=False),
+    Index("changes_by_job", "job", "created_at_ns"),
+    Index("changes_by_state", "state"),
+)
+change_events_table = Table(
+    "change_events", _metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("change_id", String(64), nullable=True),
+    Column("job", String(256), nullable=False),
+    Column("at_ns", BigInteger, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("from_state", String(16), nullable=True),
+    Column("to_state", String(16), nullable=True),
+    Column("actor", String(256), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("version_before", BigInteger, nullable=True),
+    Column("version_after", BigInteger, nullable=True),
+    Column("detail", Text, nullable=False),
+    Index("change_events_by_change", "change_id", "seq"),
+    Index("change_events_by_job", "job", "at_ns"),
+)
+modes_table = Table(
+    "approval_modes", _metadata,
+    Column("job", String(256), primary_key=True),
+    Column("mode", String(16), nullable=False),
+)
+
+
+def state_engine(url: str) -> Engine:
+    """An engine on the state database with the findings store's SQLite settings."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """Config A -> B for one job; ``values`` are the knobs it sets, ``baseline`` what it left.
+
+    ``plan`` is the observation's progress (window arms, index, version in force, acked);
+    ``windows`` what each window measured; ``comparison`` the verdict's numbers.
+    """
+
+    id: str
+    job: str
+    state: State
+    source: Source
+    reason: str
+    risk: str
+    scope: str
+    values: Mapping[str, KnobValue]
+    baseline: Mapping[str, KnobValue]
+    created_at_s: float
+    expires_at_s: float
+    approved_by: str | None = None
+    traceparent: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    plan: Mapping[str, Any] = field(default_factory=dict)
+    windows: tuple[Window, ...] = ()
+    comparison: Mapping[str, Any] | None = None
+
+    @property
+    def candidate(self) -> dict[str, KnobValue]:
+        return {**self.baseline, **self.values}
+
+    def to_json(self) -> str:
+        body = {k: v for k, v in self.__dict__.items() if k != "windows"}
+        body["windows"] = [w.to_json() for w in self.windows]
+        return json.dumps(body, sort_keys=True, default=dict)
+
+    @classmethod
+    def from_json(cls, text: str) -> Change:
+        body = json.loads(text)
+        body["windows"] = tuple(windows_from_json(body.get("windows", ())))
+        return cls(**body)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trip:
+    """A guardrail fired: roll back now, of this kind (``group`` for a local rollback)."""
+
+    kind: RollbackKind
+    reason: str
+    group: str | None = None
+
+
+class Guardrail(abc.ABC):
+    """A condition that forces an immediate rollback of the change in flight.
+
+    ``check`` is called from ``tick()`` (one thread) with the version in force; it must not
+    block for long and returns None when all is well.
+    """
+
+    @abc.abstractmethod
+    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None: ...
+
+
+class NonFiniteLoss(Guardrail):
+    """NaN or infinite loss under the change's current version: FULL rollback."""
+
+    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+        if nonfinite_loss(query, change.job, version):
+            return Trip(kind="full", reason=f"non-finite loss under config v{version}")
+        return None
+
+
+class GradientCollapseFindings(Guardrail):
+    """A gradient-collapse / underflow finding on the job, opened since the change began:
+    LOCAL rollback of the finding's ``module_group`` (FULL when it names none)."""
+
+    def __init__(self, active_findings: Callable[[], Sequence[Finding]], *,
+                 detectors: Sequence[str] = ("gradient_collapse", "gradient_underflow",
+                                             "fp16_underflow")) -> None:
+        self._active = active_findings
+        self.detectors = frozenset(detectors)
+
+    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+        since_ns = int(change.plan.get("applied_at_s", change.created_at_s) * 1e9)
+        for f in self._active():
+            if (f.job == change.job and f.detector in self.detectors
+                    and (f.opened_at_ns or 0) >= since_ns):
+                group = f.resource.get("module_group")
+                return Trip(kind="local" if group else "full", group=group,
+                            reason=f"{f.detector} finding {f.id}: {f.evidence.summary}")
+        return None
+
+
+class ChangeObserver(Protocol):
+    """Who wants to hear about a change's windows and end (the search driver)."""
+
+    def on_window(self, change: Change, comparison: Comparison) -> bool:
+        """Called after each candidate window; True stops the change (rolled back, pruned)."""
+        ...
+
+    def on_finished(self, change: Change) -> None:
+        """Called once the change reached a final state."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """Timings and sizes of a rollout; ``auto_bounds`` are the operator's per-knob limits for
+    auto-approval: a tuple (low, high) for numbers or a set of allowed values. A knob with no
+    entry may auto-approve anywhere in its domain."""
+
+    pairs: int = 3
+    proposal_ttl_s: float = 3600.0
+    ack_timeout_s: float = 60.0
+    window_timeout_s: float = 600.0
+    early_stop_pairs: int = 2
+    default_mode: Mode = "suggest"
+    auto_bounds: Mapping[str, Any] = field(default_factory=dict)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+
+    def __post_init__(self) -> None:
+        if self.pairs < 1:
+            raise ValueError(f"RolloutConfig.pairs must be >= 1, got {self.pairs}")
+        for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RolloutConfig.{name} must be > 0")
+        if self.default_mode not in ("auto", "suggest", "off"):
+            raise ValueError(f"RolloutConfig.default_mode must be auto|suggest|off, "
+                             f"got {self.default_mode!r}")
+
+
+def precision_lowered(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Precision knobs (``precision`` or ``precision.<group>``) whose value gets lower."""
+    def rank(v: Any) -> int:
+        return PRECISION_ORDER.index(v) if v in PRECISION_ORDER else -1
+    return sorted(k for k, v in after.items()
+                  if (k == "precision" or k.startswith("precision."))
+                  and rank(v) > rank(before.get(k)))
+
+
+# ---- the controller -------------------------------------------------------------------------
+
+
+class RolloutController:
+    """Drives changes through the state machine; see the module docstring.
+
+    Thread-safe: ``propose``/``approve``/``reject``/``rollback`` (HTTP handlers), ``tick``
+    (the sidecar's rollout thread) and the registry's lapse callback share one lock. ``tick``
+    never blocks on a job: it polls acks with ``timeout_s=0``.
+    """
+
+    def __init__(self, registry: JobRegistry, store_query: QueryFn, *, db_url: str,
+                 guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
+                 config: RolloutConfig | None = None) -> None:
+        self.registry = registry
+        self.query = store_query
+        self.config = config or RolloutConfig()
+        self.guardrails = tuple(guardrails)
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._observers: list[ChangeObserver] = []
+        self._engine = state_engine(db_url)
+        _metadata.create_all(self._engine)
+        registry.on_lapse(self._on_lapse)
+        self._recover()
+
+    # ---- public API --------------------------------------------------------------------------
+
+    def add_observer(self, observer: ChangeObserver) -> None:
+        with self._lock:
+            self._observers.append(observer)
+
+    def set_mode(self, job: str, mode: Mode, *, by: str, reason: str = "") -> None:
+        """Set the job's approval mode (journaled)."""
+        if mode not in ("auto", "suggest", "off"):
+            raise RolloutError(f"mode must be auto, suggest or off, got {mode!r}")
+        with self._lock, self._engine.begin() as conn:
+            old = self.mode(job)
+            updated = conn.execute(update(modes_table).where(modes_table.c.job == job)
+                                   .values(mode=mode)).rowcount
+            if not updated:
+                conn.execute(insert(modes_table).values(job=job, mode=mode))
+            self._event(conn, None, job, "mode", by, reason or f"{old} -> {mode}",
+                        detail={"from": old, "to": mode})
+
+    def mode(self, job: str) -> Mode:
+        with self._engine.connect() as conn:
+            found = conn.execute(select(modes_table.c.mode).where(
+                modes_table.c.job == job)).scalar_one_or_none()
+        return found or self.config.default_mode  # type: ignore[return-value]
+
+    def propose(self, job: str, values: Mapping[str, Any], *, reason: str, source: Source,
+                by: str = "tuner", meta: Mapping[str, Any] | None = None) -> Change:
+        """Record a proposal; auto-approve it when the job's mode and the change allow."""
+        if source not in ("trial", "finding", "operator"):
+            raise RolloutError(f"source must be trial, finding or operator, got {source!r}")
+        status = self.registry.status(job)
+        space = status.knobs
+        checked = space.validate(values, partial=True)
+        baseline = dict(status.baseline.values)
+        changed = sorted(k for k, v in checked.items() if baseline.get(k) != v)
+        if not changed:
+            raise RolloutError(f"job {job}: the proposal equals the baseline; nothing to do")
+        now = self._clock()
+        change = Change(
+            id=secrets.token_hex(8), job=job, state="proposed", source=source, reason=reason,
+            risk=space.risk_of(changed), scope=space.scope_of(changed),
+            values={k: checked[k] for k in changed}, baseline=baseline, created_at_s=now,
+            expires_at_s=now + self.config.proposal_ttl_s,
+            traceparent=f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01",
+            meta=dict(meta or {}))
+        with self._lock:
+            with self._engine.begin() as conn:
+                conn.execute(insert(changes_table).values(
+                    id=change.id, job=job, state=change.state, created_at_ns=_ns(now),
+                    updated_at_ns=_ns(now), body=change.to_json()))
+                self._event(conn, change, job, "proposed", by, reason, to_state="proposed",
+                            version_before=status.baseline.version,
+                            detail={"values": change.values, "baseline": baseline,
+                                    "risk": change.risk, "scope": change.scope,
+                                    "source": source, "meta": change.meta})
+            mode = self.mode(job)
+            if mode == "off":
+                return self._move(change, "rejected", by="mode:off",
+                                  reason=f"approval mode of job {job} is off")
+            if mode == "auto" and self._auto_ok(change, space):
+                return self._move(change, "approved", by="auto",
+                                  reason="auto mode: live, low risk, within bounds",
+                                  approved_by="auto")
+            return change
+
+    def approve(self, change_id: str, by: str, comment: str = "") -> Change:
+        with self._lock:
+            return self._move(self.get(change_id), "approved", by=by,
+                              reason=comment or "approved", approved_by=by)
+
+    def reject(self, change_id: str, by: str, reason: str) -> Change:
+        with self._lock:
+            return self._move(self.get(change_id), "rejected", by=by, reason=reason)
+
+    def rollback(self, job: str, by: str, reason: str) -> Change:
+        """Roll back the job's change in flight, else its last kept change (config only)."""
+        with self._lock:
+            current = self._in_flight(job)
+            if current is None:
+                kept = [c for c in self.changes(job=job) if c.state == "kept"]
+                if not kept:
+                    raise RolloutError(f"job {job}: no change in flight or kept to roll back")
+                current = kept[-1]
+            return self._roll_back(current, Trip(kind="config", reason=reason), by=by)
+
+    def get(self, change_id: str) -> Change:
+        with self._engine.connect() as conn:
+            body = conn.execute(select(changes_table.c.body).where(
+                changes_table.c.id == change_id)).scalar_one_or_none()
+        if body is None:
+            raise RolloutError(f"no change {change_id!r}")
+        return Change.from_json(body)
+
+    def changes(self, *, job: str | None = None,
+                states: Sequence[str] | None = None) -> list[Change]:
+        """Changes, oldest first."""
+        query = select(changes_table.c.body).order_by(changes_table.c.created_at_ns,
+                                                      changes_table.c.id)
+        if job is not None:
+            query = query.where(changes_table.c.job == job)
+        if states is not None:
+            query = query.where(changes_table.c.state.in_(list(states)))
+        with self._engine.connect() as conn:
+            return [Change.from_json(b) for b in conn.execute(query).scalars()]
+
+    def events(self, *, change_id: str | None = None,
+               job: str | None = None) -> list[dict[str, Any]]:
+        """The audit log, oldest first."""
+        query = select(change_events_table).order_by(change_events_table.c.seq)
+        if change_id is not None:
+            query = query.where(change_events_table.c.change_id == change_id)
+        if job is not None:
+            query = query.where(change_events_table.c.job == job)
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [{**row, "detail": json.loads(row["detail"])} for row in rows]
+
+    def tick(self) -> None:
+        """Advance every active change one step; one failing change never stops the others."""
+        for change in self.changes(states=sorted(ACTIVE)):
+            try:
+                with self._lock:
+                    self._advance(self.get(change.id))
+            except Exception:
+                log.exception("rollout: change %s of job %s failed to advance; going on",
+                              change.id, change.job)
+
+    def close(self) -> None:
+        """Release the connection pool; a second call is harmless."""
+        self._engine.dispose()
+
+    # ---- the machine -------------------------------------------------------------------------
+
+    def _advance(self, change: Change) -> None:
+        now = self._clock()
+        if change.state == "proposed":
+            if now >= change.expires_at_s:
+                self._move(change, "expired", by="controller",
+                           reason=f"not approved within {self.config.proposal_ttl_s:g} s")
+            return
+        if change.state == "approved":
+            if self._in_flight(change.job) is None:
+                self._start(change)
+            return
+        if not self._attached(change.job):
+            self._fail(change, "the job is not attached (sidecar restarted or job gone)")
+            return
+        if self.registry.status(change.job).state == "lapsed":
+            self._fail(change, "the job's lease lapsed")
+            return
+        version = int(change.plan["version"])
+        live = change.plan.get("live_version")
+        trip = None if live is None else self._guardrail(change, int(live))
+        if trip is not None:
+            self._roll_back(change, trip)
+            return
+        if not change.plan.get("acked"):
+            ack = self.registry.wait_ack(change.job, version, timeout_s=0.0)
+            if ack is None:
+                if now - change.plan["sent_at_s"] > self.config.ack_timeout_s:
+                    self._roll_back(change, Trip(kind="config", reason=(
+                        f"no ack of v{version} within {self.config.ack_timeout_s:g} s")))
+                return
+            if ack.status != "applied":
+                self._roll_back(change, Trip(kind="config", reason=(
+                    f"the job failed to apply v{ack.version}: {ack.error}")))
+                return
+            plan = {**change.plan, "acked": True, "acked_at_s": now, "live_version": version}
+            if change.state == "applying":
+                plan["applied_at_s"] = now
+            change = self._save(change, plan=plan, event=("ack", f"v{ack.version} applied at "
+                                                          f"step {ack.step}", version))
+            if change.state == "applying":
+                change = self._move(change, "observing", by="job",
+                                    reason=f"candidate v{version} acked")
+            trip = self._guardrail(change, version)
+            if trip is not None:
+                self._roll_back(change, trip)
+                return
+        self._observe(change, version, now)
+
+    def _start(self, change: Change) -> None:
+        lowered = precision_lowered(change.baseline, change.values)
+        arms = ["candidate", "baseline"] * self.config.pairs
+        change = self._move(change, "applying", by="controller", reason="applying candidate",
+                            plan={"arms": arms, "index": 0, "risky": bool(lowered)})
+        if lowered:
+            self._event_only(change, "snapshot", "controller",
+                             f"precision lowered ({', '.join(lowered)}): snapshot first")
+            self.registry.push_action(change.job, {"kind": "snapshot", "change_id": change.id})
+        self._send(change, 0)
+
+    def _send(self, change: Change, index: int) -> Change:
+        """Journal then send window ``index``'s config (a fresh version)."""
+        arm = change.plan["arms"][index]
+        values = change.candidate if arm == "candidate" else change.baseline
+        before = self.registry.status(change.job).desired.version
+        self._event_only(change, "apply", "controller", f"window {index}: {arm}",
+                         version_before=before, detail={"values": values})
+        config = self.registry.set_desired(change.job, values, change_id=change.id,
+                                           traceparent=change.traceparent)
+        return self._save(change, plan={**change.plan, "index": index, "version": config.version,
+                                        "acked": False, "sent_at_s": self._clock()},
+                          event=("desired", f"window {index}: {arm} is v{config.version}",
+                                 config.version))
+
+    def _observe(self, change: Change, version: int, now: float) -> None:
+        index, arms = int(change.plan["index"]), change.plan["arms"]
+        window = measure_window(self.query, change.job, version, arms[index],
+                                self.config.measure)
+        if window is None:
+            if now - change.plan["acked_at_s"] > self.config.window_timeout_s:
+                self._roll_back(change, Trip(kind="config", reason=(
+                    f"window {index} got too few steps in {self.config.window_timeout_s:g} s")))
+            return
+        windows = (*change.windows, window)
+        comparison = compare(windows, self.config.measure)
+        change = self._save(change, windows=windows, comparison=comparison.to_json(),
+                            event=("window", f"window {index} ({arms[index]}): "
+                                   f"{window.tokens_per_s:.1f} tokens/s", version))
+        if arms[index] == "baseline" or index == len(arms) - 1:
+            if self._stop_early(change, comparison):
+                return
+        if index + 1 < len(arms):
+            self._send(change, index + 1)
+            return
+        if comparison.improves and comparison.loss_ok:
+            self._keep(change, comparison)
+        else:
+            self._roll_back(change, Trip(kind="config", reason=(
+                "no measured gain" if comparison.loss_ok else "loss off the baseline's "
+                "trajectory") + f": gain {comparison.gain:+.2%} "
+                f"[{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]"))
+
+    def _stop_early(self, change: Change, comparison: Comparison) -> bool:
+        if not comparison.loss_ok:
+            self._roll_back(change, Trip(kind="config", reason=(
+                f"loss {comparison.loss_excess:+.2%} above the baseline's trajectory")))
+            return True
+        if comparison.pairs >= self.config.early_stop_pairs and comparison.regresses:
+            self._roll_back(change, Trip(kind="config", reason=(
+                f"measured regression {comparison.gain:+.2%} "
+                f"[{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]")))
+            return True
+        for observer in list(self._observers):
+            try:
+                stop = observer.on_window(change, comparison)
+            except Exception:
+                log.exception("rollout observer %r failed on change %s", observer, change.id)
+                continue
+            if stop:
+                self._roll_back(change, Trip(kind="config", reason=PRUNED))
+                return True
+        return False
+
+    def _guardrail(self, change: Change, version: int) -> Trip | None:
+        for guardrail in self.guardrails:
+            try:
+                trip = guardrail.check(change, version, self.query)
+            except Exception:
+                log.exception("guardrail %r failed on change %s", guardrail, change.id)
+                continue
+            if trip is not None:
+                return trip
+        return None
+
+    def _keep(self, change: Change, comparison: Comparison) -> None:
+        before = self.registry.status(change.job).baseline.version
+        change = self._move(change, "kept", by="controller", reason=(
+            f"gain {comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]"
+            f" at {comparison.confidence:.0%}"), version_before=before)
+        baseline = self.registry.set_baseline(change.job, change.candidate)
+        desired = self.registry.set_desired(change.job, change.candidate, change_id=change.id,
+                                            traceparent=change.traceparent)
+        self._event_only(change, "baseline", "controller", "the candidate is the baseline",
+                         version_before=before, version_after=desired.version,
+                         detail={"baseline_version": baseline.version})
+
+    def _roll_back(self, change: Change, trip: Trip, *, by: str = "controller") -> Change:
+        """Journal the rollback, then send the baseline (and the rollback action, if any)."""
+        job, was = change.job, change.state
+        attached = self._attached(job)
+        before = self.registry.status(job).desired.version if attached else None
+        restore = dict(change.baseline)
+        if trip.kind == "local" and trip.group:
+            knob = next((k for k in (f"precision.{trip.group}", "precision")
+                         if attached and k in self.registry.status(job).knobs.knobs), None)
+            if knob is not None:
+                restore[knob] = "fp32"
+        action: dict[str, Any] | None = None
+        if trip.kind == "full":
+            action = {"kind": "rollback", "scope": "full", "change_id": change.id}
+        elif trip.kind == "local":
+            action = {"kind": "rollback", "scope": "local", "group": trip.group,
+                      "change_id": change.id}
+        change = self._move(change, "rolled_back", by=by, reason=trip.reason,
+                            version_before=before, plan={**change.plan, "ended_because": (
+                                trip.reason), "rollback": trip.kind},
+                            detail={"rollback": trip.kind, "group": trip.group,
+                                    "action": action, "restore": restore})
+        if not attached:
+            return change  # the job returns to its baseline itself when it re-attaches
+        if restore != change.baseline or was == "kept":
+            self.registry.set_baseline(job, restore)
+        config = self.registry.set_desired(job, restore, change_id=change.id,
+                                           traceparent=change.traceparent)
+        if action is not None:
+            config = self.registry.push_action(job, action)
+        self._event_only(change, "restored", by, f"baseline sent as v{config.version}",
+                         version_before=before, version_after=config.version)
+        return change
+
+    def _fail(self, change: Change, reason: str) -> None:
+        self._move(change, "failed", by="controller", reason=reason)
+
+    def _on_lapse(self, status: JobStatus) -> None:
+        with self._lock:
+            for change in self.changes(job=status.job, states=sorted(ACTIVE)):
+                self._fail(change, f"the lease lapsed (no call for {status.lease_ttl_s:g} s)")
+
+    def _recover(self) -> None:
+        for change in self.changes(states=sorted(IN_FLIGHT)):
+            try:
+                self._roll_back(change, Trip(kind="config", reason=(
+                    f"controller restarted with the change in {change.state}")), by="recovery")
+            except Exception:
+                log.exception("recovery of change %s failed", change.id)
+
+    def _auto_ok(self, change: Change, space: KnobSpace) -> bool:
+        if change.scope != "live" or change.risk != "low":
+            return False
+        for name, value in change.values.items():
+            bound = self.config.auto_bounds.get(name)
+            if bound is None:
+                continue
+            if isinstance(bound, tuple) and len(bound) == 2 and not isinstance(value, str):
+                if not bound[0] <= value <= bound[1]:
+                    return False
+            elif value not in bound:
+                return False
+        return True
+
+    def _in_flight(self, job: str) -> Change | None:
+        found = self.changes(job=job, states=sorted(IN_FLIGHT))
+        return found[0] if found else None
+
+    def _attached(self, job: str) -> bool:
+        return any(s.job == job for s in self.registry.jobs())
+
+    # ---- journal -----------------------------------------------------------------------------
+
+    def _move(self, change: Change, to: State, *, by: str, reason: str,
+              version_before: int | None = None, version_after: int | None = None,
+              detail: Mapping[str, Any] | None = None, **fields: Any) -> Change:
+        """Journal and persist a transition (one database transaction); nothing else."""
+        if to not in TRANSITIONS[change.state]:
+            raise IllegalTransition(f"change {change.id}: {change.state} -> {to} is not allowed")
+        moved = replace(change, state=to, **fields)
+        with self._engine.begin() as conn:
+            result = conn.execute(update(changes_table).where(
+                changes_table.c.id == change.id, changes_table.c.state == change.state).values(
+                state=to, updated_at_ns=_ns(self._clock()), body=moved.to_json()))
+            if result.rowcount != 1:
+                raise IllegalTransition(f"change {change.id} moved under us (was {change.state})")
+            self._event(conn, moved, change.job, to, by, reason, from_state=change.state,
+                        to_state=to, version_before=version_before,
+                        version_after=version_after, detail=detail or {})
+        log.info("change %s (%s): %s -> %s by %s: %s", change.id, change.job, change.state, to,
+                 by, reason)
+        if not TRANSITIONS[to] or to == "kept":
+            for observer in list(self._observers):
+                try:
+                    observer.on_finished(moved)
+                except Exception:
+                    log.exception("rollout observer %r failed on change %s", observer, moved.id)
+        return moved
+
+    def _save(self, change: Change, *, event: tuple[str, str, int | None],
+              **fields: Any) -> Change:
+        saved = replace(change, **fields)
+        with self._engine.begin() as conn:
+            conn.execute(update(changes_table).where(changes_table.c.id == change.id).values(
+                updated_at_ns=_ns(self._clock()), body=saved.to_json()))
+            kind, reason, version = event
+            self._event(conn, saved, change.job, kind, "controller", reason,
+                        version_after=version, detail={"plan": saved.plan})
+        return saved
+
+    def _event_only(self, change: Change, kind: str, by: str, reason: str, *,
+                    version_before: int | None = None, version_after: int | None = None,
+                    detail: Mapping[str, Any] | None = None) -> None:
+        with self._engine.begin() as conn:
+            self._event(conn, change, change.job, kind, by, reason,
+                        version_before=version_before, version_after=version_after,
+                        detail=detail or {})
+
+    def _event(self, conn: Connection, change: Change | None, job: str, kind: str, actor: str,
+               reason: str, *, from_state: str | None = None, to_state: str | None = None,
+               version_before: int | None = None, version_after: int | None = None,
+               detail: Mapping[str, Any]) -> None:
+        conn.execute(insert(change_events_table).values(
+            change_id=None if change is None else change.id, job=job,
+            at_ns=_ns(self._clock()), kind=kind, from_state=from_state, to_state=to_state,
+            actor=actor, reason=reason, version_before=version_before,
+            version_after=version_after,
+            detail=json.dumps(detail, sort_keys=True, default=_json_default)))
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")

@@ -1,0 +1,429 @@
+"""The Optuna driver: ask-and-tell over a job's knob space, stored in the state database.
+
+What makes it beat random search on small live spaces (each trial costs minutes of a job):
+
+- priors: the job's baseline and the policy engine's suggestions are enqueued first
+  (``study.enqueue_trial``); then ``NeighbourhoodSampler`` tries the untried neighbours of the
+  best config so far (one knob one step away) before handing over to TPE with a short start-up;
+- no repeats: a config already measured is answered from the study (the trial is told the
+  cached value, never re-run); a config that killed its job is unsafe and never proposed again;
+- pruning: each measurement window reports an intermediate value; a pruner stops hopeless ones.
+
+Optuna's heartbeat does not cover ask-and-tell, so trials hold our own lease (a trial system
+attribute, renewed by ``heartbeat``): ``reap`` fails (TrialState.FAIL) every RUNNING trial whose
+lease expired, so a trial whose sidecar died is never left RUNNING.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.samplers import BaseSampler, TPESampler
+from optuna.study import Study, StudyDirection
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from tuner._knobs import Knob, KnobSpace, KnobValue
+from tuner._measure import Comparison
+from tuner._rollout import PRUNED, Change, RolloutController
+
+log = logging.getLogger(__name__)
+
+LEASE_ATTR = "seedance:lease_until_s"
+UNSAFE_PREFIX = "seedance:unsafe:"
+ORIGIN_ATTR = "seedance:origin"
+_ENUMERATE_LIMIT = 100_000
+
+
+def config_key(values: Mapping[str, Any]) -> str:
+    """A canonical string for a config (sorted JSON), what dedupe compares."""
+    return json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True)
+
+
+def distribution(knob: Knob) -> BaseDistribution:
+    """The Optuna distribution of a knob's domain."""
+    if knob.choices is not None:
+        return CategoricalDistribution(knob.choices)
+    assert knob.low is not None and knob.high is not None
+    if knob.integer:
+        return IntDistribution(int(knob.low), int(knob.high), log=knob.log)
+    return FloatDistribution(knob.low, knob.high, log=knob.log)
+
+
+def search_space(space: KnobSpace, names: Sequence[str] | None = None
+                 ) -> dict[str, BaseDistribution]:
+    """Distributions of the named knobs (default: every knob), in the space's order."""
+    chosen = list(space.knobs) if names is None else list(names)
+    return {name: distribution(space.knobs[name]) for name in chosen}
+
+
+def neighbours(values: Mapping[str, Any], space: Mapping[str, BaseDistribution]
+               ) -> Iterator[dict[str, Any]]:
+    """Configs one knob one step away: the adjacent choice (numeric choices are ordered,
+    others are all neighbours), +-1 for ints (x2, /2 when log), +-10% of the range for floats
+    (x1.5, /1.5 when log); up before down, knobs in order."""
+    for name, dist in space.items():
+        value = values[name]
+        steps: list[Any] = []
+        if isinstance(dist, CategoricalDistribution):
+            choices = list(dist.choices)
+            ordered = all(isinstance(c, int | float) and not isinstance(c, bool)
+                          for c in choices)
+            if ordered:
+                ranked = sorted(choices)
+                i = ranked.index(value)
+                steps = [ranked[j] for j in (i + 1, i - 1) if 0 <= j < len(ranked)]
+            else:
+                steps = [c for c in choices if c != value]
+        elif isinstance(dist, IntDistribution):
+            steps = ([value * 2, value // 2] if dist.log else [value + 1, value - 1])
+            steps = [v for v in steps if dist.low <= v <= dist.high and v != value]
+        elif isinstance(dist, FloatDistribution):
+            steps = ([value * 1.5, value / 1.5] if dist.log else
+                     [value + 0.1 * (dist.high - dist.low), value - 0.1 * (dist.high - dist.low)])
+            steps = [min(dist.high, max(dist.low, v)) for v in steps]
+            steps = [v for v in steps if v != value]
+        for v in steps:
+            yield {**values, name: v}
+
+
+def grid(space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]] | None:
+    """Every config of a finite space (categorical and int knobs), or None if too large."""
+    axes: list[list[Any]] = []
+    for dist in space.values():
+        if isinstance(dist, CategoricalDistribution):
+            axes.append(list(dist.choices))
+        elif isinstance(dist, IntDistribution) and not dist.log:
+            axes.append(list(range(dist.low, dist.high + 1, dist.step)))
+        else:
+            return None
+    if math.prod(len(a) for a in axes) > _ENUMERATE_LIMIT:
+        return None
+    return [dict(zip(space, combo, strict=True)) for combo in itertools.product(*axes)]
+
+
+def _seen(study: Study) -> set[str]:
+    keys = {config_key(t.params) for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.WAITING and t.params}
+    return keys | unsafe_keys(study)
+
+
+def unsafe_keys(study: Study) -> set[str]:
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    return {k[len(UNSAFE_PREFIX):] for k in attrs if k.startswith(UNSAFE_PREFIX)}
+
+
+class NeighbourhoodSampler(BaseSampler):
+    """A prior for small, costly spaces: the untried neighbours of the best complete trial
+    first, then ``fallback`` (TPE by default). Enqueued trials keep their fixed params.
+
+    Stateless between calls: everything it needs is read from the study, so several
+    sidecars sharing one study sample consistently.
+    """
+
+    def __init__(self, space: Mapping[str, BaseDistribution], *,
+                 fallback: BaseSampler | None = None, seed: int | None = None) -> None:
+        self.space = dict(space)
+        self.fallback = fallback or TPESampler(seed=seed, n_startup_trials=2)
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial
+                                    ) -> dict[str, BaseDistribution]:
+        return dict(self.space)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if set(self.space) <= set(t.params)]
+        if not complete or not search_space:
+            return {}
+        maximize = study.direction == StudyDirection.MAXIMIZE
+        best = (max if maximize else min)(complete, key=lambda t: t.value)  # type: ignore
+        seen = _seen(study)
+        for candidate in neighbours({k: best.params[k] for k in self.space}, self.space):
+            if config_key(candidate) not in seen:
+                return candidate
+        return {}
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.fallback.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.fallback.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.fallback.reseed_rng()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """The driver's settings; ``trial_lease_s`` must outlast the longest gap between
+    heartbeats (one rollout window)."""
+
+    study_name: str
+    direction: str = "maximize"
+    trial_lease_s: float = 900.0
+    tpe_startup_trials: int = 2
+    pruner_startup_trials: int = 2
+    max_ask_attempts: int = 20
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.study_name:
+            raise ValueError("SearchConfig.study_name must not be empty")
+        if self.direction not in ("maximize", "minimize"):
+            raise ValueError(f"SearchConfig.direction must be maximize or minimize, "
+                             f"got {self.direction!r}")
+        if not self.trial_lease_s > 0:
+            raise ValueError("SearchConfig.trial_lease_s must be > 0")
+        if self.max_ask_attempts < 1:
+            raise ValueError("SearchConfig.max_ask_attempts must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Proposal:
+    """A config to measure: the study's trial ``number`` and the knob ``values``."""
+
+    number: int
+    values: dict[str, KnobValue]
+
+
+class SearchDriver:
+    """Ask-and-tell over ``space`` (only ``knobs`` if given) in an RDB study at ``storage_url``.
+
+    Not thread-safe by itself: call it from the rollout thread (its ChangeObserver hooks run
+    there too). State lives in the study, so a new driver on the same study continues it.
+    """
+
+    def __init__(self, space: KnobSpace, *, storage_url: str, config: SearchConfig,
+                 knobs: Sequence[str] | None = None, clock: Callable[[], float] = time.time,
+                 sampler: BaseSampler | None = None,
+                 pruner: optuna.pruners.BasePruner | None = None) -> None:
+        self.config = config
+        self.distributions = search_space(space, knobs)
+        self._clock = clock
+        self._storage = optuna.storages.RDBStorage(storage_url)
+        self.study = optuna.create_study(
+            study_name=config.study_name, storage=self._storage, load_if_exists=True,
+            direction=config.direction,
+            sampler=sampler or NeighbourhoodSampler(
+                self.distributions, seed=config.seed,
+                fallback=TPESampler(seed=config.seed,
+                                    n_startup_trials=config.tpe_startup_trials)),
+            pruner=pruner or optuna.pruners.MedianPruner(
+                n_startup_trials=config.pruner_startup_trials, n_warmup_steps=0))
+        self._mine: dict[int, Trial] = {}
+
+    # ---- priors --------------------------------------------------------------------------------
+
+    def seed(self, configs: Sequence[Mapping[str, Any]], *, origin: str) -> int:
+        """Enqueue ``configs`` (baseline, the policy engine's suggestions) ahead of sampling;
+        configs already seen or enqueued are skipped. Returns how many were enqueued."""
+        waiting = {config_key(t.params) for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.WAITING,))}
+        seen = _seen(self.study) | waiting
+        added = 0
+        for values in configs:
+            params = {k: values[k] for k in self.distributions}
+            if config_key(params) in seen:
+                continue
+            self.study.enqueue_trial(params, user_attrs={ORIGIN_ATTR: origin})
+            seen.add(config_key(params))
+            added += 1
+        return added
+
+    # ---- ask / tell ----------------------------------------------------------------------------
+
+    def ask(self) -> Proposal | None:
+        """The next config to measure, never one measured, running or unsafe; None when the
+        space is exhausted. Repeats the sampler offers are answered from the study's cache."""
+        self.reap()
+        for _ in range(self.config.max_ask_attempts):
+            trial = self.study.ask(self.distributions)
+            if self._answered(trial):
+                continue
+            return self._lease(trial)
+        untried = self._untried()
+        if not untried:
+            return None
+        index = int(np.random.default_rng(self.config.seed).integers(len(untried)))
+        self.study.enqueue_trial(untried[index], user_attrs={ORIGIN_ATTR: "untried"})
+        trial = self.study.ask(self.distributions)
+        return None if self._answered(trial) else self._lease(trial)
+
+    def report(self, number: int, step: int, value: float) -> bool:
+        """Report an intermediate value (one window); True when the trial should be pruned."""
+        trial = self._trial(number)
+        trial.report(value, step)
+        self.renew(number)
+        return bool(trial.should_prune())
+
+    def tell(self, number: int, value: float) -> None:
+        self.study.tell(number, value, skip_if_finished=True)
+        self._mine.pop(number, None)
+
+    def prune(self, number: int) -> None:
+        self.study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+        self._mine.pop(number, None)
+
+    def fail(self, number: int, *, reason: str, unsafe: bool) -> None:
+        """Fail the trial; ``unsafe`` (its job died) bars its config from ever being proposed."""
+        trial_id = self._trial_id(number)
+        frozen = self._storage.get_trial(trial_id)
+        self._storage.set_trial_user_attr(trial_id, "seedance:fail_reason", reason)
+        if unsafe:
+            self.mark_unsafe(frozen.params, reason=reason)
+        self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        self._mine.pop(number, None)
+
+    def mark_unsafe(self, values: Mapping[str, Any], *, reason: str) -> None:
+        params = {k: values[k] for k in self.distributions}
+        self._storage.set_study_system_attr(self.study._study_id,
+                                            UNSAFE_PREFIX + config_key(params), reason)
+
+    def best(self) -> tuple[dict[str, Any], float] | None:
+        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if not complete:
+            return None
+        best = self.study.best_trial
+        return dict(best.params), float(best.value)  # type: ignore[arg-type]
+
+    # ---- the trial lease -----------------------------------------------------------------------
+
+    def renew(self, number: int) -> None:
+        self._storage.set_trial_system_attr(self._trial_id(number), LEASE_ATTR,
+                                            self._clock() + self.config.trial_lease_s)
+
+    def heartbeat(self) -> None:
+        """Renew the lease of every trial this driver runs (call it from the rollout loop)."""
+        for number in list(self._mine):
+            self.renew(number)
+
+    def reap(self) -> list[int]:
+        """Fail every RUNNING trial whose lease expired (its sidecar or driver died)."""
+        now = self._clock()
+        failed = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            until = t.system_attrs.get(LEASE_ATTR)
+            if until is None or float(until) < now:
+                self._storage.set_trial_user_attr(t._trial_id, "seedance:fail_reason",
+                                                  "trial lease expired")
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+                self._mine.pop(t.number, None)
+                failed.append(t.number)
+        if failed:
+            log.warning("search %s: failed trials %s whose lease expired",
+                        self.config.study_name, failed)
+        return failed
+
+    # ---- the rollout controller's side ---------------------------------------------------------
+
+    def propose_next(self, controller: RolloutController, job: str) -> Change | None:
+        """Ask for a config and propose it as a change of ``job`` (source "trial")."""
+        proposal = self.ask()
+        if proposal is None:
+            return None
+        try:
+            return controller.propose(
+                job, proposal.values, source="trial", by=f"optuna:{self.config.study_name}",
+                reason=f"trial {proposal.number} of study {self.config.study_name}",
+                meta={"study": self.config.study_name, "trial": proposal.number})
+        except Exception as exc:
+            self.fail(proposal.number, reason=f"could not propose: {exc}", unsafe=False)
+            raise
+
+    def on_window(self, change: Change, comparison: Comparison) -> bool:
+        number = self._number_of(change)
+        if number is None:
+            return False
+        candidate = [w.tokens_per_s for w in change.windows if w.arm == "candidate"]
+        return self.report(number, len(candidate), float(np.mean(candidate)))
+
+    def on_finished(self, change: Change) -> None:
+        number = self._number_of(change)
+        if number is None:
+            return
+        candidate = [w.tokens_per_s for w in change.windows if w.arm == "candidate"]
+        last = self.study._storage.get_trial(self._trial_id(number))
+        if last.state.is_finished():
+            return
+        rollback = change.plan.get("rollback")
+        if change.state == "rolled_back" and rollback in ("full", "local"):
+            self.fail(number, reason=f"guardrail: {change.plan.get('ended_because')}",
+                      unsafe=True)
+        elif change.state == "rolled_back" and change.plan.get("ended_because") == PRUNED:
+            self.prune(number)
+        elif change.state in ("kept", "rolled_back") and candidate:
+            self.tell(number, float(np.mean(candidate)))
+        elif change.state == "failed":
+            self.fail(number, reason=f"change {change.id} failed: the job died", unsafe=True)
+        else:
+            self.fail(number, reason=f"change {change.id} {change.state} before measuring",
+                      unsafe=False)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _answered(self, trial: Trial) -> bool:
+        """Tell a repeat from the cache (or fail an unsafe/running duplicate); True if told."""
+        key = config_key(trial.params)
+        if key in unsafe_keys(self.study):
+            self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason", "unsafe")
+            self.study.tell(trial, state=TrialState.FAIL)
+            return True
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number == trial.number or config_key(t.params) != key:
+                continue
+            if t.state == TrialState.COMPLETE:
+                self._storage.set_trial_user_attr(trial._trial_id, "seedance:cached_from",
+                                                  t.number)
+                self.study.tell(trial, t.value)
+                return True
+            if t.state == TrialState.RUNNING:
+                self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason",
+                                                  f"duplicate of running trial {t.number}")
+                self.study.tell(trial, state=TrialState.FAIL)
+                return True
+        return False
+
+    def _lease(self, trial: Trial) -> Proposal:
+        self._mine[trial.number] = trial
+        self.renew(trial.number)
+        return Proposal(number=trial.number, values=dict(trial.params))
+
+    def _untried(self) -> list[dict[str, Any]]:
+        configs = grid(self.distributions) or []
+        seen = _seen(self.study)
+        return [c for c in configs if config_key(c) not in seen]
+
+    def _trial_id(self, number: int) -> int:
+        return self._storage.get_trial_id_from_study_id_trial_number(self.study._study_id,
+                                                                     number)
+
+    def _trial(self, number: int) -> Trial:
+        trial = self._mine.get(number)
+        if trial is None:
+            trial = self._mine[number] = Trial(self.study, self._trial_id(number))
+        return trial
+
+    def _number_of(self, change: Change) -> int | None:
+        if change.source != "trial" or change.meta.get("study") != self.config.study_name:
+            return None
+        return int(change.meta["trial"])
