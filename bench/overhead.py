@@ -185,7 +185,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trainer.model, trainer.optimizer, provider.get_meter("bench.overhead"),
             grad_scaler=trainer.scaler, stats_every=args.stats_every,
             attributes={"seedance.rank": 0})
-        arms = {"bare": NullTrainingInstrumentation(), "instrumented": instr}
+        arms: dict[str, TrainingInstrumentation | NullTrainingInstrumentation] = {
+            "bare": NullTrainingInstrumentation(), "instrumented": instr}
 
         def block(arm: str) -> float:
             times = []

@@ -148,7 +148,8 @@ class TrainingInstrumentation:
             raise SeedanceError("model has no trainable parameters")
         group_of = assign_groups([n for n, _ in named], module_groups)
         self.groups: tuple[str, ...] = tuple(dict.fromkeys(group_of))
-        self.group_of_parameter: dict[str, str] = {n: g for (n, _), g in zip(named, group_of)}
+        self.group_of_parameter: dict[str, str] = {
+            n: g for (n, _), g in zip(named, group_of, strict=True)}
         self._params = [p for _, p in named]
         self._gids = [self.groups.index(g) for g in group_of]
         self._device = self._params[0].device
@@ -253,7 +254,8 @@ class TrainingInstrumentation:
         (detected, or say so with ``unscaled=True``) they are taken as they are, otherwise they
         are divided by the scale in force.
         """
-        present = [(p.grad, i) for p, i in zip(self._params, self._gids) if p.grad is not None]
+        present = [(p.grad, i) for p, i in zip(self._params, self._gids, strict=True)
+                   if p.grad is not None]
         if not present:
             return
         grads = [g for g, _ in present]
@@ -347,7 +349,7 @@ class TrainingInstrumentation:
             self._publish(pending_row, host.tolist())
 
     def _publish(self, row: _Row, flat: list[float] | None) -> None:
-        """Sets the gauges for one row; ``flat`` holds its tensors' values when they were copied."""
+        """Sets the gauges for one row; ``flat`` holds its tensors' values if they were copied."""
         values = iter(flat or ())
 
         def host(x: torch.Tensor | float | None, n: int) -> list[float] | None:

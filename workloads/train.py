@@ -89,9 +89,9 @@ class Trainer:
         model_config = model_config or GPTConfig(block_size=max(128, config.seq_len))
         self.corpus = Corpus.generate(CorpusConfig(n_bytes=config.corpus_bytes, seed=config.seed))
         self.model = GPT(model_config)
-        self.ddp = config.world_size > 1
-        self.module: nn.Module = (
-            nn.parallel.DistributedDataParallel(self.model) if self.ddp else self.model)
+        self.ddp = (nn.parallel.DistributedDataParallel(self.model) if config.world_size > 1
+                    else None)
+        self.module: nn.Module = self.model if self.ddp is None else self.ddp
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
                                            weight_decay=0.1)
         warmup = max(1, config.warmup_steps)
@@ -108,7 +108,7 @@ class Trainer:
                             generator=self.data_generator)
         per_rank = c.global_batch // c.world_size
         x, y = (t[self.rank * per_rank:(self.rank + 1) * per_rank] for t in (x, y))
-        return list(zip(x.split(c.micro_batch), y.split(c.micro_batch)))
+        return list(zip(x.split(c.micro_batch), y.split(c.micro_batch), strict=True))
 
     def forward_backward(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         """Accumulates the gradient of the mean loss over the micro-batches; returns that loss."""
@@ -117,7 +117,8 @@ class Trainer:
                                   enabled=self.config.precision == "bf16")
         for i, (x, y) in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
-            sync = contextlib.nullcontext() if last or not self.ddp else self.module.no_sync()
+            sync = (self.ddp.no_sync() if self.ddp is not None and not last
+                    else contextlib.nullcontext())
             with sync:
                 with autocast:
                     loss = self.module(x, y) / len(micro_batches)

@@ -53,8 +53,8 @@ def _gpt_backward(seed: int = 0) -> tuple[GPT, torch.optim.Optimizer, torch.Tens
 
 def test_default_groups_follow_common_names() -> None:
     model = GPT(TINY)
-    groups = dict(zip(*zip(*model.named_parameters()), strict=False))
-    assigned = dict(zip(groups, assign_groups(list(groups)), strict=True))
+    names = [n for n, _ in model.named_parameters()]
+    assigned = dict(zip(names, assign_groups(names), strict=True))
     assert assigned["h.0.attn.qkv.weight"] == "attention"
     assert assigned["h.1.attn.proj.bias"] == "attention"
     assert assigned["h.0.mlp.fc.weight"] == "ffn"
@@ -158,7 +158,8 @@ def test_fp16_underflow_raises_zero_fraction(reader: InMemoryMetricReader) -> No
 def test_every_point_carries_the_config_version(reader: InMemoryMetricReader) -> None:
     model, opt, _ = _gpt_backward()
     version = {"now": 3}
-    instr = TrainingInstrumentation(model, opt, reader.meter, config_version=lambda: version["now"],
+    instr = TrainingInstrumentation(model, opt, reader.meter,
+                                    config_version=lambda: version["now"],
                                     attributes={"seedance.rank": 0}, stats_every=1)
     idx = torch.randint(0, TINY.vocab_size, (2, TINY.block_size))
     seen_versions = set()
