@@ -10,7 +10,8 @@ the order rotated each repeat:
   group is put back to fp16, untimed, before each one, so the timed call also re-installs the
   precision hooks); the optimizer state it drops is rebuilt, untimed, afterwards.
 
-Reports medians (ms) and ratios, writes bench/results/rollback.json. The seed article's 37 ms
+Reports medians (ms) and ratios, and minima (on a shared, loaded box the minimum is the steadier
+estimate of what a copy costs), writes bench/results/rollback.json. The seed article's 37 ms
 local vs 124 ms full come from its own (imaginary) setting and are printed for reference only.
 
     python bench/rollback.py --repeats 30
@@ -45,13 +46,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--n-layer", type=int, default=GPTConfig().n_layer)
     parser.add_argument("--n-embd", type=int, default=GPTConfig().n_embd)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; 1 keeps a shared, loaded box's numbers steadier")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "rollback.json")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
     torch.manual_seed(0)
@@ -115,18 +116,23 @@ def main() -> None:
         "local_param_bytes": local_bytes,
         "median_ms": median,
         "p90_ms": {n: statistics.quantiles(xs, n=10)[-1] for n, xs in samples.items()},
+        "min_ms": {n: min(xs) for n, xs in samples.items()},
         "ratio_full_to_floor": median["full"] / median["floor"],
         "ratio_local_to_full": {g: median[f"local:{g}"] / median["full"] for g in groups},
+        "ratio_local_to_full_of_min": {
+            g: min(samples[f"local:{g}"]) / min(samples["full"]) for g in groups},
         "target_local_to_full": TARGET_LOCAL_TO_FULL,
         "seed_article_ms_reference_only": SEED_MS,
     }
     print(f"GPT {result['model']['parameters'] / 1e6:.1f}M params, Adam, {device}, "
           f"{torch.get_num_threads()} threads; full state {state_bytes / 2**20:.1f} MiB; "
           f"{args.repeats} interleaved repeats")
-    print(f"{'variant':<26}{'median ms':>11}{'p90 ms':>10}{'x full':>9}")
+    print(f"{'variant':<26}{'median ms':>11}{'x full':>9}{'p90 ms':>10}{'min ms':>10}"
+          f"{'x full':>9}")
     for name in names:
-        print(f"{name:<26}{median[name]:>11.3f}{result['p90_ms'][name]:>10.3f}"
-              f"{median[name] / median['full']:>9.3f}")
+        low = result["min_ms"]
+        print(f"{name:<26}{median[name]:>11.3f}{median[name] / median['full']:>9.3f}"
+              f"{result['p90_ms'][name]:>10.3f}{low[name]:>10.3f}{low[name] / low['full']:>9.3f}")
     print(f"full / floor = {result['ratio_full_to_floor']:.2f}; target local <= "
           f"{TARGET_LOCAL_TO_FULL} x full; seed article (reference only): local 37 ms, full 124 ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
