@@ -160,6 +160,126 @@ def metrics_query(
     stdout.print(f"{len(frame)} points")
 
 
+StateDbOption = Annotated[
+    str | None, typer.Option("--state-db", help="State database URL (default from config).")
+]
+
+
+def _finding_store(config: Path | None, state_db: str | None) -> Any:
+    from policies import FindingStore
+
+    url = state_db or load_config(config).state_db
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise UsageError(f"{url}: no state database here (is the sidecar running for this job?)")
+    return FindingStore(url)
+
+
+@app.command()
+def findings(
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Closed findings too.")] = False,
+    config: ConfigOption = None,
+    state_db: StateDbOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Findings of the policy engine: what is wrong, where, since when."""
+    with _finding_store(config, state_db) as store:
+        found = store.history(job=job) if all_ else [
+            f for f in store.active() if job is None or f.job == job]
+    if json_out:
+        print_json([f.to_dict() for f in found])
+        return
+    if not found:
+        stdout.print("no findings" + ("" if all_ else " open"))
+        return
+    table = Table("id", "detector", "job", "resource", "severity", "opened", "closed")
+    for f in found:
+        table.add_row(f.id, f.detector, f.job, ", ".join(f"{k}={v}" for k, v in
+                                                          f.resource.items()),
+                      f.severity, _when(f.opened_at_ns), _when(f.closed_at_ns))
+    stdout.print(table)
+
+
+def _when(ns: int | None) -> str:
+    import datetime as dt
+
+    if ns is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command()
+def explain(
+    finding_id: Annotated[str, typer.Argument(help="Finding id (see `seedancectl findings`).")],
+    config: ConfigOption = None,
+    state_db: StateDbOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """The evidence of one finding in words and numbers."""
+    with _finding_store(config, state_db) as store:
+        finding = store.get(finding_id)
+    if finding is None:
+        raise UsageError(f"no finding {finding_id!r} (see `seedancectl findings --all`)")
+    if json_out:
+        print_json(finding.to_dict())
+        return
+    stdout.print(finding.render(), highlight=False, soft_wrap=True)
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated numbers") from None
+    if not values:
+        raise UsageError(f"{option}: give at least one number")
+    return values
+
+
+@app.command()
+def roi(
+    util: Annotated[str, typer.Option(help="Current utilisations (fractions).")] = (
+        "0.4,0.5,0.6,0.7,0.8,0.9"),
+    scale: Annotated[str, typer.Option(help="Planned scale-out factors.")] = (
+        "1.0,1.375,1.75,2.125,2.5"),
+    nodes: Annotated[float, typer.Option(help="Nodes today.")] = 8.0,
+    target: Annotated[float, typer.Option(help="Utilisation after the repair.")] = 0.9,
+    node_cost: Annotated[float, typer.Option(help="Cost of one node per month.")] = 20_000.0,
+    fix_cost: Annotated[float, typer.Option(help="One-off cost of the repair.")] = 100_000.0,
+    horizon: Annotated[float, typer.Option(help="Months the savings are counted.")] = 12.0,
+    gamma: Annotated[float, typer.Option(help="Throughput elasticity to node count.")] = 0.78,
+    png: Annotated[Path | None, typer.Option(help="Also write a heatmap PNG here.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """The ROI of repairing utilisation vs scaling out (the seed's matrix, gamma 0.78)."""
+    from policies import roi_matrix
+
+    try:
+        matrix = roi_matrix(
+            utilisation_grid=_floats(util, "--util"), scale_out_grid=_floats(scale, "--scale"),
+            n_nodes=nodes, target_utilisation=target, node_cost_per_month=node_cost,
+            fix_cost=fix_cost, horizon_months=horizon, gamma=gamma)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if png is not None:
+        from dashboards import roi_heatmap
+
+        if not png.parent.is_dir():
+            raise UsageError(f"--png {png}: folder {png.parent} does not exist")
+        roi_heatmap(matrix, png)
+    if json_out:
+        print_json({"utilisation": list(matrix.columns), "scale_out": list(matrix.index),
+                    "roi": matrix.to_numpy().tolist(), "png": str(png) if png else None})
+        return
+    table = Table("scale-out \\ util", *[f"{u:.0%}" for u in matrix.columns],
+                  title=f"ROI over {horizon:g} months (gamma {gamma})")
+    for scale_out, row in matrix.iterrows():
+        table.add_row(f"{scale_out:.2f}x", *[f"{v:+.0%}" for v in row])
+    stdout.print(table)
+    if png is not None:
+        stdout.print(f"heatmap: {png}")
+
+
 @app.command()
 def demo(
     minutes: Annotated[float, typer.Option(help="How long the training job runs.")] = 3.0,
