@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collectors._points import CONFIG_VERSION_ATTR, Point
+from collectors._store import TimeSeriesStore
+from tuner._measure import MeasureConfig, Window, compare, measure_window
+
+NS = 1_000_000_000
+JOB = "train"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[TimeSeriesStore]:
+    with TimeSeriesStore(tmp_path / "metrics.db") as s:
+        yield s
+
+
+def emit(store: TimeSeriesStore, version: int, step_s: Sequence[float], *, start_ns: int,
+         export_every: int = 1, rank: str | None = None, loss: float = 2.0,
+         tokens_per_step: float | None = None) -> int:
+    """Points as the torch client exports them: cumulative histogram per version (a fresh
+    series per version), a loss gauge and a tokens/s gauge at each export."""
+    attrs = {"service.name": JOB, CONFIG_VERSION_ATTR: str(version)}
+    if rank is not None:
+        attrs["seedance.rank"] = rank
+    t, total, points = start_ns, 0.0, []
+    for i, wall in enumerate(step_s, start=1):
+        t += int(wall * NS)
+        total += wall
+        if i % export_every == 0 or i == len(step_s):
+            points += [Point("seedance.train.step.duration.count", float(i), t, attrs),
+                       Point("seedance.train.step.duration.sum", total, t, attrs),
+                       Point("seedance.train.loss", loss, t, attrs)]
+            if tokens_per_step is not None:
+                points.append(Point("seedance.train.tokens_per_second",
+                                    tokens_per_step / wall, t, attrs))
+    store.write(points)
+    store.flush()
+    return t
+
+
+def now_ns() -> int:
+    return time.time_ns() - 3600 * NS
+
+
+def test_warmup_steps_are_excluded(store: TimeSeriesStore) -> None:
+    steps = [1.0, 1.0, 1.0] + [0.1] * 10
+    emit(store, 7, steps, start_ns=now_ns())
+    warm = measure_window(store.query, JOB, 7, "candidate",
+                          MeasureConfig(warmup_steps=3, min_steps=5, tokens_per_step=100))
+    assert warm is not None
+    assert warm.steps == 10
+    assert warm.step_s == pytest.approx(0.1)
+    assert warm.tokens_per_s == pytest.approx(1000.0)
+    cold = measure_window(store.query, JOB, 7, "candidate",
+                          MeasureConfig(warmup_steps=1, min_steps=5, tokens_per_step=100))
+    assert cold is not None and cold.step_s > 0.2  # two slow steps left in
+
+
+def test_sparse_exports_start_at_the_first_export_past_warmup(store: TimeSeriesStore) -> None:
+    steps = [1.0] * 4 + [0.2] * 12
+    emit(store, 3, steps, start_ns=now_ns(), export_every=4)
+    window = measure_window(store.query, JOB, 3, "baseline",
+                            MeasureConfig(warmup_steps=3, min_steps=4, tokens_per_step=10))
+    assert window is not None
+    assert window.steps == 12  # the export at count 4 is the start: 4 steps dropped
+    assert window.step_s == pytest.approx(0.2)
+
+
+def test_too_few_steps_is_no_window_yet(store: TimeSeriesStore) -> None:
+    emit(store, 2, [0.1] * 6, start_ns=now_ns())
+    config = MeasureConfig(warmup_steps=3, min_steps=5, tokens_per_step=10)
+    assert measure_window(store.query, JOB, 2, "baseline", config) is None
+    assert measure_window(store.query, JOB, 99, "baseline", config) is None
+
+
+def test_other_versions_never_leak_into_a_window(store: TimeSeriesStore) -> None:
+    start = now_ns()
+    end = emit(store, 1, [0.5] * 10, start_ns=start)
+    emit(store, 2, [0.1] * 10, start_ns=end)
+    config = MeasureConfig(warmup_steps=2, min_steps=4, tokens_per_step=10)
+    one = measure_window(store.query, JOB, 1, "baseline", config)
+    two = measure_window(store.query, JOB, 2, "candidate", config)
+    assert one is not None and two is not None
+    assert (one.step_s, two.step_s) == (pytest.approx(0.5), pytest.approx(0.1))
+
+
+def test_slowest_rank_sets_the_step_time(store: TimeSeriesStore) -> None:
+    start = now_ns()
+    emit(store, 4, [0.1] * 10, start_ns=start, rank="0")
+    emit(store, 4, [0.3] * 10, start_ns=start, rank="1")
+    window = measure_window(store.query, JOB, 4, "candidate",
+                            MeasureConfig(warmup_steps=2, min_steps=4, tokens_per_step=60))
+    assert window is not None and window.tokens_per_s == pytest.approx(200.0)
+
+
+def test_gauge_fallback_is_the_harmonic_mean_after_warmup(store: TimeSeriesStore) -> None:
+    steps = [2.0, 2.0] + [0.1, 0.2] * 5
+    emit(store, 5, steps, start_ns=now_ns(), tokens_per_step=30)
+    window = measure_window(store.query, JOB, 5, "candidate",
+                            MeasureConfig(warmup_steps=2, min_steps=4))
+    assert window is not None
+    assert window.tokens_per_s == pytest.approx(30 * 10 / sum(steps[2:]))
+
+
+def windows(baseline: Sequence[float], candidate: Sequence[float],
+            loss: tuple[float, float] = (2.0, 2.0)) -> list[Window]:
+    out: list[Window] = []
+    for v, (b, c) in enumerate(zip(baseline, candidate, strict=True)):
+        for arm, value, lo in (("candidate", c, loss[1]), ("baseline", b, loss[0])):
+            out.append(Window(version=len(out) + 1, arm=arm, steps=10, step_s=1 / value,  # type: ignore[arg-type]
+                              tokens_per_s=value, loss=lo, nonfinite_loss=False,
+                              start_ns=v, end_ns=v))
+    return out
+
+
+def test_ci_excludes_zero_for_a_consistent_gain() -> None:
+    rng = np.random.default_rng(1)
+    base = 1000 * (1 + 0.02 * rng.standard_normal(4))
+    cand = 1100 * (1 + 0.02 * rng.standard_normal(4))
+    result = compare(windows(base, cand), MeasureConfig())
+    assert result.pairs == 4
+    assert result.improves and not result.regresses
+    assert result.ci_low > 0 and 0.05 < result.gain < 0.15
+
+
+def test_ci_includes_zero_when_nothing_changed() -> None:
+    rng = np.random.default_rng(2)
+    base = 1000 * (1 + 0.05 * rng.standard_normal(4))
+    cand = 1000 * (1 + 0.05 * rng.standard_normal(4))
+    result = compare(windows(base, cand), MeasureConfig())
+    assert not result.improves and not result.regresses
+    assert result.ci_low <= 0 <= result.ci_high
+
+
+def test_drift_cancels_in_neighbouring_pairs() -> None:
+    # the machine slows down 5% per window; the candidate is really 3% faster
+    speed = [1000 * 0.95 ** i for i in range(8)]
+    series = []
+    for i, s in enumerate(speed):
+        arm = "candidate" if i % 2 == 0 else "baseline"
+        value = s * 1.03 if arm == "candidate" else s
+        series.append(Window(version=i + 1, arm=arm, steps=10, step_s=1 / value,  # type: ignore[arg-type]
+                             tokens_per_s=value, loss=2.0, nonfinite_loss=False,
+                             start_ns=i, end_ns=i))
+    result = compare(series, MeasureConfig())
+    assert result.gain == pytest.approx(0.03 * 0.95 / 0.95, abs=0.04)
+    assert result.pairs == 4
+
+
+def test_loss_guardrail_against_the_baseline_trajectory() -> None:
+    fine = compare(windows([1000] * 3, [1100] * 3, loss=(2.0, 2.05)),
+                   MeasureConfig(loss_tolerance=0.05))
+    assert fine.loss_ok
+    worse = compare(windows([1000] * 3, [1100] * 3, loss=(2.0, 2.3)),
+                    MeasureConfig(loss_tolerance=0.05))
+    assert not worse.loss_ok and worse.loss_excess == pytest.approx(0.15)
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="min_steps"):
+        MeasureConfig(min_steps=0)
+    with pytest.raises(ValueError, match="confidence"):
+        MeasureConfig(confidence=1.5)
+    assert math.isnan(compare([], MeasureConfig()).gain)
+
+
+def test_bootstrap_is_too_narrow_for_few_pairs_where_t_is_not() -> None:
+    """Regression: with the percentile bootstrap the no-change data above looked like a gain."""
+    rng = np.random.default_rng(2)
+    base = 1000 * (1 + 0.05 * rng.standard_normal(4))
+    cand = 1000 * (1 + 0.05 * rng.standard_normal(4))
+    boot = compare(windows(base, cand), MeasureConfig(interval="bootstrap"))
+    t = compare(windows(base, cand), MeasureConfig(interval="t"))
+    assert boot.gain == pytest.approx(t.gain)
+    assert boot.ci_high - boot.ci_low < t.ci_high - t.ci_low
+    assert boot.improves and not t.improves
