@@ -403,10 +403,16 @@ class GradientUnderflowDetector(Detector):
 class NonFiniteConfig:
     """When non-finite values count.
 
-    A non-finite loss always counts. Non-finite gradients count at once without a GradScaler;
-    with one (``grad_scaler.scale`` readings present) an overflow is routine (the scaler skips
-    the step and backs off), so they count only when the last ``scaler_tolerated`` per-step
-    readings in a row are non-finite. ``lr_cut`` is the factor the suggested learning rate
+    A non-finite loss always counts. Without a GradScaler, non-finite gradients count at once
+    (a non-finite norm, or ``grad.nonfinite`` elements > 0). With one (``grad_scaler.scale``
+    readings present) an overflow is routine (the scaler skips the step and backs off), so they
+    count only when the last ``scaler_tolerated`` per-step norms in a row are non-finite or the
+    scale backed off that many steps in a row (each back-off is one overflowing step).
+
+    The OpenTelemetry SDK drops non-finite values set on a gauge (it logs "not finite ...
+    ignoring measurement" and keeps exporting the last finite one), so through the SDK a NaN
+    loss or norm never reaches the store; the element counts and the scale do. Non-finite
+    readings are still honoured when a source passes them (Prometheus scrapes, other SDKs). ``lr_cut`` is the factor the suggested learning rate
     applies to the last one read.
     """
 
@@ -451,17 +457,25 @@ class NonFiniteDetector(Detector):
         counts = per_step(window, NONFINITE)
         scales = per_step(window, SCALE)
         lrs = per_step(window, LEARNING_RATE)
-        ranks = {tuple(sorted(k.items())) for frame in (loss, grads)
+        ranks = {tuple(sorted(k.items())) for frame in (loss, grads, counts)
                  for k, _ in by(frame, [RANK_ATTR])}
         findings = []
         for rank in (dict(r) for r in sorted(ranks)):
             rank_loss = _rank_rows(loss, rank)
             rank_grads = _rank_rows(grads, rank)
+            rank_counts = _rank_rows(counts, rank)
+            rank_scales = _rank_rows(scales, rank)
             bad_loss = ~np.isfinite(rank_loss["value"].to_numpy(dtype=np.float64))
             bad_grad = ~np.isfinite(rank_grads["value"].to_numpy(dtype=np.float64))
-            scaled = not _rank_rows(scales, rank).empty
+            elements = (rank_counts.groupby("time")["value"].sum() if not rank_counts.empty
+                        else pd.Series(dtype="float64"))
+            scaled = not rank_scales.empty
             grad_run = _trailing(bad_grad)
-            grad_bad = grad_run >= cfg.scaler_tolerated if scaled else bool(bad_grad.any())
+            streak = _backoff_streak(rank_scales)
+            if scaled:
+                grad_bad = max(grad_run, streak) >= cfg.scaler_tolerated
+            else:
+                grad_bad = bool(bad_grad.any() or (elements > 0).any())
             if not (bad_loss.any() or grad_bad):
                 continue
             bad_groups = self._bad_groups(_rank_rows(groups, rank), _rank_rows(counts, rank))
@@ -475,8 +489,14 @@ class NonFiniteDetector(Detector):
                 Measurement(name="nonfinite_grad_norm_steps", value=float(bad_grad.sum()),
                             unit="{step}"),
                 Measurement(name="nonfinite_grad_run", value=float(grad_run), unit="{step}"),
+                Measurement(name="nonfinite_elements_max",
+                            value=float(elements.max()) if len(elements) else 0.0,
+                            unit="{element}"),
             ]
-            first = _first_bad_step(rank_loss, bad_loss, rank_grads, bad_grad)
+            if scaled:
+                measurements.append(Measurement(name="scale_backoff_streak", value=float(
+                    streak), unit="{step}"))
+            first = _first_bad_step(rank_loss, bad_loss, rank_grads, bad_grad, rank_counts)
             if not math.isnan(first):
                 measurements.append(Measurement(name="first_nonfinite_step", value=first,
                                                 unit="{step}"))
@@ -486,11 +506,15 @@ class NonFiniteDetector(Detector):
                                                 value=float(finite_loss.iloc[-1])))
             thresholds = [Threshold(measurement="nonfinite_loss_steps", comparison=">",
                                     value=0.0, unit="{step}")] if bad_loss.any() else []
-            if grad_bad:
+            if grad_bad and scaled:
                 thresholds.append(Threshold(
-                    measurement="nonfinite_grad_run" if scaled else "nonfinite_grad_norm_steps",
-                    comparison=">=" if scaled else ">",
-                    value=float(cfg.scaler_tolerated) if scaled else 0.0, unit="{step}"))
+                    measurement="nonfinite_grad_run" if grad_run >= streak
+                    else "scale_backoff_streak",
+                    comparison=">=", value=float(cfg.scaler_tolerated), unit="{step}"))
+            elif grad_bad:
+                thresholds.append(Threshold(
+                    measurement="nonfinite_grad_norm_steps" if bad_grad.any()
+                    else "nonfinite_elements_max", comparison=">", value=0.0))
             changes = [SuggestedChange(knob="checkpoint.restore", value="latest_finite",
                                        expected_effect="weights and optimizer state from "
                                        "before the first non-finite step")]
@@ -540,9 +564,11 @@ class NonFiniteDetector(Detector):
 
 
 def _first_bad_step(loss: pd.DataFrame, bad_loss: np.ndarray, grads: pd.DataFrame,
-                    bad_grad: np.ndarray) -> float:
-    steps = [float(frame["step"][mask].min()) for frame, mask in ((loss, bad_loss),
-                                                                    (grads, bad_grad))
-             if mask.any()]
+                    bad_grad: np.ndarray, counts: pd.DataFrame) -> float:
+    """The earliest step index any reading shows a non-finite value at (NaN if unknown)."""
+    steps = [float(frame["step"][mask].min()) for frame, mask in (
+        (loss, bad_loss), (grads, bad_grad),
+        (counts, (counts["value"] > 0).to_numpy(dtype=bool) if not counts.empty else None))
+        if mask is not None and mask.any()]
     steps = [s for s in steps if not math.isnan(s)]
     return min(steps) if steps else math.nan

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import Detector, FrameStore, StoreWindow
+from policies import FrameStore, StoreWindow
 from policies.detectors import (
     BATCH_SIZE_ATTR,
     PRECISION_ATTR,
@@ -239,3 +239,198 @@ def test_input_bound_on_synthetic_histograms() -> None:
     (f,) = InputBoundDetector().evaluate(_window(_histograms([({}, 20, 0.1, 0.03)])))
     assert f.evidence.value("wait_ratio") == pytest.approx(0.3)
     assert InputBoundDetector().evaluate(_window(_histograms([({}, 20, 0.1, 0.01)]))) == []
+
+
+# -- real torch jobs on CPU through the real instrumentation and store ----------------------------
+
+ALL_TRAINING = (GradientCollapseDetector, GradientUnderflowDetector, NonFiniteDetector,
+                SmallBatchPrecisionDetector, InputBoundDetector)
+
+
+@pytest.fixture
+def torch_threads() -> object:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the box is shared; one thread keeps step times steadier
+    yield torch
+    torch.set_num_threads(before)
+    from tests.policies.training_jobs import close_readers
+
+    close_readers()
+
+
+def _mlp_steps(tmp_path: Path, *, lower_at: int | None, steps: int = 16, lr: float = 0.01,
+               scale: float = 2.0**-30) -> StoreWindow:
+    """A residual-free MLP under a GradScaler with a tiny loss scale; from step ``lower_at``
+    (config version 2) group "4" computes in fp16 via a local cast."""
+    import torch
+    from torch import nn
+
+    from tests.policies.training_jobs import HalfLinear, mlp, store_run
+
+    with store_run(tmp_path) as run:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=10**6)
+        instr = run.instrument(model, opt, version=1, grad_scaler=scaler)
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
+        for step in range(steps):
+            if step == lower_at:
+                model[4] = HalfLinear(model[4])
+                instr.config_version = 2
+            with instr.step(samples=32):
+                loss = nn.functional.mse_loss(model(x), y)
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                instr.after_backward()
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+                instr.record_loss(loss)
+            run.export()
+        return run.window()
+
+
+@pytest.mark.integration
+def test_real_fp16_underflow_names_the_lowered_group(tmp_path: Path, torch_threads: object
+                                                     ) -> None:
+    from tests.policies.training_jobs import MLP_ORDER
+
+    window = _mlp_steps(tmp_path, lower_at=8)
+    (f,) = GradientUnderflowDetector(UnderflowConfig(forward_order=MLP_ORDER)).evaluate(window)
+    assert f.resource == {"seedance.rank": "0", "module_group": "4"}
+    assert "starved upstream: 0, 2" in f.evidence.summary
+    assert "config version 2" in f.evidence.summary
+    assert f.evidence.value("4.zero_norm_steps") == 8
+    assert f.evidence.value("4.zero_fraction") == 1.0
+    assert f.evidence.value("4.last_nonzero_norm") > 0
+    assert f.evidence.value("global_norm_after") > 0  # the loss-side group still learns
+    assert [(c.knob, c.value) for c in f.suggested_changes] == [("precision.4", "fp32")]
+    # the seed's own rule cannot see it: the norms of the starved groups hit exactly zero
+    assert GradientCollapseDetector().evaluate(window) == []
+    # without the forward order the cause is honestly ambiguous among the zeroed groups
+    (blind,) = GradientUnderflowDetector().evaluate(window)
+    assert blind.resource["module_group"] == "0,2,4"
+
+
+@pytest.mark.integration
+def test_real_fp32_run_under_the_same_tiny_scale_is_healthy(tmp_path: Path,
+                                                            torch_threads: object) -> None:
+    window = _mlp_steps(tmp_path, lower_at=None)
+    for detector in ALL_TRAINING:
+        assert detector().evaluate(window) == [], detector.__name__
+
+
+@pytest.mark.integration
+def test_real_fp16_loss_scale_backing_off_is_flagged(tmp_path: Path, torch_threads: object
+                                                     ) -> None:
+    """A huge initial scale overflows the fp16 group every step: the scaler skips and halves."""
+    from tests.policies.training_jobs import MLP_ORDER
+
+    window = _mlp_steps(tmp_path, lower_at=0, steps=10, scale=2.0**60)
+    (under,) = GradientUnderflowDetector(UnderflowConfig(forward_order=MLP_ORDER)
+                                         ).evaluate(window)
+    assert under.evidence.value("scale_backoff_streak") >= 5
+    (nonfinite,) = NonFiniteDetector(forward_order_config()).evaluate(window)
+    # the SDK drops the infinite norms themselves; the element counts and the scale remain
+    assert nonfinite.evidence.value("scale_backoff_streak") >= 3
+    assert nonfinite.evidence.value("nonfinite_elements_max") > 0
+    assert nonfinite.resource.get("module_group") == "4"
+
+
+def forward_order_config() -> object:
+    from policies.detectors import NonFiniteConfig
+    from tests.policies.training_jobs import MLP_ORDER
+
+    return NonFiniteConfig(forward_order=MLP_ORDER)
+
+
+def _blow_up(tmp_path: Path, lr: float, steps: int = 12
+             ) -> tuple[StoreWindow, list[float], list[bool]]:
+    """Returns the window, each step's loss and whether each step's gradients were finite."""
+    import torch
+    from torch import nn
+
+    from tests.policies.training_jobs import mlp, store_run
+
+    with store_run(tmp_path) as run:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        instr = run.instrument(model, opt, version=1)
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(32, 16, generator=g), 100 * torch.randn(32, 4, generator=g)
+        losses, finite = [], []
+        for _ in range(steps):
+            with instr.step(samples=32):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                finite.append(all(bool(p.grad.isfinite().all()) for p in model.parameters()))
+                instr.after_backward()
+                opt.step()
+                opt.zero_grad()
+                instr.record_loss(loss)
+            losses.append(float(loss))
+            run.export()
+        return run.window(), losses, finite
+
+
+@pytest.mark.integration
+def test_real_learning_rate_blow_up_is_non_finite(tmp_path: Path, torch_threads: object) -> None:
+    window, losses, finite = _blow_up(tmp_path, lr=50.0)
+    assert not np.isfinite(losses).all()  # the job really diverged
+    (f,) = NonFiniteDetector().evaluate(window)
+    assert f.severity == "critical"
+    # the SDK drops the NaN loss and norms; the non-finite element counts carry it
+    assert f.evidence.value("nonfinite_elements_max") > 0
+    assert f.evidence.value("first_nonfinite_step") == finite.index(False)
+    assert {c.knob: c.value for c in f.suggested_changes}["optimizer.lr"] == pytest.approx(5.0)
+    window, losses, finite = _blow_up(tmp_path / "ok", lr=1e-3)
+    assert np.isfinite(losses).all() and all(finite)
+    assert NonFiniteDetector().evaluate(window) == []
+
+
+def _loader_run(tmp_path: Path, sleep_s: float | None, steps: int = 12) -> StoreWindow:
+    """Batches from a DataLoader whose items each sleep ``sleep_s``, or (None) from batches
+    already in memory."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    from tests.policies.training_jobs import mlp, store_run
+
+    class Slow(Dataset):
+        def __len__(self) -> int:
+            return 10**6
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            time.sleep(sleep_s)  # a real slow source: decoding, a remote read
+            return torch.randn(16), torch.randn(4)
+
+    with store_run(tmp_path) as run:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        instr = run.instrument(model, opt, version=1)
+        batches = (iter(DataLoader(Slow(), batch_size=8, num_workers=0)) if sleep_s is not None
+                   else iter([(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(steps)]))
+        for _ in range(steps):
+            with instr.data_wait():
+                x, y = next(batches)
+            with instr.step(samples=8):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                instr.after_backward()
+                opt.step()
+                opt.zero_grad()
+            run.export()
+        return run.window()
+
+
+@pytest.mark.integration
+def test_real_slow_loader_is_input_bound(tmp_path: Path, torch_threads: object) -> None:
+    (f,) = InputBoundDetector().evaluate(_loader_run(tmp_path, sleep_s=0.005))
+    assert f.evidence.value("wait_ratio") > 0.2
+    assert f.evidence.value("mean_wait_per_batch") >= 8 * 0.005
+    assert {c.knob for c in f.suggested_changes} == {"dataloader.num_workers",
+                                                     "dataloader.prefetch_factor"}
+    assert InputBoundDetector().evaluate(_loader_run(tmp_path / "fast", sleep_s=None)) == []

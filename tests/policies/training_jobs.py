@@ -39,13 +39,27 @@ class Run:
         assert self.telemetry.force_flush(timeout_s=10.0)
 
     def window(self) -> StoreWindow:
+        """A window over a read-only handle on the file, as the sidecar reads a job's store
+        (it stays open after the run; :func:`close_readers` closes them)."""
         self.store.flush()
-        return StoreWindow(self.store, job=JOB, since_ns=0, until_ns=2**62)
+        reader = TimeSeriesStore(self.store.path, readonly=True, raw_retention_s=None)
+        _READERS.append(reader)
+        return StoreWindow(reader, job=JOB, since_ns=0, until_ns=2**62)
+
+
+_READERS: list[TimeSeriesStore] = []
+
+
+def close_readers() -> None:
+    """Close every read-only store :meth:`Run.window` opened."""
+    while _READERS:
+        _READERS.pop().close()
 
 
 @contextmanager
 def store_run(tmp_path: Path) -> Iterator[Run]:
     """A TimeSeriesStore file and a MeterProvider whose store sink writes into it."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     with TimeSeriesStore(tmp_path / "ts.db", raw_retention_s=None) as store:
         config = TelemetryConfig(job=JOB, export_interval_s=3600.0)
         with setup_telemetry(config, store_sink=lambda d: store.write(d.points)) as telemetry:
