@@ -161,7 +161,7 @@ class _Lease:
             self._threads.append(thread)
 
     def poll(self) -> _Update | None:
-        if (self._session is not None and not self._lapsed
+        if (self._baseline is not None and not self._lapsed
                 and time.monotonic() >= self._renewed_at + self._ttl_s):
             self._lapse()
         return self.latest
@@ -185,13 +185,11 @@ class _Lease:
 
     def _lapse(self) -> None:
         with self._lock:
-            if self._session is None or self._lapsed:
-                return
-            if time.monotonic() < self._renewed_at + self._ttl_s:
+            if (self._baseline is None or self._lapsed
+                    or time.monotonic() < self._renewed_at + self._ttl_s):
                 return
             self._lapsed = True
-            self._session = None
-            assert self._baseline is not None
+            self._session = None  # the poll thread re-attaches
             self._publish(self._baseline)
         log.warning("job %s: lease not renewed for %.1f s (sidecar unreachable); back to the "
                     "baseline config v%d at the next step, training on", self._job, self._ttl_s,
@@ -464,6 +462,9 @@ class Session:
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
         self.instrumentation.record_loss(loss)
+
+    def flush(self) -> None:
+        self.instrumentation.flush()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop talking to the sidecar, flush metrics, remove precision hooks (idempotent)."""
