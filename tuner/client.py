@@ -361,7 +361,8 @@ class Session:
             meter = self._telemetry.meter("tuner.client")
         self.instrumentation: TrainingInstrumentation | NullTrainingInstrumentation = (
             TrainingInstrumentation(model, optimizer, meter, grad_scaler=grad_scaler,
-                                    module_groups=module_groups, config_version=0)
+                                    module_groups=module_groups,
+                                    config_version=lambda: self.version)
             if meter is not None else NullTrainingInstrumentation())
         groups = (dict(precision_groups) if precision_groups is not None
                   else default_precision_groups(model, module_groups))
@@ -528,8 +529,7 @@ class Session:
                     self._set_values(previous)
         self._applied_seq = update.seq
         if status == "applied" and config.version != self.version:
-            self.version = config.version
-            self.instrumentation.config_version = config.version
+            self.version = config.version  # the instrumentation reads it at each step start
             self.switches.append((step, config.version))
             changed = sorted(k for k in config.values if previous.get(k) != config.values[k])
             log.info("job %s: config v%d in force from step %d%s", self.job, config.version,
