@@ -1,0 +1,199 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from collectors._store import TimeSeriesStore
+from policies._state_db import sqlite_url
+from tests.tuner._simjob import KNOBS, SimJob
+from tuner._knobs import KnobSpace
+from tuner._lease import JobRegistry
+from tuner._measure import MeasureConfig
+from tuner._rollout import RolloutConfig, RolloutController
+from tuner._search import SearchConfig, SearchDriver, config_key, neighbours, search_space
+
+SPACE = KnobSpace.of(KNOBS)
+TUNED = ("micro_batch", "precision")  # 4 x 2 = 8 configs
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def quiet_optuna() -> Iterator[None]:
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    yield
+    optuna.logging.set_verbosity(level)
+
+
+def driver(tmp_path: Path, clock: Clock | None = None, **kwargs: Any) -> SearchDriver:
+    config = SearchConfig(study_name="s", seed=3, trial_lease_s=60.0, **kwargs)
+    return SearchDriver(SPACE, storage_url=sqlite_url(tmp_path / "state.db"), config=config,
+                        knobs=TUNED, clock=clock or Clock())
+
+
+def throughput(values: dict[str, Any]) -> float:
+    return {1: 100.0, 2: 180.0, 4: 260.0, 8: 240.0}[values["micro_batch"]] * (
+        1.2 if values["precision"] == "bf16" else 1.0)
+
+
+def test_search_space_and_neighbours_follow_the_knobs() -> None:
+    space = search_space(SPACE, ["micro_batch", "prefetch", "precision"])
+    assert isinstance(space["prefetch"], optuna.distributions.IntDistribution)
+    near = list(neighbours({"micro_batch": 2, "prefetch": 1, "precision": "fp32"}, space))
+    assert {"micro_batch": 4, "prefetch": 1, "precision": "fp32"} in near
+    assert {"micro_batch": 1, "prefetch": 1, "precision": "fp32"} in near
+    assert {"micro_batch": 2, "prefetch": 2, "precision": "fp32"} in near
+    assert {"micro_batch": 2, "prefetch": 1, "precision": "bf16"} in near
+    assert len(near) == 4  # prefetch 0 is outside the domain
+
+
+def test_never_repeats_a_config_and_stops_when_exhausted(tmp_path: Path) -> None:
+    search = driver(tmp_path)
+    seen = []
+    while (proposal := search.ask()) is not None:
+        seen.append(config_key(proposal.values))
+        search.tell(proposal.number, throughput(proposal.values))
+        assert len(seen) <= 8
+    assert len(seen) == len(set(seen)) == 8
+    best = search.best()
+    assert best is not None and best[0] == {"micro_batch": 4, "precision": "bf16"}
+
+
+def test_repeats_are_answered_from_the_cache(tmp_path: Path) -> None:
+    search = driver(tmp_path)
+    first = search.ask()
+    assert first is not None
+    search.tell(first.number, 123.0)
+    search.study.enqueue_trial(first.values)  # the sampler asks for the same config again
+    second = search.ask()
+    assert second is not None and second.values != first.values
+    cached = [t for t in search.study.trials if "seedance:cached_from" in t.user_attrs]
+    assert len(cached) == 1 and cached[0].value == 123.0
+
+
+def test_seeds_come_first_then_neighbours_of_the_best(tmp_path: Path) -> None:
+    search = driver(tmp_path)
+    baseline = {"micro_batch": 8, "precision": "fp32"}
+    suggestion = {"micro_batch": 8, "precision": "bf16"}
+    assert search.seed([baseline, suggestion, baseline], origin="policy") == 2
+    asked = []
+    for _ in range(3):
+        proposal = search.ask()
+        assert proposal is not None
+        asked.append(proposal.values)
+        search.tell(proposal.number, throughput(proposal.values))
+    assert asked[:2] == [baseline, suggestion]
+    assert asked[2] in list(neighbours(suggestion, search.distributions))  # best so far
+
+
+def test_dead_trials_are_failed_by_the_lease(tmp_path: Path) -> None:
+    clock = Clock()
+    first = driver(tmp_path, clock)
+    proposal = first.ask()
+    assert proposal is not None
+    clock.now += 30
+    first.heartbeat()
+    clock.now += 45  # renewed at +30: still held at +75
+    assert first.reap() == []
+    # the sidecar dies; a new driver on the same study finds the trial after its lease ran out
+    clock.now += 120
+    second = driver(tmp_path, clock)
+    assert second.reap() == [proposal.number]
+    (trial,) = [t for t in second.study.trials if t.number == proposal.number]
+    assert trial.state == TrialState.FAIL
+    assert not second.study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_a_config_that_killed_its_job_is_never_proposed_again(tmp_path: Path) -> None:
+    search = driver(tmp_path)
+    proposal = search.ask()
+    assert proposal is not None
+    search.fail(proposal.number, reason="job died", unsafe=True)
+    again = driver(tmp_path)  # the mark survives a restart: it is in the study
+    seen = []
+    while (p := again.ask()) is not None:
+        seen.append(p.values)
+        again.tell(p.number, throughput(p.values))
+    assert proposal.values not in seen and len(seen) == 7
+
+
+def test_hopeless_trials_are_pruned(tmp_path: Path) -> None:
+    search = driver(tmp_path, pruner_startup_trials=2)
+    for value in (200.0, 210.0):
+        p = search.ask()
+        assert p is not None
+        for step in (1, 2):
+            assert not search.report(p.number, step, value)
+        search.tell(p.number, value)
+    slow = search.ask()
+    assert slow is not None
+    assert search.report(slow.number, 1, 50.0)
+
+
+@pytest.fixture
+def rollout(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    clock = Clock()
+    registry = JobRegistry(lease_ttl_s=30.0, clock=clock)
+    with TimeSeriesStore(tmp_path / "metrics.db") as store:
+        job = SimJob(registry, store, step_s=lambda v: 1.0 / throughput(v))
+        url = sqlite_url(tmp_path / "state.db")
+        ctl = RolloutController(registry, store.query, db_url=url, clock=clock, config=(
+            RolloutConfig(pairs=2, measure=MeasureConfig(warmup_steps=2, min_steps=4,
+                                                         tokens_per_step=1.0))))
+        ctl.set_mode(job.job, "auto", by="test")
+        yield {"clock": clock, "registry": registry, "job": job, "ctl": ctl, "url": url}
+
+
+def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, Any],
+                                                           tmp_path: Path) -> None:
+    ctl, job = rollout["ctl"], rollout["job"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="live", seed=0), clock=rollout["clock"])
+    ctl.add_observer(search)
+    search.seed([{"micro_batch": 4}], origin="policy")
+    change = search.propose_next(ctl, job.job)
+    assert change is not None and change.state == "approved"  # low risk, auto mode
+    for _ in range(30):
+        ctl.tick()
+        search.heartbeat()
+        if ctl.get(change.id).state not in ("approved", "applying", "observing"):
+            break
+        job.run(8)
+    done = ctl.get(change.id)
+    assert done.state == "kept"
+    (trial,) = search.study.trials
+    assert trial.state == TrialState.COMPLETE
+    assert trial.value == pytest.approx(throughput({"micro_batch": 4, "precision": "fp32"}),
+                                        rel=0.05)
+    assert trial.intermediate_values  # one report per candidate window
+
+
+def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any]) -> None:
+    ctl, job, clock = rollout["ctl"], rollout["job"], rollout["clock"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="lapse", seed=0), clock=clock)
+    ctl.add_observer(search)
+    search.seed([{"micro_batch": 2}], origin="policy")
+    change = search.propose_next(ctl, job.job)
+    assert change is not None
+    ctl.tick()
+    job.run(8)
+    clock.now += 31
+    rollout["registry"].reap()
+    assert ctl.get(change.id).state == "failed"
+    (trial,) = search.study.trials
+    assert trial.state == TrialState.FAIL
+    from tuner._search import unsafe_keys
+    assert config_key({"micro_batch": 2}) in unsafe_keys(search.study)
