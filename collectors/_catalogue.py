@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectors._points import MetricKind
+from collectors._points import CONFIG_VERSION_ATTR, MetricKind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,8 +253,29 @@ POLICY_METRICS: tuple[MetricSpec, ...] = (
                description="Findings open now, per detector"),
 )
 
+TUNING_METRICS: tuple[MetricSpec, ...] = (
+    # Emitted by the rollout controller in the sidecar; service.name is the sidecar's resource.
+    MetricSpec(name="seedance.tuning.trials", unit="{trial}", kind=S,
+               source="rollout controller", attributes=("service.name", "state"),
+               description="Search trials that reached a state (state complete|pruned|fail, "
+               "as Optuna names them)"),
+    MetricSpec(name="seedance.tuning.changes", unit="{change}", kind=S,
+               source="rollout controller", attributes=("service.name", "state"),
+               description="Changes that entered a state (state proposed|approved|applying|"
+               "observing|kept|rolled_back|rejected|expired|failed)"),
+    MetricSpec(name="seedance.tuning.rollbacks", unit="{rollback}", kind=S,
+               source="rollout controller", attributes=("service.name", "scope", "cause"),
+               description="Rollbacks, scope full|local|config (the trip's kind), cause the "
+               "guardrail or verdict that forced it"),
+    MetricSpec(name="seedance.tuning.objective", unit="1", kind=G,
+               source="rollout controller",
+               attributes=("service.name", CONFIG_VERSION_ATTR),
+               description="Objective value the last completed trial measured, in the "
+               "objective's own unit"),
+)
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     GPU_METRICS + TRAINING_METRICS + COLLECTIVE_METRICS + SERVING_METRICS + SCRAPE_METRICS
-    + POLICY_METRICS
+    + POLICY_METRICS + TUNING_METRICS
 )
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
