@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import FrameStore, StoreWindow
+from policies import Detector, FrameStore, StoreWindow
 from policies.detectors import (
     BATCH_SIZE_ATTR,
     PRECISION_ATTR,
@@ -434,3 +434,87 @@ def test_real_slow_loader_is_input_bound(tmp_path: Path, torch_threads: object) 
     assert {c.knob for c in f.suggested_changes} == {"dataloader.num_workers",
                                                      "dataloader.prefetch_factor"}
     assert InputBoundDetector().evaluate(_loader_run(tmp_path / "fast", sleep_s=None)) == []
+
+
+@pytest.mark.integration
+def test_real_small_batch_bf16_against_fp32(tmp_path: Path, torch_threads: object) -> None:
+    """Tiny GPT at batch 2 on CPU, bf16 autocast and fp32 interleaved over four config
+    versions. The verdict must match what the test itself timed: on this kind of CPU the casts
+    make bf16 slower at this size (measured about 1.5x); where bf16 is clearly faster the
+    detector must stay quiet."""
+    import torch
+
+    from tests.policies.training_jobs import store_run
+    from workloads.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.block_size))
+    timed: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    with store_run(tmp_path) as run:
+        for version, precision in enumerate(("fp32", "bf16", "fp32", "bf16"), start=1):
+            instr = run.instrument(model, opt, version=version,
+                                   attributes={PRECISION_ATTR: precision, BATCH_SIZE_ATTR: "2"})
+            for i in range(12):
+                start = time.perf_counter()
+                with instr.step(tokens=x.numel(), samples=2):
+                    with torch.autocast("cpu", dtype=torch.bfloat16,
+                                        enabled=precision == "bf16"):
+                        loss = model(x, x.roll(-1, dims=1))
+                    loss.backward()
+                    instr.after_backward()
+                    opt.step()
+                    opt.zero_grad()
+                if i:  # the first export of each series is the detector's baseline
+                    timed[precision].append(time.perf_counter() - start)
+                run.export()
+        window = run.window()
+    detector = SmallBatchPrecisionDetector()
+    ratio = float(np.mean(timed["bf16"]) / np.mean(timed["fp32"]))
+    print(f"bf16/fp32 step time at batch 2, measured by the test: {ratio:.2f}")
+    findings = detector.evaluate(window)
+    bound = 1 - detector.config.min_speedup
+    if ratio > bound + 0.05:
+        (f,) = findings
+        assert f.evidence.value("step_time_ratio") == pytest.approx(ratio, rel=0.1)
+        assert f.evidence.value("fp32_step_time") == pytest.approx(np.mean(timed["fp32"]),
+                                                                   rel=0.1)
+        assert f.evidence.value("bf16_tokens_per_second") > 0
+        assert f.evidence.value("fp32_steps") == len(timed["fp32"])
+        assert [(c.knob, c.value) for c in f.suggested_changes] == [("precision", "fp32")]
+    elif ratio < bound - 0.05:
+        assert findings == []
+
+
+@pytest.mark.integration
+def test_real_demo_gpt_run_raises_no_training_finding(tmp_path: Path, torch_threads: object
+                                                      ) -> None:
+    """The demo Trainer (its GPT scaled down to fit the test's time) for 120 steps, judged
+    every 20 steps over the last 40 by every training detector: nothing is wrong, nothing
+    is found."""
+    from policies.detectors._steps import STEP
+    from tests.policies.training_jobs import store_run
+    from workloads.gpt import GPTConfig
+    from workloads.train import TrainConfig, Trainer
+
+    trainer = Trainer(TrainConfig(steps=120, global_batch=4, micro_batch=4, seq_len=32,
+                                  threads=1),
+                      model_config=GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=64))
+    with store_run(tmp_path) as run:
+        instr = run.instrument(trainer.model, trainer.optimizer, version=1,
+                               grad_scaler=trainer.scaler)
+        losses = []
+        for _ in range(trainer.config.steps):
+            losses.append(float(trainer.step(instr)))
+            run.export()
+        times = run.window().query(STEP)["time"].astype("int64").to_numpy()
+        windows = [run.window(int(times[end - 40]), int(times[end - 1]))
+                   for end in range(40, len(times) + 1, 20)]
+    assert losses[-1] < losses[0]  # it really trained
+    assert len(windows) == 5
+    detectors: list[Detector] = [d() for d in ALL_TRAINING]
+    for window in windows:
+        for detector in detectors:
+            assert detector.evaluate(window) == [], (detector.name, window.since_ns)

@@ -38,13 +38,13 @@ class Run:
     def export(self) -> None:
         assert self.telemetry.force_flush(timeout_s=10.0)
 
-    def window(self) -> StoreWindow:
+    def window(self, since_ns: int = 0, until_ns: int = 2**62) -> StoreWindow:
         """A window over a read-only handle on the file, as the sidecar reads a job's store
         (it stays open after the run; :func:`close_readers` closes them)."""
         self.store.flush()
         reader = TimeSeriesStore(self.store.path, readonly=True, raw_retention_s=None)
         _READERS.append(reader)
-        return StoreWindow(reader, job=JOB, since_ns=0, until_ns=2**62)
+        return StoreWindow(reader, job=JOB, since_ns=since_ns, until_ns=until_ns)
 
 
 _READERS: list[TimeSeriesStore] = []
