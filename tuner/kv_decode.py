@@ -1,0 +1,106 @@
+"""Decode with an external KV cache through the demo GPT's own modules and weights.
+
+``workloads.gpt.GPT`` recomputes attention over the whole sequence on every forward; it has no
+cache. :func:`decode_step` runs the same computation incrementally: it reuses the model's
+``wte``, ``wpe``, and each block's ``ln_1``, ``attn.qkv``, ``attn.proj``, ``ln_2``, ``mlp``,
+``ln_f`` and ``lm_head`` (no weights are copied), and keeps keys and values in a
+:class:`tuner.kv_cache.QuantizedKVCache`. With an unquantised (32-bit) cache it reproduces the
+model's full forward (tested). The model is duck-typed (``tuner`` must not import
+``workloads``): any nanoGPT-shaped module with those names works.
+
+New tokens attend to the cached (dequantised) keys and values plus their own keys and values in
+full precision, as quantised-cache servers do in prefill; they are then appended to the cache.
+
+Imported by the serving job only (it needs torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tuner.kv_cache import KVCacheError, QuantizedKVCache
+
+__all__ = ["cache_for", "decode_step"]
+
+_MODULES = ("wte", "wpe", "h", "ln_f", "lm_head", "config")
+_BLOCK_MODULES = ("ln_1", "attn", "ln_2", "mlp")
+
+
+def _check_model(model: nn.Module) -> None:
+    missing = [n for n in _MODULES if not hasattr(model, n)]
+    missing += [f"h.0.{n}" for n in _BLOCK_MODULES if len(model.h) and not hasattr(model.h[0], n)]
+    if missing:
+        raise KVCacheError(f"model lacks the nanoGPT modules decode_step runs: {missing}")
+
+
+def cache_for(model: nn.Module, **kwargs: object) -> QuantizedKVCache:
+    """A cache shaped for ``model`` (layers, heads, head size, its device and dtype);
+    ``kwargs`` go to :class:`QuantizedKVCache` (``key_bits``, ``group_size``, ...)."""
+    _check_model(model)
+    n_head = model.h[0].attn.n_head
+    weight = model.wte.weight
+    kwargs.setdefault("device", weight.device)
+    kwargs.setdefault("dtype", weight.dtype)
+    return QuantizedKVCache(len(model.h), n_head, model.config.n_embd // n_head,
+                            **kwargs)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def decode_step(model: nn.Module, cache: QuantizedKVCache | Sequence[QuantizedKVCache],
+                tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, new_tokens, vocab] for ``tokens`` [batch, new_tokens] that follow what
+    the cache holds; their keys and values are appended to it.
+
+    ``cache`` is one cache for the whole batch (equal lengths), or one cache per row of
+    ``tokens`` (each of batch 1; lengths may differ, as in continuous batching). Prefill is a
+    call with the prompt, decode a call with one token per row.
+    """
+    _check_model(model)
+    caches = [cache] if isinstance(cache, QuantizedKVCache) else list(cache)
+    b, t = tokens.shape
+    if len(caches) != 1 and len(caches) != b:
+        raise KVCacheError(f"give one cache or one per row: {len(caches)} caches, {b} rows")
+    rows = [slice(None)] if len(caches) == 1 else [slice(i, i + 1) for i in range(b)]
+    starts = torch.tensor([c.seq_len for c in caches], device=tokens.device)
+    pos = starts[:, None] + torch.arange(t, device=tokens.device)  # [1 or b, t]
+    if int(pos.max()) >= model.config.block_size:
+        raise KVCacheError(f"position {int(pos.max())} exceeds the model's block_size "
+                           f"{model.config.block_size}")
+    x = model.wte(tokens) + model.wpe(pos)
+    c = x.shape[-1]
+    for layer, block in enumerate(model.h):
+        attn = block.attn
+        n_head = attn.n_head
+        q, k, v = attn.qkv(block.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, n_head, c // n_head).transpose(1, 2) for z in (q, k, v))
+        ys = []
+        for kv_cache, row in zip(caches, rows, strict=True):
+            ys.append(_attend(kv_cache, layer, q[row], k[row], v[row]))
+        y = torch.cat(ys, dim=0) if len(ys) > 1 else ys[0]
+        x = x + attn.proj(y.transpose(1, 2).reshape(b, t, c))
+        x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(model.ln_f(x))
+
+
+def _attend(cache: QuantizedKVCache, layer: int, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the new queries over cached + new keys; appends the new ones."""
+    held = cache.layer_len(layer)
+    if held:
+        old_k, old_v = cache.keys_values(layer)
+        keys = torch.cat((old_k.to(k.dtype), k), dim=2)
+        values = torch.cat((old_v.to(v.dtype), v), dim=2)
+    else:
+        keys, values = k, v
+    t = q.shape[2]
+    mask = None
+    if t > 1:
+        key_pos = torch.arange(held + t, device=q.device)
+        mask = key_pos[None, :] <= held + torch.arange(t, device=q.device)[:, None]
+    y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    cache.append(layer, k, v)
+    return y
