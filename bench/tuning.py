@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,14 +118,121 @@ def measure_grid(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_grid(args: argparse.Namespace) -> dict[str, Any]:
-    if GRID_PATH.exists() and not args.remeasure:
-        grid = json.loads(GRID_PATH.read_text())
-        print(f"measured grid from {GRID_PATH} (measured {grid['measured_at']})", flush=True)
+    if args.grid.exists() and not args.remeasure:
+        grid = json.loads(args.grid.read_text())
+        print(f"measured grid from {args.grid} (measured {grid['measured_at']})", flush=True)
         return grid
     grid = measure_grid(args)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    GRID_PATH.write_text(json.dumps(grid, indent=1) + "\n")
+    args.grid.parent.mkdir(parents=True, exist_ok=True)
+    args.grid.write_text(json.dumps(grid, indent=1) + "\n")
     return grid
+
+
+def knob_space(grid: Mapping[str, Any]) -> Any:
+    from tuner._knobs import Knob, KnobSpace
+    configs = [row["values"] for row in grid["configs"]]
+    micro = tuple(sorted({c["micro_batch"] for c in configs}))
+    threads = tuple(sorted({c["threads"] for c in configs}))
+    return KnobSpace.of([
+        Knob(name="precision", default="fp32", choices=PRECISIONS, risk="high"),
+        Knob(name="micro_batch", default=max(micro), choices=micro),
+        Knob(name="threads", default=max(threads), choices=threads, scope="restart"),
+    ])
+
+
+class Observer:
+    """SIMULATED observation from the MEASURED grid: tokens/s of one window of
+    ``window_steps`` step times drawn from the config's measured per-step times."""
+
+    def __init__(self, grid: Mapping[str, Any], window_steps: int, seed: int) -> None:
+        self.tokens_per_step = float(grid["tokens_per_step"])
+        self.steps = {config_key(r["values"]): np.asarray(r["step_s"]) for r in grid["configs"]}
+        self.window_steps = window_steps
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, values: Mapping[str, Any]) -> float:
+        drawn = self.rng.choice(self.steps[config_key(values)], size=self.window_steps)
+        return self.tokens_per_step / float(drawn.mean())
+
+
+def trials_to_target(picked: Sequence[Mapping[str, Any]], true: Mapping[str, float],
+                     target: float, budget: int) -> int:
+    for i, values in enumerate(picked[:budget], start=1):
+        if true[config_key(values)] >= target:
+            return i
+    return budget + 1
+
+
+def run_tuner(grid: Mapping[str, Any], observe: Observer, budget: int, seed: int,
+              workdir: Path) -> list[dict[str, Any]]:
+    from tuner._search import SearchConfig, SearchDriver
+    space = knob_space(grid)
+    url = f"sqlite:///{workdir / f'tuner-{seed}.db'}"
+    driver = SearchDriver(space, storage_url=url,
+                          config=SearchConfig(study_name=f"bench-{seed}", seed=seed))
+    driver.seed([space.defaults()], origin="baseline")  # the job's running config
+    picked: list[dict[str, Any]] = []
+    while len(picked) < budget and (proposal := driver.ask()) is not None:
+        picked.append(proposal.values)
+        driver.tell(proposal.number, observe(proposal.values))
+    return picked
+
+
+def run_optuna(grid: Mapping[str, Any], observe: Observer, budget: int,
+               sampler: Any) -> list[dict[str, Any]]:
+    import optuna
+
+    from tuner._search import search_space
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    distributions = search_space(knob_space(grid))
+    picked = []
+    for _ in range(budget):
+        trial = study.ask(distributions)
+        picked.append(dict(trial.params))
+        study.tell(trial, observe(trial.params))
+    return picked
+
+
+def compare_searchers(grid: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    true = {config_key(r["values"]): float(r["tokens_per_s_mean"]) for r in grid["configs"]}
+    best = max(true.values())
+    target = args.target * best
+    configs = [r["values"] for r in grid["configs"]]
+    runners: dict[str, Callable[[Observer, int, Path], list[dict[str, Any]]]] = {
+        "tuner": lambda o, s, w: run_tuner(grid, o, args.budget, s, w),
+        "random": lambda o, s, w: run_optuna(
+            grid, o, args.budget, optuna.samplers.RandomSampler(seed=s)),
+        "random_unique": lambda o, s, w: [
+            configs[int(i)] for i in np.random.default_rng(s).permutation(len(configs))],
+        "tpe_default": lambda o, s, w: run_optuna(
+            grid, o, args.budget, optuna.samplers.TPESampler(seed=s)),
+    }
+    trials: dict[str, list[int]] = {name: [] for name in runners}
+    wall_s: dict[str, float] = {name: 0.0 for name in runners}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.seeds):
+            for name, runner in runners.items():  # interleaved: every searcher, every seed
+                observe = Observer(grid, args.window_steps, seed)
+                t0 = time.perf_counter()
+                picked = runner(observe, seed, Path(tmp))
+                wall_s[name] += time.perf_counter() - t0
+                trials[name].append(trials_to_target(picked, true, target, args.budget))
+    summary = {name: {"trials_to_target": t, "median": statistics.median(t),
+                      "mean": statistics.mean(t),
+                      "reached_within_budget": sum(x <= args.budget for x in t) / len(t),
+                      "search_overhead_s_per_seed": wall_s[name] / args.seeds}
+               for name, t in trials.items()}
+    ratio = summary["tuner"]["median"] / summary["random"]["median"]
+    return {"target_fraction_of_best": args.target, "budget": args.budget,
+            "seeds": args.seeds, "window_steps": args.window_steps,
+            "configs_reaching_target": sum(v >= target for v in true.values()),
+            "searchers": summary,
+            "tuner_over_random_median": ratio,
+            "tuner_over_random_unique_median":
+                summary["tuner"]["median"] / summary["random_unique"]["median"],
+            "issue_target_at_most_half_of_random": ratio <= 0.5}
 
 
 def main() -> None:
@@ -138,9 +245,37 @@ def main() -> None:
     p.add_argument("--warmup-steps", type=int, default=3, help="dropped from each run")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the grid")
     p.add_argument("--remeasure", action="store_true")
+    p.add_argument("--grid", type=Path, default=GRID_PATH, help="the measured grid (cache)")
+    p.add_argument("--out", type=Path, default=RESULTS / "tuning.json")
     p.add_argument("--grid-only", action="store_true")
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--budget", type=int, default=10, help="trials per search")
+    p.add_argument("--window-steps", type=int, default=5,
+                   help="steps in one simulated observation window")
+    p.add_argument("--target", type=float, default=0.95, help="fraction of the best")
     args = p.parse_args()
-    load_grid(args)
+    grid = load_grid(args)
+    if args.grid_only:
+        return
+    result = compare_searchers(grid, args)
+    true = sorted(((r["tokens_per_s_mean"], r["values"]) for r in grid["configs"]),
+                  key=lambda x: -x[0])
+    result = {"benchmark": "tuning", "grid_file": str(args.grid),
+              "grid_measured_at": grid["measured_at"], "grid_machine": grid["machine"],
+              "observations": "SIMULATED from the MEASURED per-step times of each config",
+              "baseline_config": knob_space(grid).defaults(),
+              "policy_suggestions": "none (no finding on this job; only the baseline is seeded)",
+              "grid_tokens_per_s": [{"values": v, "tokens_per_s": round(t, 1)}
+                                    for t, v in true],
+              **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for name, row in result["searchers"].items():
+        print(f"{name:14s} median trials to {args.target:.0%} of best: {row['median']:4.1f}  "
+              f"mean {row['mean']:4.1f}  reached within {args.budget}: "
+              f"{row['reached_within_budget']:.0%}")
+    print(f"tuner / random median: {result['tuner_over_random_median']:.2f} "
+          f"(target <= 0.5: {result['issue_target_at_most_half_of_random']})")
 
 
 if __name__ == "__main__":

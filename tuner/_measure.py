@@ -252,5 +252,7 @@ def _interval(gains: np.ndarray, config: MeasureConfig) -> tuple[float, float]:
 
 def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:
     """Windows as ``Window.to_json`` wrote them (the rollout journal stores them so)."""
-    return [Window(**{k: (float(v) if k in ("step_s", "tokens_per_s", "loss") else v)
-                      for k, v in row.items()}) for row in rows]
+    return [Window(version=int(r["version"]), arm=r["arm"], steps=int(r["steps"]),
+                   step_s=float(r["step_s"]), tokens_per_s=float(r["tokens_per_s"]),
+                   loss=float(r["loss"]), nonfinite_loss=bool(r["nonfinite_loss"]),
+                   start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"])) for r in rows]

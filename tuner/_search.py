@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import optuna
@@ -84,7 +84,7 @@ def neighbours(values: Mapping[str, Any], space: Mapping[str, BaseDistribution]
             ordered = all(isinstance(c, int | float) and not isinstance(c, bool)
                           for c in choices)
             if ordered:
-                ranked = sorted(choices)
+                ranked = sorted(choices, key=lambda c: float(c))  # type: ignore[arg-type]
                 i = ranked.index(value)
                 steps = [ranked[j] for j in (i + 1, i - 1) if 0 <= j < len(ranked)]
             else:
@@ -179,7 +179,7 @@ class SearchConfig:
     heartbeats (one rollout window)."""
 
     study_name: str
-    direction: str = "maximize"
+    direction: Literal["maximize", "minimize"] = "maximize"
     trial_lease_s: float = 900.0
     tpe_startup_trials: int = 2
     pruner_startup_trials: int = 2
