@@ -478,9 +478,12 @@ def test_real_small_batch_bf16_against_fp32(tmp_path: Path, torch_threads: objec
     bound = 1 - detector.config.min_speedup
     if ratio > bound + 0.05:
         (f,) = findings
-        assert f.evidence.value("step_time_ratio") == pytest.approx(ratio, rel=0.1)
-        assert f.evidence.value("fp32_step_time") == pytest.approx(np.mean(timed["fp32"]),
-                                                                   rel=0.1)
+        # the test's span holds the instrumented one (plus exporting the gauges), so the
+        # detector's step times are a little shorter and its ratio a little further from 1
+        for precision in ("fp32", "bf16"):
+            seen = f.evidence.value(f"{precision}_step_time")
+            assert 0.5 * np.mean(timed[precision]) < seen <= np.mean(timed[precision])
+        assert f.evidence.value("step_time_ratio") > bound
         assert f.evidence.value("bf16_tokens_per_second") > 0
         assert f.evidence.value("fp32_steps") == len(timed["fp32"])
         assert [(c.knob, c.value) for c in f.suggested_changes] == [("precision", "fp32")]
