@@ -27,6 +27,7 @@ from torch import nn
 from collectors._errors import SeedanceError
 from collectors._otel import TelemetryConfig, setup_telemetry
 from collectors.torch_training import NullTrainingInstrumentation, TrainingInstrumentation
+from tuner.client import Session, attach
 from workloads.corpus import Corpus, CorpusConfig
 from workloads.gpt import GPT, GPTConfig, count_parameters
 
@@ -133,7 +134,8 @@ class Trainer:
         self.scheduler.step()
         self.steps_done += 1
 
-    def step(self, instr: TrainingInstrumentation | NullTrainingInstrumentation) -> torch.Tensor:
+    def step(self, instr: TrainingInstrumentation | NullTrainingInstrumentation | Session
+             ) -> torch.Tensor:
         """One optimizer step over one global batch; returns this rank's mean loss."""
         tokens = (self.config.global_batch // self.config.world_size) * self.config.seq_len
         with instr.data_wait():
@@ -164,12 +166,21 @@ class Trainer:
 
 def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
         otlp_endpoint: str | None = None, export_interval_s: float = 1.0,
-        seconds: float | None = None, log_every: int = 10) -> dict[str, float]:
-    """Trains for ``config.steps`` (or until ``seconds`` pass); returns a short summary."""
+        seconds: float | None = None, log_every: int = 10,
+        sidecar: str | None = None) -> dict[str, float]:
+    """Trains for ``config.steps`` (or until ``seconds`` pass); returns a short summary.
+
+    With ``sidecar`` (its base URL) the job holds a knob lease (``tuner.client``): the session
+    exports the metrics to the sidecar and applies the configs it is sent at step boundaries.
+    """
     trainer = Trainer(config, rank=rank)
     telemetry = None
-    instr: TrainingInstrumentation | NullTrainingInstrumentation = NullTrainingInstrumentation()
-    if otlp_endpoint:
+    instr: TrainingInstrumentation | NullTrainingInstrumentation | Session = (
+        NullTrainingInstrumentation())
+    if sidecar:
+        instr = attach(trainer.module, trainer.optimizer, job=job, sidecar=sidecar,
+                       grad_scaler=trainer.scaler, export_interval_s=export_interval_s)
+    elif otlp_endpoint:
         telemetry = setup_telemetry(TelemetryConfig(
             job=job, rank=rank, otlp_endpoint=otlp_endpoint,
             otlp_protocol="http/protobuf", export_interval_s=export_interval_s))
@@ -195,7 +206,10 @@ def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
                 print(f"step {trainer.steps_done} loss {loss:.4f} "
                       f"{elapsed / trainer.steps_done * 1e3:.0f} ms/step", flush=True)
     finally:
-        instr.flush()
+        if isinstance(instr, Session):
+            instr.close()
+        else:
+            instr.flush()
         if telemetry is not None:
             telemetry.shutdown()
     held_out = trainer.evaluate()
@@ -238,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--otlp-endpoint", default=None,
                    help="OTLP/HTTP base URL (or .../v1/metrics); metrics are off without it")
     p.add_argument("--export-interval-s", type=float, default=1.0)
+    p.add_argument("--sidecar", default=None, metavar="URL",
+                   help="sidecar base URL: hold a knob lease there and export metrics to it")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -248,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         precision=a.precision, grad_scaler=a.grad_scaler, lr=a.lr, seed=a.seed,
         world_size=world_size)
     kwargs = {"job": a.job, "otlp_endpoint": a.otlp_endpoint,
-              "export_interval_s": a.export_interval_s, "seconds": a.seconds}
+              "export_interval_s": a.export_interval_s, "seconds": a.seconds,
+              "sidecar": a.sidecar}
     if torchrun:
         _ddp_worker(int(os.environ["RANK"]), world_size, config, kwargs)
     elif world_size > 1:
