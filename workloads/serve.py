@@ -19,6 +19,7 @@ clock; p50/p99 are exact order statistics over all requests (``inverted_cdf``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -405,7 +406,7 @@ def replica_main(index: int, config: ServeConfig, history: list[tuple[int, ...]]
         job=config.job, rank=index, otlp_endpoint=config.otlp_endpoint,
         export_interval_s=config.export_interval_s))
     delay = config.slow_step_delay_s if index in config.slow_replicas else 0.0
-    replica_config = ReplicaConfig(**{**config.replica.__dict__, "step_delay_s": delay})
+    replica_config = dataclasses.replace(config.replica, step_delay_s=delay)
     engine = Engine(build_model(config.model, config.model_seed), cache_factory(config),
                     replica_config, replica=index, meter=telemetry.meter("workloads.serve"))
     if history:
@@ -460,6 +461,27 @@ class RunResult:
 def quantile(values: np.ndarray, q: float) -> float:
     """The exact order statistic (smallest value with at least q of them at or below)."""
     return float(np.quantile(values, q, method="inverted_cdf")) if len(values) else math.nan
+
+
+def replay(engine: Engine, requests: Sequence[Request], *,
+           timeout_s: float = 600.0) -> RunResult:
+    """One replica in this process, open loop: each request is submitted once its scheduled
+    arrival has passed (between steps) and timed from that arrival."""
+    t0 = time.monotonic()
+    arrival = {r.id: t0 + r.arrival_s for r in requests}
+    done: list[Completion] = []
+    pending = deque(requests)
+    while len(done) < len(requests) and time.monotonic() - t0 < timeout_s:
+        now = time.monotonic()
+        while pending and arrival[pending[0].id] <= now:
+            engine.submit(pending.popleft())
+        if engine.idle and pending:
+            time.sleep(min(0.01, max(0.0, arrival[pending[0].id] - now)))
+            continue
+        done += engine.step()
+    return RunResult(latencies_s={c.id: c.finished_s - arrival[c.id] for c in done},
+                     completions=done, cache_stats={0: asdict(engine.prefix_cache.stats())},
+                     weights_history=[], lost=sorted(set(arrival) - {c.id for c in done}))
 
 
 def make_router(config: ServeConfig) -> Router:
