@@ -16,16 +16,16 @@ from types import MappingProxyType
 
 from collectors import (
     BY_NAME,
+    RESOURCE_ATTRS,
     DecodedMetrics,
     LatestValueCollector,
     MetricInfo,
     MetricKind,
-    RESOURCE_ATTRS,
     MetricSpec,
     Point,
+    SeedanceError,
     Temporality,
 )
-from collectors._errors import SeedanceError
 
 _OTLP_TYPE = {MetricKind.GAUGE: "gauge", MetricKind.SUM: "sum",
               MetricKind.HISTOGRAM: "histogram"}
