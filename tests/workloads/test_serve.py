@@ -1,0 +1,130 @@
+"""Serving workload: cached decode is exact, a prefix hit changes nothing but the work, the load
+is seeded, and the guardrails read the metrics the engine really exports."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from collectors._otel import TelemetryConfig, setup_telemetry
+from collectors._otlp_decode import DecodedMetrics
+from collectors._points import Point
+from policies._window import FrameStore, StoreWindow
+from tests.workloads.plain_kv import PlainKVCache
+from tuner.prefix_cache import PrefixCacheConfig
+from tuner.serving_guardrails import (
+    QUALITY_METRIC,
+    ServingGuardrailConfig,
+    check_guardrails,
+    histogram_quantile,
+)
+from workloads import loadgen
+from workloads.gpt import GPTConfig
+from workloads.serve import Engine, ReplicaConfig, build_model, quantile
+
+MODEL = GPTConfig(n_layer=2, n_head=2, n_embd=64)
+LOAD = loadgen.LoadConfig(rate_rps=50.0, duration_s=1.0, n_prefixes=4, prefix_tokens=24,
+                          seed=3)
+
+
+def _engine(**kwargs: object) -> Engine:
+    torch.set_num_threads(1)
+    model = build_model(MODEL, 0)
+    return Engine(model, lambda: PlainKVCache(MODEL.n_layer, MODEL.n_head,
+                                              MODEL.n_embd // MODEL.n_head),
+                  ReplicaConfig(**kwargs))  # type: ignore[arg-type]
+
+
+def _serve(engine: Engine, requests: list[loadgen.Request]) -> dict[int, tuple[int, ...]]:
+    for r in requests:
+        engine.submit(r)
+    out = {}
+    while not engine.idle:
+        out.update({c.id: c.tokens for c in engine.step()})
+    return out
+
+
+def test_batched_cached_decode_matches_a_cache_free_forward() -> None:
+    requests = loadgen.generate(LOAD)[:12]
+    engine = _engine(max_batch=5, quality_every=1)
+    tokens = _serve(engine, requests)
+    assert len(tokens) == 12
+    checked = list(engine._checked)
+    assert len(checked) == sum(r.max_new_tokens for r in requests)
+    assert all(checked)
+
+
+def test_a_prefix_hit_gives_the_same_tokens_as_a_miss() -> None:
+    requests = loadgen.generate(LOAD)[:10]
+    cached = _engine(prefix_cache=PrefixCacheConfig(capacity_entries=8))
+    uncached = _engine(prefix_cache=PrefixCacheConfig(capacity_entries=1, capacity_bytes=1))
+    assert _serve(cached, requests) == _serve(uncached, requests)
+    assert cached.prefix_cache.stats().hits > 0 and uncached.prefix_cache.stats().hits == 0
+
+
+def test_the_load_is_seeded_and_the_prefix_mix_is_zipf() -> None:
+    config = loadgen.LoadConfig(rate_rps=200.0, duration_s=10.0, n_prefixes=16, seed=1)
+    trace = loadgen.generate(config)
+    assert trace == loadgen.generate(config)
+    assert trace != loadgen.generate(loadgen.LoadConfig(**{**config.__dict__, "seed": 2}))
+    gaps = np.diff([r.arrival_s for r in trace])
+    assert gaps.mean() == pytest.approx(1 / 200.0, rel=0.15)
+    counts = Counter(r.prefix_id for r in trace)
+    assert counts[0] > counts[1] > counts[8]
+    assert all(r.prompt[:r.prefix_len] == loadgen.prefixes(config)[r.prefix_id] for r in trace)
+    assert max(len(r.prompt) + r.max_new_tokens for r in trace) <= config.max_tokens
+
+
+def test_quantile_is_an_exact_order_statistic() -> None:
+    values = np.arange(1, 101, dtype=float)
+    assert quantile(values, 0.99) == 99.0 and quantile(values, 0.5) == 50.0
+
+
+def test_histogram_quantile_interpolates_and_flags_the_overflow_bucket() -> None:
+    assert histogram_quantile(0.5, {1.0: 0, 2.0: 10, math.inf: 10}) == pytest.approx(1.5)
+    assert histogram_quantile(0.99, {1.0: 50, math.inf: 100}) == math.inf
+    assert math.isnan(histogram_quantile(0.99, {}))
+
+
+def test_guardrails_read_the_engines_exported_latency_and_quality() -> None:
+    points: list[Point] = []
+
+    def sink(decoded: DecodedMetrics) -> None:
+        points.extend(decoded.points)
+
+    telemetry = setup_telemetry(TelemetryConfig(job="serve-test", export_interval_s=3600.0),
+                                store_sink=sink)
+    try:
+        engine = _engine(quality_every=1)
+        engine = Engine(engine.model, engine._new_cache, engine.config,
+                        meter=telemetry.meter("workloads.serve"))
+        _serve(engine, loadgen.generate(LOAD)[:30])
+        telemetry.force_flush()
+    finally:
+        telemetry.shutdown()
+    store = FrameStore.from_points(points)
+    times = [p.time_ns for p in points]
+    window = StoreWindow(store, job="serve-test", since_ns=min(times), until_ns=max(times))
+    whole = dict(series_start_in_window=True, min_requests=10)
+    assert check_guardrails(window, ServingGuardrailConfig(p99_slo_s=60.0, **whole)) == []
+    (breach,) = check_guardrails(window, ServingGuardrailConfig(p99_slo_s=1e-6, **whole))
+    assert "over 30 requests" in breach
+    # plain cache: every sampled token agrees, so even the strictest bound holds
+    strict = ServingGuardrailConfig(p99_slo_s=60.0, min_token_agreement=1.0, **whole)
+    assert check_guardrails(window, strict) == []
+    # one export per series and no claim that the series started in the window: no verdict
+    assert check_guardrails(window, ServingGuardrailConfig(p99_slo_s=1e-6)) == []
+
+
+def test_quality_below_its_bound_is_a_breach() -> None:
+    """Synthetic points (labelled so): the check itself, for a degraded KV cache."""
+    frame = pd.DataFrame({"time": [1, 2], "value": [0.9, 0.92], "service.name": ["j", "j"]})
+    store = FrameStore({QUALITY_METRIC: frame})
+    (breach,) = check_guardrails(StoreWindow(store, job="j", since_ns=0, until_ns=10),
+                                 ServingGuardrailConfig(min_token_agreement=0.95))
+    assert "token agreement 0.9100" in breach
