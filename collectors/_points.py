@@ -13,7 +13,7 @@ REPLAYED_ATTR = "seedance.replayed"
 """Set to "true" on points that come from a recorded trace, never from live hardware."""
 
 
-class MetricKind(str, enum.Enum):
+class MetricKind(enum.StrEnum):
     """How a series' values combine over time (mirrors the OTLP data types)."""
 
     GAUGE = "gauge"

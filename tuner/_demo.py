@@ -106,7 +106,7 @@ class DemoRun:
         proc = self._spawn("train", [
             "-m", "workloads.train", "--job", "demo-train",
             "--otlp-endpoint", f"{self.url}/v1/metrics", "--seconds", str(duration_s),
-            "--threads", str(self.config.threads),
+            "--threads", str(self.config.threads), "--steps", "100000000",
         ])
         start = time.monotonic()
         while proc.poll() is None:
