@@ -30,6 +30,9 @@ metrics_app = typer.Typer(help="Look at what the time-series store holds.", no_a
 config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
 app.add_typer(metrics_app, name="metrics")
 app.add_typer(config_app, name="config")
+dashboards_app = typer.Typer(help="Generate dashboards for the metrics the sidecar exports.",
+                             no_args_is_help=True)
+app.add_typer(dashboards_app, name="dashboards")
 
 stdout = Console()
 err = Console(stderr=True)
@@ -278,6 +281,27 @@ def roi(
     stdout.print(table)
     if png is not None:
         stdout.print(f"heatmap: {png}")
+
+
+@dashboards_app.command("grafana")
+def dashboards_grafana(
+    out: Annotated[Path, typer.Option(help="Folder for dashboards/ and provisioning/.")],
+    prometheus_url: Annotated[
+        str, typer.Option(help="Prometheus URL for the provisioned data source.")
+    ] = "http://127.0.0.1:9090",
+    json_out: JsonFlag = False,
+) -> None:
+    """Grafana dashboards (GPUs, training, serving, tuning, findings) + provisioning files."""
+    from dashboards.grafana import write_grafana
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    paths = write_grafana(out, prometheus_url=prometheus_url)
+    if json_out:
+        print_json([str(p) for p in paths])
+        return
+    for path in paths:
+        stdout.print(str(path))
 
 
 @app.command()
