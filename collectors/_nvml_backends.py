@@ -464,7 +464,8 @@ class ReplayBackend(NvmlBackend):
             raise NvmlUnavailable("poll() before open()")
         with self._lock:
             polls = self._trace.polls
-            position = min(self._next, len(polls) - 1)
+            position = (self._next % len(polls) if self._loop
+                        else min(self._next, len(polls) - 1))
             t_s, gpus = polls[position]
             cycle = self._next // len(polls) if self._loop else 0
             self._next += 1

@@ -113,8 +113,15 @@ def metrics_list(
     table = Table("name", "series", "points", "first", "last")
     for row in frame.itertuples(index=False):
         table.add_row(str(row.name), str(row.series), str(row.points),
-                      str(row.first), str(row.last))
+                      _short_time(row.first), _short_time(row.last))
     stdout.print(table)
+
+
+def _short_time(value: Any) -> str:
+    """Timestamps to the second, UTC: the table is for eyes, --json keeps full precision."""
+    import pandas as pd
+
+    return "-" if pd.isna(value) else pd.Timestamp(value).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _parse_where(items: list[str]) -> dict[str, str]:
@@ -156,9 +163,13 @@ def metrics_query(
     if frame.empty:
         stdout.print(f"no points for {name} in that range")
         return
-    table = Table(*[str(c) for c in frame.columns])
-    for row in frame.tail(limit).itertuples(index=False):
-        table.add_row(*[str(v) for v in row])
+    value_columns = [c for c in ("value", "min", "max", "count") if c in frame.columns]
+    attributes = [c for c in frame.columns if c not in ("time", "last", *value_columns)]
+    table = Table("time", *value_columns, "attributes")
+    for _, row in frame.tail(limit).iterrows():
+        labels = ", ".join(f"{k}={row[k]}" for k in attributes if isinstance(row[k], str))
+        table.add_row(_short_time(row["time"]), *[f"{row[c]:.6g}" for c in value_columns],
+                      labels)
     stdout.print(table)
     stdout.print(f"{len(frame)} points")
 

@@ -409,3 +409,16 @@ def test_live_backend_code_path_maps_errors_and_derives_rates(
     assert rates == [pytest.approx(4096 * 1024 * 2 / dt_s)] * 2  # TX then RX: 2 reads per poll
     assert sum("nvmlDeviceGetUtilizationRates.gpu" in r.getMessage()
                for r in caplog.records) == 1
+
+
+def test_replay_with_loop_cycles_through_the_trace_not_its_last_poll() -> None:
+    """Regression: a looping replay kept serving the last poll after the first pass."""
+    from collectors._nvml_backends import ReplayBackend
+    from collectors.traces import trace_path
+
+    backend = ReplayBackend(trace_path("h100_gpu_burn"), loop=True)
+    backend.open()
+    first_pass = [backend.poll() for _ in range(5)]
+    second_pass = [backend.poll() for _ in range(5)]
+    assert [p.gpus for p in second_pass] == [p.gpus for p in first_pass]
+    assert second_pass[0].time_ns > first_pass[-1].time_ns
