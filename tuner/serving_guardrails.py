@@ -8,7 +8,9 @@ controller's version-bound query):
   (``.bucket`` with ``le``), merged over every series (rank, replica) in the window, estimated
   as Prometheus' ``histogram_quantile`` does (linear within the bucket). A p99 in the ``+Inf``
   bucket is reported as infinite: beyond the last bound is a breach of any SLO below it.
-  Fewer than ``min_requests`` requests in the window give no latency verdict.
+  Counts per series are last minus first export in the window, or the last alone when
+  ``series_start_in_window`` (a config version's series start with it). Fewer than
+  ``min_requests`` requests in the window give no latency verdict.
 - ``seedance.serve.quality.token_agreement``: the share of greedy tokens a replica produced
   that a full-precision, cache-free forward of the same sequence also picks (the serving
   workload checks a sample of finished requests). Its mean over the window must stay at or

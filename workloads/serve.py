@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from collectors.torch_serving import ServingInstrumentation
 from tuner.prefix_cache import PrefixCache, PrefixCacheConfig
 from tuner.routing import LoadAwareConfig, LoadAwareRouter, RoundRobinRouter, Router
 from workloads import loadgen
-from workloads.gpt import GPT, GPTConfig
+from workloads.gpt import GPT, Block, GPTConfig
 from workloads.loadgen import LoadConfig, Request
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def prefill(model: GPT, cache: KVCache, tokens: Sequence[int], start: int,
     idx = torch.tensor([list(tokens)], dtype=torch.long)
     x = model.wte(idx) + model.wpe(torch.arange(start, start + n))
     mask = (torch.arange(n)[:, None] + start) >= torch.arange(start + n)[None, :]
-    for layer, block in enumerate(model.h):
+    for layer, block in enumerate(cast(Sequence[Block], model.h)):
         q, k, v = block.attn.qkv(block.ln_1(x)).split(model.config.n_embd, dim=2)
         q, k, v = (_heads(z, block.attn.n_head) for z in (q, k, v))
         cache.append(layer, k, v)
@@ -124,7 +124,7 @@ def decode(model: GPT, caches: Sequence[KVCache], tokens: Sequence[int],
     longest = max(positions) + 1
     valid = torch.arange(longest)[None, :] <= torch.tensor(positions)[:, None]
     mask = valid[:, None, None, :]
-    for layer, block in enumerate(model.h):
+    for layer, block in enumerate(cast(Sequence[Block], model.h)):
         q, k, v = block.attn.qkv(block.ln_1(x)).split(model.config.n_embd, dim=2)
         q, k, v = (_heads(z, block.attn.n_head) for z in (q, k, v))
         keys = q.new_zeros(b, q.shape[1], longest, q.shape[3])

@@ -128,3 +128,16 @@ def test_quality_below_its_bound_is_a_breach() -> None:
     (breach,) = check_guardrails(StoreWindow(store, job="j", since_ns=0, until_ns=10),
                                  ServingGuardrailConfig(min_token_agreement=0.95))
     assert "token agreement 0.9100" in breach
+
+
+def test_the_quantised_kv_cache_serves_and_its_quality_is_measured() -> None:
+    from workloads.serve import quantized_cache_factory
+
+    requests = loadgen.generate(LOAD)[:10]
+    plain = _engine(quality_every=1)
+    quantised = Engine(plain.model, quantized_cache_factory(
+        MODEL, key_bits=2, value_bits=2, group_size=16, residual_tokens=4),
+        ReplicaConfig(quality_every=1, kv_bits=(2, 2)))
+    assert len(_serve(quantised, requests)) == len(_serve(plain, requests)) == 10
+    agreement = sum(quantised._checked) / len(quantised._checked)
+    assert 0.0 <= agreement <= sum(plain._checked) / len(plain._checked) == 1.0
