@@ -6,7 +6,9 @@ What makes it beat random search on small live spaces (each trial costs minutes 
   (``study.enqueue_trial``); then ``NeighbourhoodSampler`` tries the untried neighbours of the
   best config so far (one knob one step away) before handing over to TPE with a short start-up;
 - no repeats: a config already measured is answered from the study (the trial is told the
-  cached value, never re-run); a config that killed its job is unsafe and never proposed again;
+  cached value, or pruned again if it was pruned, never re-run); a config that killed its job
+  is unsafe and never proposed again; a failed trial is not retried unless its lease expired
+  (its sidecar died: the config is not to blame);
 - pruning: each measurement window reports an intermediate value; a pruner stops hopeless ones.
 
 Optuna's heartbeat does not cover ask-and-tell, so trials hold our own lease (a trial system
@@ -20,6 +22,7 @@ import itertools
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,15 +40,17 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner._knobs import Knob, KnobSpace, KnobValue
+from policies._findings import Finding
+from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue
 from tuner._measure import Comparison
-from tuner._rollout import PRUNED, Change, RolloutController
+from tuner._rollout import ACTIVE, PRUNED, Change, RolloutController
 
 log = logging.getLogger(__name__)
 
 LEASE_ATTR = "seedance:lease_until_s"
 UNSAFE_PREFIX = "seedance:unsafe:"
 ORIGIN_ATTR = "seedance:origin"
+RETRY_ATTR = "seedance:retryable"
 _ENUMERATE_LIMIT = 100_000
 
 
@@ -117,8 +122,10 @@ def grid(space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]] | None:
 
 
 def _seen(study: Study) -> set[str]:
+    """Configs not to propose: measured, pruned, running, failed (unless retryable), unsafe."""
     keys = {config_key(t.params) for t in study.get_trials(deepcopy=False)
-            if t.state != TrialState.WAITING and t.params}
+            if t.state != TrialState.WAITING and t.params
+            and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
     return keys | unsafe_keys(study)
 
 
@@ -256,6 +263,8 @@ class SearchDriver:
         """The next config to measure, never one measured, running or unsafe; None when the
         space is exhausted. Repeats the sampler offers are answered from the study's cache."""
         self.reap()
+        if grid(self.distributions) is not None and not self._untried():
+            return None  # a finite space, every config measured, running or unsafe
         for _ in range(self.config.max_ask_attempts):
             trial = self.study.ask(self.distributions)
             if self._answered(trial):
@@ -326,6 +335,7 @@ class SearchDriver:
             if until is None or float(until) < now:
                 self._storage.set_trial_user_attr(t._trial_id, "seedance:fail_reason",
                                                   "trial lease expired")
+                self._storage.set_trial_user_attr(t._trial_id, RETRY_ATTR, True)
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
                 self._mine.pop(t.number, None)
                 failed.append(t.number)
@@ -338,8 +348,17 @@ class SearchDriver:
 
     def propose_next(self, controller: RolloutController, job: str) -> Change | None:
         """Ask for a config and propose it as a change of ``job`` (source "trial")."""
-        proposal = self.ask()
-        if proposal is None:
+        baseline = dict(controller.registry.status(job).baseline.values)
+        for _ in range(self.config.max_ask_attempts):
+            proposal = self.ask()
+            if proposal is None:
+                return None
+            if any(baseline.get(k) != v for k, v in proposal.values.items()):
+                break
+            # the job runs it already: every change's baseline windows measure it
+            self.fail(proposal.number, reason="the baseline; measured by baseline windows",
+                      unsafe=False)
+        else:
             return None
         try:
             return controller.propose(
@@ -362,6 +381,7 @@ class SearchDriver:
         if number is None:
             return
         candidate = [w.tokens_per_s for w in change.windows if w.arm == "candidate"]
+        self._record_baseline(change)
         last = self.study._storage.get_trial(self._trial_id(number))
         if last.state.is_finished():
             return
@@ -382,26 +402,44 @@ class SearchDriver:
     # ---- helpers -------------------------------------------------------------------------------
 
     def _answered(self, trial: Trial) -> bool:
-        """Tell a repeat from the cache (or fail an unsafe/running duplicate); True if told."""
+        """Answer a repeat from the study instead of running it; True if told.
+
+        Measured -> its value; pruned -> pruned; running, unsafe or failed (unless the failure
+        is retryable: its lease expired) -> failed as a duplicate."""
         key = config_key(trial.params)
-        if key in unsafe_keys(self.study):
-            self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason", "unsafe")
+        same = [t for t in self.study.get_trials(deepcopy=False)
+                if t.number != trial.number and t.params and config_key(t.params) == key]
+        complete = [t for t in same if t.state == TrialState.COMPLETE]
+        if complete:
+            self._storage.set_trial_user_attr(trial._trial_id, "seedance:cached_from",
+                                              complete[0].number)
+            self.study.tell(trial, complete[0].value)
+            return True
+        if any(t.state == TrialState.PRUNED for t in same):  # measured hopeless
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return True
+        blocking = [t for t in same if t.state == TrialState.RUNNING or (
+            t.state == TrialState.FAIL and not t.user_attrs.get(RETRY_ATTR))]
+        if key in unsafe_keys(self.study) or blocking:
+            self._storage.set_trial_user_attr(
+                trial._trial_id, "seedance:fail_reason",
+                "unsafe" if key in unsafe_keys(self.study) else
+                f"duplicate of trial {blocking[0].number} ({blocking[0].state.name})")
             self.study.tell(trial, state=TrialState.FAIL)
             return True
-        for t in self.study.get_trials(deepcopy=False):
-            if t.number == trial.number or config_key(t.params) != key:
-                continue
-            if t.state == TrialState.COMPLETE:
-                self._storage.set_trial_user_attr(trial._trial_id, "seedance:cached_from",
-                                                  t.number)
-                self.study.tell(trial, t.value)
-                return True
-            if t.state == TrialState.RUNNING:
-                self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason",
-                                                  f"duplicate of running trial {t.number}")
-                self.study.tell(trial, state=TrialState.FAIL)
-                return True
         return False
+
+    def _record_baseline(self, change: Change) -> None:
+        """The baseline windows measured the baseline config: add it as a complete trial."""
+        measured = [w.tokens_per_s for w in change.windows if w.arm == "baseline"]
+        params = {k: change.baseline[k] for k in self.distributions}
+        key = config_key(params)
+        if not measured or any(config_key(t.params) == key for t in self.study.get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE,))):
+            return
+        self.study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=self.distributions, value=float(np.mean(measured)),
+            user_attrs={ORIGIN_ATTR: f"baseline windows of change {change.id}"}))
 
     def _lease(self, trial: Trial) -> Proposal:
         self._mine[trial.number] = trial
@@ -427,3 +465,82 @@ class SearchDriver:
         if change.source != "trial" or change.meta.get("study") != self.config.study_name:
             return None
         return int(change.meta["trial"])
+
+
+def suggestions(findings: Sequence[Finding], baseline: Mapping[str, Any],
+                space: KnobSpace) -> list[dict[str, Any]]:
+    """The policy engine's suggested changes as full configs over ``baseline`` (one config per
+    finding, knobs outside ``space`` or values outside their domain left out), for ``seed``."""
+    out: list[dict[str, Any]] = []
+    for finding in findings:
+        values = dict(baseline)
+        for suggested in finding.suggested_changes:
+            knob = space.knobs.get(suggested.knob)
+            if knob is None:
+                continue
+            try:
+                values[suggested.knob] = knob.validate(suggested.value)
+            except KnobError:
+                log.info("finding %s suggests %s = %r outside its domain; skipped",
+                         finding.id, suggested.knob, suggested.value)
+        if values != dict(baseline) and values not in out:
+            out.append(values)
+    return out
+
+
+class TuningLoop:
+    """The sidecar's rollout thread: every ``interval_s`` it ticks the controller, renews the
+    trial leases and, for each job with a search driver and nothing active, proposes the next
+    trial. Loops never die (errors are logged); ``start``/``shutdown`` are idempotent."""
+
+    def __init__(self, controller: RolloutController, *, interval_s: float = 1.0) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.controller = controller
+        self.interval_s = interval_s
+        self._drivers: dict[str, SearchDriver] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_search(self, job: str, driver: SearchDriver) -> None:
+        """Tune ``job`` with ``driver`` (also registered as the controller's observer)."""
+        with self._lock:
+            self._drivers[job] = driver
+        self.controller.add_observer(driver)
+
+    def step(self) -> None:
+        """One round (the thread calls it; tests may call it directly)."""
+        self.controller.tick()
+        with self._lock:
+            drivers = dict(self._drivers)
+        for job, driver in drivers.items():
+            try:
+                driver.heartbeat()
+                if (self.controller.mode(job) != "off"
+                        and not self.controller.changes(job=job, states=sorted(ACTIVE))):
+                    driver.propose_next(self.controller, job)
+            except Exception:
+                log.exception("tuning loop: job %s failed; going on", job)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="rollout", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.step()
+            except Exception:
+                log.exception("tuning loop failed; going on")

@@ -173,8 +173,10 @@ def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, An
         job.run(8)
     done = ctl.get(change.id)
     assert done.state == "kept"
-    (trial,) = search.study.trials
-    assert trial.state == TrialState.COMPLETE
+    trial, baseline = search.study.trials
+    assert trial.state == baseline.state == TrialState.COMPLETE
+    assert baseline.params == {"micro_batch": 8}  # measured by the baseline windows
+    assert baseline.user_attrs["seedance:origin"].startswith("baseline windows")
     assert trial.value == pytest.approx(throughput({"micro_batch": 4, "precision": "fp32"}),
                                         rel=0.05)
     assert trial.intermediate_values  # one report per candidate window
@@ -197,3 +199,32 @@ def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any
     assert trial.state == TrialState.FAIL
     from tuner._search import unsafe_keys
     assert config_key({"micro_batch": 2}) in unsafe_keys(search.study)
+
+
+def test_tuning_loop_runs_distinct_trials_and_learns_the_baseline(
+        rollout: dict[str, Any]) -> None:
+    from policies._findings import Evidence, Finding, SuggestedChange
+    from tuner._search import TuningLoop, suggestions
+    ctl, job, registry = rollout["ctl"], rollout["job"], rollout["registry"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="loop", seed=1), clock=rollout["clock"])
+    finding = Finding(detector="d", job=job.job, severity="warning",
+                      evidence=Evidence(summary="s", model="m"), suggested_changes=(
+                          SuggestedChange(knob="micro_batch", value=4, expected_effect="e"),
+                          SuggestedChange(knob="nonexistent", value=1, expected_effect="e")))
+    baseline = dict(registry.status(job.job).baseline.values)
+    seeds = suggestions([finding], baseline, SPACE)
+    assert seeds == [{**baseline, "micro_batch": 4}]
+    search.seed([baseline, *seeds], origin="policy")
+    loop = TuningLoop(ctl)
+    loop.add_search(job.job, search)
+    for _ in range(60):
+        loop.step()
+        job.run(8)
+    finished = [c for c in ctl.changes(job=job.job) if c.state in ("kept", "rolled_back")]
+    assert finished and finished[0].values == {"micro_batch": 4}  # the suggestion first
+    tried = [c.candidate["micro_batch"] for c in ctl.changes(job=job.job)]
+    assert len(tried) == len(set(tried))  # never the same candidate twice
+    origins = [t.user_attrs.get("seedance:origin", "") for t in search.study.trials]
+    assert any(o.startswith("baseline windows") for o in origins)
+    assert registry.status(job.job).baseline.values["micro_batch"] == 4  # the fastest
