@@ -16,7 +16,9 @@ Imported by the serving job only (it needs torch).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ from torch import nn
 
 from tuner.kv_cache import KVCacheError, QuantizedKVCache
 
-__all__ = ["cache_for", "decode_step"]
+__all__ = ["KVQuality", "cache_for", "decode_step", "kv_quality"]
 
 _MODULES = ("wte", "wpe", "h", "ln_f", "lm_head", "config")
 _BLOCK_MODULES = ("ln_1", "attn", "ln_2", "mlp")
@@ -104,3 +106,37 @@ def _attend(cache: QuantizedKVCache, layer: int, q: torch.Tensor, k: torch.Tenso
     y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     cache.append(layer, k, v)
     return y
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVQuality:
+    """Quality of decoding through a cache against the model's own (unquantised) forward.
+
+    ``kl_nats``: mean KL(reference || cached) of the next-token distributions, nats per token;
+    ``nll_nats`` / ``ref_nll_nats``: mean negative log-likelihood of the actual next tokens.
+    """
+
+    kl_nats: float
+    nll_nats: float
+    ref_nll_nats: float
+    tokens: int
+
+    @property
+    def perplexity_ratio(self) -> float:
+        """Perplexity with the cache over the reference perplexity (1.0 = no loss)."""
+        return math.exp(self.nll_nats - self.ref_nll_nats)
+
+
+@torch.no_grad()
+def kv_quality(model: nn.Module, tokens: torch.Tensor, cache: QuantizedKVCache) -> KVQuality:
+    """Teacher-forced decode of ``tokens`` [batch, seq] one token a step through ``cache``
+    (empty, batch-sized), compared with ``model(tokens)``; the cache is left filled."""
+    reference = F.log_softmax(model(tokens).float(), dim=-1)
+    steps = [decode_step(model, cache, tokens[:, i:i + 1]) for i in range(tokens.shape[1])]
+    cached = F.log_softmax(torch.cat(steps, dim=1).float(), dim=-1)
+    kl = F.kl_div(cached, reference, log_target=True, reduction="none").sum(-1)
+    targets = tokens[:, 1:].unsqueeze(-1)
+    nll = -cached[:, :-1].gather(-1, targets).mean()
+    ref_nll = -reference[:, :-1].gather(-1, targets).mean()
+    return KVQuality(kl_nats=float(kl.mean()), nll_nats=float(nll),
+                     ref_nll_nats=float(ref_nll), tokens=int(kl.numel()))
