@@ -459,7 +459,7 @@ class QuantizedKVCache:
             for seg in state.segments:
                 key = f"k{seg.key_bits}v{seg.value_bits}"
                 out[key] = out.get(key, 0) + seg.tokens
-            if state.residual_k is not None:
+            if state.residual_k is not None and state.residual_k.shape[2]:
                 out["residual"] = out.get("residual", 0) + int(state.residual_k.shape[2])
         return out
 
