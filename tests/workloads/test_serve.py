@@ -3,7 +3,10 @@ is seeded, and the guardrails read the metrics the engine really exports."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -15,6 +18,13 @@ from collectors._otel import TelemetryConfig, setup_telemetry
 from collectors._otlp_decode import DecodedMetrics
 from collectors._points import Point
 from policies._window import FrameStore, StoreWindow
+from tests.collectors.test_otel import (  # noqa: F401 (otlp_http is a fixture)
+    _OtlpHttpSink,
+    metric_names,
+    otlp_http,
+    parse_requests,
+    resource_attrs,
+)
 from tests.workloads.plain_kv import PlainKVCache
 from tuner.prefix_cache import PrefixCacheConfig
 from tuner.serving_guardrails import (
@@ -141,3 +151,28 @@ def test_the_quantised_kv_cache_serves_and_its_quality_is_measured() -> None:
     assert len(_serve(quantised, requests)) == len(_serve(plain, requests)) == 10
     agreement = sum(quantised._checked) / len(quantised._checked)
     assert 0.0 <= agreement <= sum(plain._checked) / len(plain._checked) == 1.0
+
+
+@pytest.mark.integration
+def test_replica_processes_export_to_the_sidecar_over_otlp(
+        otlp_http: _OtlpHttpSink) -> None:  # noqa: F811 (the imported fixture)
+    """``python -m workloads.serve`` with two replica processes and the quantised KV cache."""
+    port = otlp_http.server_address[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "workloads.serve", "--replicas", "2", "--rate-rps", "8",
+         "--duration-s", "2", "--prefix-tokens", "32", "--kv-cache", "quantized",
+         "--kv-bits", "8", "8", "--quality-every", "2", "--job", "serve-otlp",
+         "--otlp-endpoint", f"http://127.0.0.1:{port}"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["requests"] > 0 and summary["lost"] == 0
+    assert sum(summary["requests_per_replica"]) == summary["requests"]
+    requests = parse_requests([body for path, _, body in otlp_http.requests
+                               if path == "/v1/metrics"])
+    assert {resource_attrs(r)["seedance.rank"] for r in requests} == {0, 1}
+    assert {resource_attrs(r)["service.name"] for r in requests} == {"serve-otlp"}
+    names = metric_names(requests)
+    assert {"gen_ai.server.request.duration", "gen_ai.server.time_to_first_token",
+            "seedance.serve.prefix_cache.queries", "seedance.serve.kv_cache.bytes",
+            QUALITY_METRIC} <= names
