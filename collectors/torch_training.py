@@ -406,7 +406,10 @@ class NullTrainingInstrumentation:
     """Same API, records nothing: the baseline of the overhead benchmark and a disabled job."""
 
     groups: tuple[str, ...] = ()
-    last_stats: dict[str, Any] = {}
+
+    @property
+    def last_stats(self) -> dict[str, Any]:
+        return {}
 
     @contextmanager
     def data_wait(self) -> Iterator[None]:
