@@ -8,8 +8,9 @@
 - routers: round-robin against load-aware with replica 1 slowed by a per-step sleep (an
   injected fault, labelled so), replica processes, order RR LA LA RR, medians over repeats.
 
-Ratios are candidate / baseline (LRU, round-robin). The KV cache is the unquantised test helper
-until tuner.kv_cache lands. Shrink the sizes with the flags while developing.
+Ratios are candidate / baseline (LRU, round-robin). The KV cache is tuner.kv_cache's at 32 bits
+(unquantised), so only the policy under test differs. Shrink the sizes with the flags while
+developing.
 """
 
 from __future__ import annotations

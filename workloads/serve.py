@@ -40,6 +40,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 from collectors._errors import SeedanceError
 from collectors._otel import TelemetryConfig, setup_telemetry
 from collectors.torch_serving import ServingInstrumentation
+from tuner.kv_cache import QuantizedKVCache
 from tuner.prefix_cache import PrefixCache, PrefixCacheConfig
 from tuner.routing import LoadAwareConfig, LoadAwareRouter, RoundRobinRouter, Router
 from workloads import loadgen
@@ -72,9 +73,7 @@ CacheFactory = Callable[[], KVCache]
 def quantized_cache_factory(model: GPTConfig, *, key_bits: int, value_bits: int,
                             group_size: int, residual_tokens: int,
                             device: str = "cpu") -> CacheFactory:
-    """Fresh ``QuantizedKVCache`` per sequence (imported here: another module owns it)."""
-    from tuner.kv_cache import QuantizedKVCache
-
+    """A fresh ``QuantizedKVCache`` per sequence (16 / 32 bits: kept as is, unquantised)."""
     def make() -> KVCache:
         return QuantizedKVCache(model.n_layer, model.n_head, model.n_embd // model.n_head,
                                 key_bits=key_bits, value_bits=value_bits,
@@ -153,7 +152,7 @@ class ReplicaConfig:
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     quality_every: int = 0
     quality_window_tokens: int = 256
-    kv_bits: tuple[int, int] = (16, 16)
+    kv_bits: tuple[int, int] = (32, 32)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -355,7 +354,6 @@ class ServeConfig:
     router: str = "round_robin"
     load_aware: LoadAwareConfig = field(default_factory=LoadAwareConfig)
     prewarm_history: int = 0
-    kv_cache: str = "quantized"
     kv_group_size: int = 32
     kv_residual_tokens: int = 16
     threads_per_replica: int = 1
@@ -371,8 +369,6 @@ class ServeConfig:
         if self.router not in ("round_robin", "load_aware"):
             raise SeedanceError(f"ServeConfig.router must be round_robin or load_aware, "
                                 f"got {self.router!r}")
-        if self.kv_cache not in ("quantized", "plain"):
-            raise SeedanceError("ServeConfig.kv_cache must be quantized or plain")
         if any(not 0 <= i < self.replicas for i in self.slow_replicas):
             raise SeedanceError("ServeConfig.slow_replicas must name replicas 0..replicas-1")
 
@@ -384,15 +380,8 @@ def build_model(config: GPTConfig, seed: int) -> GPT:
 
 
 def cache_factory(config: ServeConfig) -> CacheFactory:
-    bits = config.replica.kv_bits
-    if config.kv_cache == "plain":
-        # Import here: the plain cache is a test helper (tests/workloads/plain_kv.py) until the
-        # quantised one lands; it keeps everything unquantised.
-        from tests.workloads.plain_kv import PlainKVCache
-
-        return lambda: PlainKVCache(config.model.n_layer, config.model.n_head,
-                                    config.model.n_embd // config.model.n_head)
-    return quantized_cache_factory(config.model, key_bits=bits[0], value_bits=bits[1],
+    key_bits, value_bits = config.replica.kv_bits
+    return quantized_cache_factory(config.model, key_bits=key_bits, value_bits=value_bits,
                                    group_size=config.kv_group_size,
                                    residual_tokens=config.kv_residual_tokens)
 
@@ -576,8 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threshold", type=float, default=0.15)
     p.add_argument("--slow-replica", type=int, action="append", default=[])
     p.add_argument("--slow-step-delay-s", type=float, default=0.0)
-    p.add_argument("--kv-cache", choices=("quantized", "plain"), default="quantized")
-    p.add_argument("--kv-bits", type=int, nargs=2, default=(8, 8))
+    p.add_argument("--kv-bits", type=int, nargs=2, default=(8, 8),
+                   help="key and value bits: 2, 4, 6, 8, or 16 / 32 (unquantised)")
     p.add_argument("--quality-every", type=int, default=10)
     p.add_argument("--otlp-endpoint", default=None)
     p.add_argument("--job", default="serve")
@@ -589,14 +578,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                               pin_top_k=args.pin_top_k, prewarm_top_k=args.prewarm_top_k)
     config = ServeConfig(
         replicas=args.replicas, router=args.router, slow_replicas=tuple(args.slow_replica),
-        slow_step_delay_s=args.slow_step_delay_s, kv_cache=args.kv_cache, job=args.job,
+        slow_step_delay_s=args.slow_step_delay_s, job=args.job,
         otlp_endpoint=args.otlp_endpoint,
         load_aware=LoadAwareConfig(alpha=args.alpha, tau_s=args.tau_s,
                                    threshold=args.threshold),
         replica=ReplicaConfig(max_batch=args.max_batch, prefix_cache=cache,
                               quality_every=args.quality_every,
-                              kv_bits=(16, 16) if args.kv_cache == "plain"
-                              else tuple(args.kv_bits)))
+                              kv_bits=(args.kv_bits[0], args.kv_bits[1])))
     history = loadgen.recent_history(load, 256) if args.prewarm_top_k else None
     result = run(config, loadgen.generate(load), history)
     json.dump(result.summary(), sys.stdout, indent=2)

@@ -19,12 +19,19 @@ from typing import Any
 
 import torch
 
-from tests.workloads.plain_kv import PlainKVCache
 from tuner.prefix_cache import PrefixCacheConfig
 from tuner.routing import LoadAwareConfig
 from workloads import loadgen
 from workloads.gpt import GPTConfig
-from workloads.serve import Engine, ReplicaConfig, ServeConfig, build_model, replay, run
+from workloads.serve import (
+    Engine,
+    ReplicaConfig,
+    ServeConfig,
+    build_model,
+    quantized_cache_factory,
+    replay,
+    run,
+)
 
 SMALL_MODEL = GPTConfig(n_layer=4, n_head=4, n_embd=128)
 """Small enough for a shared 2-core box when several replicas share it."""
@@ -58,11 +65,11 @@ def policy_runs(*, requests: int = 200, repeats: int = 1, capacity: int = 8,
     """Hit rate and latency per prefix-cache policy (medians over ``repeats``)."""
     torch.set_num_threads(threads)
     net = build_model(model, seed)
-    head_dim = model.n_embd // model.n_head
+    kv = quantized_cache_factory(model, key_bits=32, value_bits=32, group_size=32,
+                                 residual_tokens=16)
 
     def engine(cache: PrefixCacheConfig) -> Engine:
-        return Engine(net, lambda: PlainKVCache(model.n_layer, model.n_head, head_dim),
-                      ReplicaConfig(prefix_cache=cache))
+        return Engine(net, kv, ReplicaConfig(prefix_cache=cache))
 
     base = loadgen.LoadConfig(rate_rps=1.0, duration_s=float(requests), zipf_s=zipf_s,
                               n_prefixes=n_prefixes, prefix_tokens=prefix_tokens,
@@ -94,7 +101,7 @@ def policy_runs(*, requests: int = 200, repeats: int = 1, capacity: int = 8,
                     "capacity_entries": capacity, "pin_top_k": pin_top_k, "zipf_s": zipf_s,
                     "n_prefixes": n_prefixes, "prefix_tokens": prefix_tokens,
                     "repeats": repeats, "model": dataclasses.asdict(model),
-                    "kv_cache": "plain (unquantised test helper)"}
+                    "kv_cache": "QuantizedKVCache at 32 bits (float32, unquantised)"}
     return out
 
 
@@ -108,9 +115,9 @@ def router_runs(*, duration_s: float = 15.0, rate_rps: float = 10.0, repeats: in
     """
     load = loadgen.LoadConfig(rate_rps=rate_rps, duration_s=duration_s, seed=seed)
     trace = loadgen.generate(load)
-    base = ServeConfig(replicas=2, model=model, model_seed=seed, kv_cache="plain",
+    base = ServeConfig(replicas=2, model=model, model_seed=seed,
                        slow_replicas=(1,), slow_step_delay_s=slow_step_delay_s,
-                       replica=ReplicaConfig(max_batch=max_batch, kv_bits=(16, 16)),
+                       replica=ReplicaConfig(max_batch=max_batch, kv_bits=(32, 32)),
                        load_aware=LoadAwareConfig(tau_s=tau_s))
     results: dict[str, list[dict[str, Any]]] = {"round_robin": [], "load_aware": []}
     order = ["round_robin", "load_aware"]
@@ -127,5 +134,5 @@ def router_runs(*, duration_s: float = 15.0, rate_rps: float = 10.0, repeats: in
                     "slow_replica": 1, "slow_step_delay_s": slow_step_delay_s,
                     "max_batch": max_batch, "alpha": base.load_aware.alpha, "tau_s": tau_s,
                     "threshold": base.load_aware.threshold, "repeats": repeats,
-                    "model": dataclasses.asdict(model), "kv_cache": "plain (unquantised test helper)"}
+                    "model": dataclasses.asdict(model), "kv_cache": "QuantizedKVCache at 32 bits (float32, unquantised)"}
     return out

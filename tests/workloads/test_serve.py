@@ -25,7 +25,6 @@ from tests.collectors.test_otel import (  # noqa: F401 (otlp_http is a fixture)
     parse_requests,
     resource_attrs,
 )
-from tests.workloads.plain_kv import PlainKVCache
 from tuner.prefix_cache import PrefixCacheConfig
 from tuner.serving_guardrails import (
     QUALITY_METRIC,
@@ -35,7 +34,13 @@ from tuner.serving_guardrails import (
 )
 from workloads import loadgen
 from workloads.gpt import GPTConfig
-from workloads.serve import Engine, ReplicaConfig, build_model, quantile
+from workloads.serve import (
+    Engine,
+    ReplicaConfig,
+    build_model,
+    quantile,
+    quantized_cache_factory,
+)
 
 MODEL = GPTConfig(n_layer=2, n_head=2, n_embd=64)
 LOAD = loadgen.LoadConfig(rate_rps=50.0, duration_s=1.0, n_prefixes=4, prefix_tokens=24,
@@ -45,9 +50,9 @@ LOAD = loadgen.LoadConfig(rate_rps=50.0, duration_s=1.0, n_prefixes=4, prefix_to
 def _engine(**kwargs: object) -> Engine:
     torch.set_num_threads(1)
     model = build_model(MODEL, 0)
-    return Engine(model, lambda: PlainKVCache(MODEL.n_layer, MODEL.n_head,
-                                              MODEL.n_embd // MODEL.n_head),
-                  ReplicaConfig(**kwargs))  # type: ignore[arg-type]
+    kv = quantized_cache_factory(MODEL, key_bits=32, value_bits=32, group_size=16,
+                                 residual_tokens=4)
+    return Engine(model, kv, ReplicaConfig(**kwargs))  # type: ignore[arg-type]
 
 
 def _serve(engine: Engine, requests: list[loadgen.Request]) -> dict[int, tuple[int, ...]]:
@@ -124,7 +129,7 @@ def test_guardrails_read_the_engines_exported_latency_and_quality() -> None:
     assert check_guardrails(window, ServingGuardrailConfig(p99_slo_s=60.0, **whole)) == []
     (breach,) = check_guardrails(window, ServingGuardrailConfig(p99_slo_s=1e-6, **whole))
     assert "over 30 requests" in breach
-    # plain cache: every sampled token agrees, so even the strictest bound holds
+    # unquantised cache: every sampled token agrees, so even the strictest bound holds
     strict = ServingGuardrailConfig(p99_slo_s=60.0, min_token_agreement=1.0, **whole)
     assert check_guardrails(window, strict) == []
     # one export per series and no claim that the series started in the window: no verdict
@@ -141,8 +146,6 @@ def test_quality_below_its_bound_is_a_breach() -> None:
 
 
 def test_the_quantised_kv_cache_serves_and_its_quality_is_measured() -> None:
-    from workloads.serve import quantized_cache_factory
-
     requests = loadgen.generate(LOAD)[:10]
     plain = _engine(quality_every=1)
     quantised = Engine(plain.model, quantized_cache_factory(
@@ -160,7 +163,7 @@ def test_replica_processes_export_to_the_sidecar_over_otlp(
     port = otlp_http.server_address[1]
     proc = subprocess.run(
         [sys.executable, "-m", "workloads.serve", "--replicas", "2", "--rate-rps", "8",
-         "--duration-s", "2", "--prefix-tokens", "32", "--kv-cache", "quantized",
+         "--duration-s", "2", "--prefix-tokens", "32",
          "--kv-bits", "8", "8", "--quality-every", "2", "--job", "serve-otlp",
          "--otlp-endpoint", f"http://127.0.0.1:{port}"],
         capture_output=True, text=True, timeout=300, check=False)
