@@ -39,7 +39,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies._cost_models import kv_decompression_cost_s, measure_dequantize_throughput  # noqa: E402
+from policies._cost_models import (  # noqa: E402
+    kv_decompression_cost_s,
+    measure_dequantize_throughput,
+)
 from tests.tuner.kv_model import held_out_windows, trained_gpt  # noqa: E402
 from tuner.kv_cache import QUANTIZED_BITS, QuantizedKVCache, layout_bytes_per_token  # noqa: E402
 from tuner.kv_decode import cache_for, decode_step, kv_quality  # noqa: E402

@@ -103,8 +103,8 @@ class AdaptiveKVConfig:
         """A config from knob values (names of :data:`KV_ADAPTIVE_KNOBS`; missing ones take the
         knob default); ``rest`` sets the other fields."""
         prefix = "kv.adaptive."
-        picked = {k.name[len(prefix):]: k.validate(values.get(k.name, k.default))
-                  for k in KV_ADAPTIVE_KNOBS}
+        picked: dict[str, Any] = {k.name[len(prefix):]: k.validate(values.get(k.name, k.default))
+                                  for k in KV_ADAPTIVE_KNOBS}
         return cls(**picked, **rest)
 
 

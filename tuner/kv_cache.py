@@ -299,8 +299,10 @@ class _Part:
         """A new part holding this part's tokens then ``other``'s (same width)."""
         pairs = zip((self.data, self.scale, self.zero), (other.data, other.scale, other.zero),
                     strict=True)
-        return _Part(*(None if a is None or b is None else torch.cat((a, b), dim=2)
-                       for a, b in pairs))
+        data, scale, zero = (None if a is None or b is None else torch.cat((a, b), dim=2)
+                             for a, b in pairs)
+        assert data is not None
+        return _Part(data, scale, zero)
 
 
 @dataclass(slots=True)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from tuner.kv_cache import KVCacheError, QuantizedKVCache
 
@@ -32,14 +32,15 @@ _MODULES = ("wte", "wpe", "h", "ln_f", "lm_head", "config")
 _BLOCK_MODULES = ("ln_1", "attn", "ln_2", "mlp")
 
 
-def _check_model(model: nn.Module) -> None:
+# The model is duck-typed (nanoGPT attribute names), hence ``Any`` for it below.
+def _check_model(model: Any) -> None:
     missing = [n for n in _MODULES if not hasattr(model, n)]
     missing += [f"h.0.{n}" for n in _BLOCK_MODULES if len(model.h) and not hasattr(model.h[0], n)]
     if missing:
         raise KVCacheError(f"model lacks the nanoGPT modules decode_step runs: {missing}")
 
 
-def cache_for(model: nn.Module, **kwargs: object) -> QuantizedKVCache:
+def cache_for(model: Any, **kwargs: object) -> QuantizedKVCache:
     """A cache shaped for ``model`` (layers, heads, head size, its device and dtype);
     ``kwargs`` go to :class:`QuantizedKVCache` (``key_bits``, ``group_size``, ...)."""
     _check_model(model)
@@ -52,7 +53,7 @@ def cache_for(model: nn.Module, **kwargs: object) -> QuantizedKVCache:
 
 
 @torch.no_grad()
-def decode_step(model: nn.Module, cache: QuantizedKVCache | Sequence[QuantizedKVCache],
+def decode_step(model: Any, cache: QuantizedKVCache | Sequence[QuantizedKVCache],
                 tokens: torch.Tensor) -> torch.Tensor:
     """Logits [batch, new_tokens, vocab] for ``tokens`` [batch, new_tokens] that follow what
     the cache holds; their keys and values are appended to it.
@@ -128,7 +129,7 @@ class KVQuality:
 
 
 @torch.no_grad()
-def kv_quality(model: nn.Module, tokens: torch.Tensor, cache: QuantizedKVCache) -> KVQuality:
+def kv_quality(model: Any, tokens: torch.Tensor, cache: QuantizedKVCache) -> KVQuality:
     """Teacher-forced decode of ``tokens`` [batch, seq] one token a step through ``cache``
     (empty, batch-sized), compared with ``model(tokens)``; the cache is left filled."""
     reference = F.log_softmax(model(tokens).float(), dim=-1)

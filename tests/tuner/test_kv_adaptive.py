@@ -26,7 +26,8 @@ SEED_FIELDS = {"seq_pos", "kv_len", "entropy", "target_bw", "reason"}
 
 
 @settings(max_examples=60, deadline=None)
-@given(norms=arrays(np.float32, st.integers(1, 80), elements=st.floats(0, 100, width=32, allow_subnormal=False)),
+@given(norms=arrays(np.float32, st.integers(1, 80),
+                   elements=st.floats(0, 100, width=32, allow_subnormal=False)),
        scale=st.floats(0.01, 100), shift=st.floats(0, 50))
 def test_entropy_is_normalised_and_free_of_scale_and_shift(norms: np.ndarray, scale: float,
                                                             shift: float) -> None:

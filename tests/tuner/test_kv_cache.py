@@ -169,6 +169,25 @@ def test_timer_callback_sees_quantise_and_dequantise() -> None:
     assert seen.count("quantize") == 2 and seen.count("dequantize") == 1
 
 
+def test_serving_instrumentation_times_the_codec() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from collectors.torch_serving import ServingInstrumentation
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    cache = QuantizedKVCache(1, 1, 8, group_size=4, residual_tokens=0,
+                             timer=ServingInstrumentation(meter, config_version=3))
+    _fill(cache, 8)
+    cache.keys_values(0)
+    counts = {m.name: m.data.data_points[0].count
+              for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics if m.name.endswith(".duration")}
+    assert counts["seedance.serve.kv.quantize.duration"] == 2
+    assert counts["seedance.serve.kv.dequantize.duration"] == 1
+
+
 def test_fork_shares_storage_and_diverges() -> None:
     cache = QuantizedKVCache(1, 1, 8, group_size=4, residual_tokens=2)
     _fill(cache, 9)
