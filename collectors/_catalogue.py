@@ -189,6 +189,14 @@ SERVING_METRICS: tuple[MetricSpec, ...] = (
                source="serving client", attributes=_JOB, description="Prefix-cache evictions"),
     MetricSpec(name="seedance.serve.preemptions", unit="{request}", kind=S, source="vllm",
                attributes=_JOB, description="Requests preempted"),
+    MetricSpec(name="seedance.serve.quality.token_agreement", unit="1", kind=G,
+               source="serving workload", attributes=_JOB,
+               description="Share of sampled generated tokens that match a cache-free forward "
+               "pass (quality guardrail)"),
+    MetricSpec(name="seedance.serve.replicas", unit="{replica}", kind=G, source="serving job",
+               attributes=_JOB, description="Serving replicas running"),
+    MetricSpec(name="seedance.serve.cold_starts", unit="{replica}", kind=S, source="serving job",
+               attributes=_JOB, description="Replicas started cold (weights and cache empty)"),
 )
 
 _DCGM = _GPU + ("seedance.source",)
