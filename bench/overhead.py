@@ -4,7 +4,7 @@ Both arms train the SAME model on the same data stream; pairs alternate the orde
 then instrumented first) so drift and the shared box's noise hit both alike. The instrumented
 arm is ``TrainingInstrumentation`` with per-module gradient norms every step, zero fraction and
 non-finite counts every ``--stats-every`` steps, exporting every ``--export-interval-s`` over
-OTLP/HTTP to a receiver in a separate process: ``python -m tuner.sidecar`` (``--receiver
+OTLP/HTTP to a receiver in a separate process: ``python -m seedancectl.sidecar`` (``--receiver
 sidecar``) or a bare uvicorn app around ``collectors._otlp_receiver.otlp_router`` (``--receiver
 router``). The bare arm runs the same loop with ``NullTrainingInstrumentation``.
 
@@ -70,7 +70,7 @@ def serve_router(port: int) -> None:
 
 def start_receiver(kind: str, port: int, workdir: Path) -> subprocess.Popen[bytes]:
     if kind == "sidecar":
-        cmd = [sys.executable, "-m", "tuner.sidecar", "--job", "overhead-bench",
+        cmd = [sys.executable, "-m", "seedancectl.sidecar", "--job", "overhead-bench",
                "--listen", f"127.0.0.1:{port}", "--store", str(workdir / "metrics.db"),
                "--nvml", "off"]
     else:
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    default_receiver = "sidecar" if importlib.util.find_spec("tuner.sidecar") else "router"
+    default_receiver = "sidecar" if importlib.util.find_spec("seedancectl.sidecar") else "router"
     p.add_argument("--receiver", choices=("sidecar", "router"), default=default_receiver)
     p.add_argument("--pairs", type=int, default=80)
     p.add_argument("--block-steps", type=int, default=1, help="steps per arm per pair")

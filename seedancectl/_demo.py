@@ -96,7 +96,7 @@ class DemoRun:
     def start_sidecar(self) -> None:
         nvml = f"replay:{self.config.nvml_trace}" if self.config.nvml_trace else "off"
         proc = self._spawn("sidecar", [
-            "-m", "tuner.sidecar", "--job", "demo", "--listen", f"127.0.0.1:{self.port}",
+            "-m", "seedancectl.sidecar", "--job", "demo", "--listen", f"127.0.0.1:{self.port}",
             "--store", str(self.store_path), "--nvml", nvml,
         ])
         _wait_ready(f"{self.url}/readyz", proc, timeout_s=60)

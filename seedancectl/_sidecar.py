@@ -22,9 +22,9 @@ from collectors._otlp_decode import DecodedMetrics
 from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats, otlp_router
 from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
 from collectors._store import TimeSeriesStore
-from tuner._config import SidecarConfig
+from seedancectl._config import SidecarConfig
+from seedancectl._sources import build_gpu_sampler, build_scrapers
 from tuner._lease import JobRegistry, lease_router
-from tuner._sources import build_gpu_sampler, build_scrapers
 
 log = logging.getLogger(__name__)
 

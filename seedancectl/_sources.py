@@ -12,7 +12,7 @@ from collectors._otlp_decode import DecodedMetrics, MetricInfo, Temporality
 from collectors._points import MetricKind, Point
 from collectors._scrape import Scraper, ScrapeSource
 from collectors.traces import trace_path
-from tuner._config import SidecarConfig
+from seedancectl._config import SidecarConfig
 
 
 def resolve_trace(name_or_path: str) -> Path:

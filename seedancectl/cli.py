@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from collectors._errors import SeedanceError
-from tuner._config import load_config
-from tuner._timeparse import parse_instant_ns
+from seedancectl._config import load_config
+from seedancectl._timeparse import parse_instant_ns
 
 app = typer.Typer(
     name="seedancectl",
@@ -77,7 +77,7 @@ def sidecar(
         "job": job, "listen": listen, "store": store, "upstream_otlp_endpoint": upstream,
         "prometheus_port": prometheus_port, "nvml": nvml,
     })
-    from tuner._sidecar import run_sidecar
+    from seedancectl._sidecar import run_sidecar
 
     err.print(f"[bold]seedance sidecar[/] job={settings.job} listening on "
               f"http://{settings.listen} store={settings.store}")
@@ -328,8 +328,8 @@ def demo(
     """A real CPU run: sidecar + small GPT training job; ends with a summary table."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tuner._demo import DemoConfig, DemoRun, write_summary
-    from tuner._sources import resolve_trace
+    from seedancectl._demo import DemoConfig, DemoRun, write_summary
+    from seedancectl._sources import resolve_trace
 
     config = DemoConfig(out=out, minutes=minutes,
                         nvml_trace=None if nvml_trace == "off" else resolve_trace(nvml_trace))

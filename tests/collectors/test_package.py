@@ -24,7 +24,7 @@ def test_importing_the_package_loads_neither_torch_nor_the_server_stack() -> Non
 def test_the_sidecar_runs_without_torch() -> None:
     """Block torch's import: the sidecar, policies and the CLI must still load."""
     code = ("import sys; sys.modules['torch'] = None; "
-            "import tuner._sidecar, tuner.cli, policies, collectors._nvml; print('ok')")
+            "import seedancectl._sidecar, seedancectl.cli, policies, collectors._nvml; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -145,7 +145,7 @@ def sidecar_url(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "sidecar.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.sidecar", "--job", SIDECAR_JOB,
+        [sys.executable, "-m", "seedancectl.sidecar", "--job", SIDECAR_JOB,
          "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "metrics.db"),
          "--nvml", "replay:h100_gpu_burn"],
         stdout=log, stderr=subprocess.STDOUT)

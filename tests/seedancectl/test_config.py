@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner._config import ConfigError, load_config
-from tuner._timeparse import TimeParseError, parse_duration_s, parse_instant_ns
+from seedancectl._config import ConfigError, load_config
+from seedancectl._timeparse import TimeParseError, parse_duration_s, parse_instant_ns
 
 
 def test_defaults_listen_on_loopback_otlp_port() -> None:

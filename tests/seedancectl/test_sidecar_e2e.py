@@ -49,7 +49,7 @@ def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
     store = tmp_path / "metrics.db"
     log = (tmp_path / "sidecar.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.sidecar", "--job", "e2e", "--listen", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "seedancectl.sidecar", "--job", "e2e", "--listen", f"127.0.0.1:{port}",
          "--store", str(store), "--nvml", "replay:h100_gpu_burn"],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -70,7 +70,7 @@ def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "seedancectl.cli", *args], capture_output=True,
                           text=True, timeout=60)
 
 
@@ -158,7 +158,7 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     bad_where = cli("metrics", "query", "x", "--where", "nokey", "--store", "x.db")
     assert bad_where.returncode == 2 and "KEY=VALUE" in bad_where.stderr
     bad_trace = subprocess.run(
-        [sys.executable, "-m", "tuner.sidecar", "--nvml", "replay:nonexistent",
+        [sys.executable, "-m", "seedancectl.sidecar", "--nvml", "replay:nonexistent",
          "--store", str(tmp_path / "m.db")],
         capture_output=True, text=True, timeout=60, env={**os.environ})
     assert bad_trace.returncode == 2

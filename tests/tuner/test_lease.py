@@ -11,7 +11,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tuner._config import SidecarConfig
+from seedancectl._config import SidecarConfig
+from seedancectl._sidecar import Sidecar
 from tuner._knobs import Knob, KnobError
 from tuner._lease import (
     InvalidRequestError,
@@ -21,7 +22,6 @@ from tuner._lease import (
     UnknownJobError,
     lease_router,
 )
-from tuner._sidecar import Sidecar
 
 KNOBS = [
     Knob(name="precision.ffn", default="fp32", choices=("fp32", "bf16", "fp16")),
