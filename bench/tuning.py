@@ -269,7 +269,9 @@ def main() -> None:
     result = compare_searchers(grid, args)
     true = sorted(((r["tokens_per_s_mean"], r["values"]) for r in grid["configs"]),
                   key=lambda x: -x[0])
-    result = {"benchmark": "tuning", "grid_file": str(args.grid),
+    grid_file = args.grid.resolve()
+    result = {"benchmark": "tuning", "grid_file": str(
+                  grid_file.relative_to(ROOT) if grid_file.is_relative_to(ROOT) else grid_file),
               "grid_measured_at": grid["measured_at"], "grid_machine": grid["machine"],
               "observations": "SIMULATED from the MEASURED per-step times of each config",
               "baseline_config": knob_space(grid).defaults(),
