@@ -200,6 +200,8 @@ def _split_by_block(times_ns: np.ndarray, block_ns: int
     A block is sealed when the same batch already reaches a later block: the series has moved
     on, so the block's pieces can be merged into their final single row.
     """
+    if times_ns.size == 0:  # e.g. the rollup of a batch whose values are all NaN
+        return
     blocks = times_ns // block_ns * block_ns
     starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
     for i, start in enumerate(starts):

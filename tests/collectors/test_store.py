@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sqlite3
@@ -423,3 +424,15 @@ def test_kill_9_keeps_every_committed_point(tmp_path: Path) -> None:
         values = part["value"].to_numpy()
         assert values.shape[0] >= committed
         assert values.tolist() == list(map(float, range(values.shape[0])))
+
+
+def test_a_batch_of_only_nan_values_is_stored_and_leaves_rollups_empty(tmp_path: Path) -> None:
+    """Regression: a flush whose values were all NaN crashed building the (empty) rollups."""
+    now_ns = time.time_ns()  # old timestamps would be pruned by raw retention
+    with TimeSeriesStore(tmp_path / "nan.db") as store:
+        store.write([Point("loss", math.nan, now_ns, {}),
+                     Point("loss", math.nan, now_ns + 1_000_000_000, {})])
+        store.flush()
+        raw = store.query("loss", resolution="raw")
+        assert len(raw) == 2 and raw["value"].isna().all()
+        assert store.query("loss", resolution="1m").empty
