@@ -28,3 +28,11 @@ def test_the_sidecar_runs_without_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_tuner_facade_names_resolve_without_torch() -> None:
+    code = ("import sys, tuner; [getattr(tuner, n) for n in tuner.__all__]; "
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
