@@ -11,12 +11,21 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from collectors._errors import SeedanceError
 
 ENV_PREFIX = "SEEDANCE_"
+ApprovalMode = Literal["auto", "suggest", "off"]
 
 
 class ConfigError(SeedanceError):
@@ -36,6 +45,62 @@ class ScrapeConfig(_Section):
     timeout_s: float = Field(default=2.0, gt=0)
 
 
+class KnobBound(_Section):
+    """What auto-approval allows for one knob: a range (``low``..``high``) or ``allowed`` values.
+
+    Only live, low-risk changes are ever auto-approved; a bound narrows that further.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    allowed: tuple[bool | int | float | str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> KnobBound:
+        ranged = self.low is not None or self.high is not None
+        if ranged == (self.allowed is not None):
+            raise ValueError("give either low and high, or allowed")
+        if ranged and (self.low is None or self.high is None or self.low > self.high):
+            raise ValueError("low and high must both be set, low <= high")
+        if self.allowed is not None and not self.allowed:
+            raise ValueError("allowed must list at least one value")
+        return self
+
+    def for_controller(self) -> tuple[float, float] | frozenset[bool | int | float | str]:
+        """The form ``tuner.RolloutConfig.auto_bounds`` takes."""
+        if self.allowed is not None:
+            return frozenset(self.allowed)
+        assert self.low is not None and self.high is not None
+        return (self.low, self.high)
+
+
+class ApprovalConfig(_Section):
+    """Who approves: the default mode, how long a proposal waits, the auto-approval bounds."""
+
+    mode: ApprovalMode = "suggest"
+    proposal_ttl_s: float = Field(default=3600.0, gt=0)
+    bounds: dict[str, KnobBound] = Field(default_factory=dict)
+
+
+class JobConfig(_Section):
+    """One job's tuning: approval mode (default: ``approval.mode``), whether the search runs,
+    which knobs it searches (default: the job's live knobs) and its Optuna study name."""
+
+    mode: ApprovalMode | None = None
+    tune: bool = False
+    knobs: tuple[str, ...] | None = None
+    study: str | None = None
+
+
+class ServingSLOConfig(_Section):
+    """The serving guardrail: roll back when p99 latency or token agreement breaks its bound."""
+
+    p99_slo_s: float = Field(gt=0)
+    quantile: float = Field(default=0.99, gt=0, lt=1)
+    min_token_agreement: float = Field(default=0.98, ge=0, le=1)
+    min_requests: int = Field(default=20, ge=1)
+
+
 class SidecarConfig(_Section):
     """Everything `seedancectl sidecar` needs; every field has a safe default."""
 
@@ -50,6 +115,23 @@ class SidecarConfig(_Section):
     export_interval_s: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=8 * 2**20, gt=0)
     scrape: tuple[ScrapeConfig, ...] = ()
+    token_file: Path | None = None
+    webhook_url: str | None = None
+    webhook_timeout_s: float = Field(default=5.0, gt=0)
+    policy_interval_s: float = Field(default=15.0, gt=0)
+    policy_window_s: float = Field(default=300.0, gt=0)
+    tuning_interval_s: float = Field(default=1.0, gt=0)
+    lease_ttl_s: float = Field(default=10.0, gt=0)
+    approval: ApprovalConfig = ApprovalConfig()
+    jobs: dict[str, JobConfig] = Field(default_factory=dict)
+    serving_slo: ServingSLOConfig | None = None
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError(f"expected an http(s) URL, got {value!r}")
+        return value
 
     @field_validator("listen")
     @classmethod
@@ -65,6 +147,15 @@ class SidecarConfig(_Section):
         if value in ("auto", "off") or value.startswith("replay:"):
             return value
         raise ValueError(f"expected 'auto', 'off' or 'replay:TRACE', got {value!r}")
+
+    def job_config(self, job: str) -> JobConfig:
+        """The job's section, or the defaults for a job the file does not name."""
+        return self.jobs.get(job, JobConfig())
+
+    @property
+    def state_dir(self) -> Path:
+        """Where the sidecar keeps its own files (the generated token): the store's folder."""
+        return self.store.parent
 
     @property
     def host(self) -> str:
@@ -82,6 +173,9 @@ def _one_line(error: ValidationError, where: str) -> str:
     return f"{where}: {field}: {first['msg']}{more}"
 
 
+_NOT_FROM_ENV = frozenset({"scrape", "approval", "jobs", "serving_slo"})
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
     """SEEDANCE_LISTEN=... overrides `listen`; only top-level scalar fields."""
     fields = SidecarConfig.model_fields
@@ -89,7 +183,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
         key[len(ENV_PREFIX):].lower(): value
         for key, value in environ.items()
         if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX):].lower() in fields
-        and key[len(ENV_PREFIX):].lower() != "scrape"
+        and key[len(ENV_PREFIX):].lower() not in _NOT_FROM_ENV
     }
 
 

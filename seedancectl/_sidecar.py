@@ -1,45 +1,130 @@
-"""The sidecar process: receiver, store, NVML sampler and scrapers behind one loopback server.
+"""The sidecar process: receiver, store, NVML sampler, scrapers, policy engine, rollout
+controller and tuning loop behind one loopback server.
 
-It composes the collectors; it decides nothing itself. Every source hands decoded metrics to
+It composes the packages; it decides nothing itself. Every source hands decoded metrics to
 one sink that writes the store and refreshes the Prometheus view, so a point is stored and
-exported the same way whether it came from a job over OTLP, from NVML or from a scrape.
+exported the same way whether it came from a job over OTLP, from NVML or from a scrape. The
+policy engine reads the store; the controller's guardrails read the engine's findings; the
+tuning loop (one thread) ticks the controller, runs one Optuna search per job the config tunes,
+and tells a person, through the webhook, about every proposal that waits for them.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
+import os
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import insert
+from sqlalchemy.engine import Engine
 
+import policies.detectors
+from collectors._errors import SeedanceError
 from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
 from collectors._otlp_decode import DecodedMetrics
 from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats, otlp_router
 from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
 from collectors._store import TimeSeriesStore
+from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
+from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
 from seedancectl._sources import build_gpu_sampler, build_scrapers
-from tuner._lease import JobRegistry, lease_router
+from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
+from tuner._lease import JobRegistry, JobStatus, lease_router
+from tuner._rollout import (
+    Change,
+    GradientCollapseFindings,
+    Guardrail,
+    NonFiniteLoss,
+    RolloutConfig,
+    RolloutController,
+    change_events_table,
+    state_engine,
+)
+from tuner._search import SearchConfig, SearchDriver, TuningLoop, suggestions
+from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
 log = logging.getLogger(__name__)
 
+TuningState = Literal["off", "running", "paused"]
+TUNING_EVENT = "tuning"
+NOTIFIED_EVENT = "notified"
+
+
+def all_detectors() -> list[Detector]:
+    """One of every detector `policies.detectors` exports, each with its default config."""
+    found = (getattr(policies.detectors, name) for name in policies.detectors.__all__)
+    return [cls() for cls in found if isinstance(cls, type) and issubclass(cls, Detector)
+            and not inspect.isabstract(cls)]
+
+
+class TuningOffError(SeedanceError):
+    """Pause or resume asked of a job the configuration does not tune."""
+
+
+class _PausableSearch(SearchDriver):
+    """A search an operator can pause: while ``paused()`` it proposes nothing; a change in
+    flight still reports its windows and its end to the study."""
+
+    def __init__(self, *args: Any, paused: Callable[[], bool], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._paused = paused
+
+    def propose_next(self, controller: RolloutController, job: str) -> Change | None:
+        return None if self._paused() else super().propose_next(controller, job)
+
+
+class _SidecarLoop(TuningLoop):
+    """The tuning loop with the sidecar's housekeeping first in each round, on the same
+    thread, so the search drivers are only ever touched from it."""
+
+    def __init__(self, controller: RolloutController, *, interval_s: float,
+                 housekeeping: Callable[[], None]) -> None:
+        super().__init__(controller, interval_s=interval_s)
+        self._housekeeping = housekeeping
+
+    def step(self) -> None:
+        try:
+            self._housekeeping()
+        except Exception:
+            log.exception("sidecar housekeeping failed; going on")
+        super().step()
+
 
 class Sidecar:
-    """Owns the sidecar's parts and their lifecycle; start() and shutdown() are idempotent."""
+    """Owns the sidecar's parts and their lifecycle; start() and shutdown() are idempotent.
 
-    def __init__(self, config: SidecarConfig) -> None:
+    After start(): ``store``, ``engine`` (PolicyEngine), ``controller`` (RolloutController),
+    ``tuning`` (the loop thread) and ``notifier`` are set; the API reads them. ``token`` is the
+    bearer token mutating API calls need (``token_path`` its file, if any).
+    """
+
+    def __init__(self, config: SidecarConfig, *, environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.registry = CollectorRegistry()
         self.latest = LatestValueCollector()
         self.registry.register(self.latest)
         self.store: TimeSeriesStore | None = None
         self.stats = ReceiverStats()
-        self.jobs = JobRegistry()
+        self.jobs = JobRegistry(lease_ttl_s=config.lease_ttl_s)
+        self.engine: PolicyEngine | None = None
+        self.controller: RolloutController | None = None
+        self.tuning: TuningLoop | None = None
+        self.notifier: Notifier = Notifier()
+        self.token: str | None = None
+        self.token_path: Path | None = None
+        self._environ = os.environ if environ is None else environ
         self._forwarder = (
             Forwarder(ForwarderConfig(url=config.upstream_otlp_endpoint))
             if config.upstream_otlp_endpoint else None
@@ -49,8 +134,17 @@ class Sidecar:
         self._gpu_sampler = build_gpu_sampler(config)
         self._scrapers = build_scrapers(config, sink=self.sink)
         self._metrics_server: MetricsServer | None = None
+        self._audit: Engine | None = None
+        self._searches: dict[str, SearchDriver | None] = {}
+        self._seeded: dict[str, frozenset[str]] = {}
+        self._paused: dict[str, bool] = {}
+        self._notified: set[str] = set()
         self._lock = threading.Lock()
         self._started = False
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     def sink(self, decoded: DecodedMetrics) -> None:
         """Where every source's metrics go: the store and the Prometheus view."""
@@ -62,30 +156,77 @@ class Sidecar:
         with self._lock:
             if self._started:
                 return
-            self.config.store.parent.mkdir(parents=True, exist_ok=True)
-            self.store = TimeSeriesStore(self.config.store)
+            config = self.config
+            self.token, self.token_path = resolve_token(config, self._environ)
+            config.store.parent.mkdir(parents=True, exist_ok=True)
+            self.store = TimeSeriesStore(config.store)
             self._telemetry = setup_telemetry(
-                TelemetryConfig(job=f"{self.config.job}-sidecar",
-                                export_interval_s=self.config.export_interval_s),
+                TelemetryConfig(job=f"{config.job}-sidecar",
+                                export_interval_s=config.export_interval_s),
                 store_sink=self.sink,
             )
             self._gpu_sampler.register(self._telemetry.meter("seedance.nvml"))
             self._gpu_sampler.start()
-            self._scrapers = build_scrapers(self.config, sink=self.sink)
+            self._scrapers = build_scrapers(config, sink=self.sink)
             for scraper in self._scrapers:
                 scraper.start()
             if self._forwarder is not None:
                 self._forwarder.start()
-            if self.config.prometheus_port is not None:
-                self._metrics_server = serve_metrics(self.registry, self.config.prometheus_port)
+            if config.prometheus_port is not None:
+                self._metrics_server = serve_metrics(self.registry, config.prometheus_port)
             self.jobs.start()
+            self._start_tuning()
             self._started = True
+
+    def _start_tuning(self) -> None:
+        """Engine -> controller (guardrails fed by the engine) -> notifier -> tuning loop."""
+        config, store = self.config, self.store
+        assert store is not None and self._telemetry is not None
+        self._audit = state_engine(config.state_db)
+        self.engine = PolicyEngine(
+            all_detectors(), WindowSource(store), db_url=config.state_db,
+            config=EngineConfig(interval_s=config.policy_interval_s,
+                                window_s=config.policy_window_s),
+            meter_provider=self._telemetry.provider)
+        guardrails: list[Guardrail] = [NonFiniteLoss(),
+                                       GradientCollapseFindings(self.engine.active)]
+        if config.serving_slo is not None:
+            guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(
+                **config.serving_slo.model_dump())))
+        self.controller = RolloutController(
+            self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,
+            config=RolloutConfig(
+                proposal_ttl_s=config.approval.proposal_ttl_s,
+                default_mode=config.approval.mode,
+                auto_bounds={k: b.for_controller() for k, b in config.approval.bounds.items()}))
+        for job, job_config in config.jobs.items():
+            if job_config.mode is not None and self.controller.mode(job) != job_config.mode:
+                self.controller.set_mode(job, job_config.mode, by="config",
+                                         reason=f"approval mode {job_config.mode} from the "
+                                                "sidecar's configuration")
+        self.notifier = (WebhookNotifier(config.webhook_url, timeout_s=config.webhook_timeout_s,
+                                         on_result=self._notified_result)
+                         if config.webhook_url else Notifier())
+        self.notifier.start()
+        self.engine.start()
+        self.tuning = _SidecarLoop(self.controller, interval_s=config.tuning_interval_s,
+                                   housekeeping=self.housekeeping)
+        self.tuning.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         with self._lock:
             if not self._started:
                 return
             self._started = False
+            if self.tuning is not None:
+                self.tuning.shutdown(timeout_s)
+            self.notifier.shutdown(timeout_s)
+            if self.engine is not None:
+                self.engine.shutdown(timeout_s)
+            if self.controller is not None:
+                self.controller.close()
+            if self._audit is not None:
+                self._audit.dispose()
             self.jobs.shutdown(timeout_s)
             for scraper in self._scrapers:
                 scraper.shutdown(timeout_s)
@@ -98,6 +239,121 @@ class Sidecar:
                 self._metrics_server.stop()
             if self.store is not None:
                 self.store.close()
+
+    # ---- tuning -------------------------------------------------------------------------------
+
+    def housekeeping(self) -> None:
+        """One round on the tuning thread: a search for every newly attached job the config
+        tunes, the engine's new suggestions seeded into it, waiting proposals announced."""
+        for status in self.jobs.jobs():
+            if status.state == "attached" and self.config.job_config(status.job).tune:
+                try:
+                    self._seed_search(status)
+                except Exception:
+                    log.exception("tuning set-up of job %s failed; going on", status.job)
+        self.notify_waiting()
+
+    def _seed_search(self, status: JobStatus) -> None:
+        assert self.tuning is not None and self.engine is not None
+        job = status.job
+        if job not in self._searches:
+            self._searches[job] = driver = self._new_search(status)
+            if driver is not None:
+                self.tuning.add_search(job, driver)
+        driver = self._searches[job]
+        if driver is None:
+            return
+        findings = [f for f in self.engine.active() if f.job == job]
+        ids = frozenset(f.id for f in findings)
+        if ids and self._seeded.get(job) != ids:
+            added = driver.seed(suggestions(findings, status.baseline.values, status.knobs),
+                                origin="findings")
+            self._seeded[job] = ids
+            if added:
+                log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
+
+    def _new_search(self, status: JobStatus) -> SearchDriver | None:
+        job, job_config = status.job, self.config.job_config(status.job)
+        space = status.knobs.knobs
+        wanted = (list(job_config.knobs) if job_config.knobs is not None
+                  else [n for n, k in space.items() if k.scope == "live"])
+        unknown = [n for n in wanted if n not in space]
+        if unknown:
+            log.warning("job %s: knob(s) %s named in the config are not declared by the job; "
+                        "not searched", job, ", ".join(unknown))
+        names = [n for n in wanted if n in space]
+        if not names:
+            log.warning("job %s: no knobs to search; tuning stays off", job)
+            return None
+        return _PausableSearch(
+            status.knobs, storage_url=self.config.state_db, knobs=names,
+            config=SearchConfig(study_name=job_config.study or f"seedance:{job}"),
+            paused=lambda: self.tuning_state(job) == "paused")
+
+    def tuning_state(self, job: str) -> TuningState:
+        """off (the config does not tune it), paused (by an operator) or running."""
+        if not self.config.job_config(job).tune:
+            return "off"
+        if job not in self._paused:
+            assert self.controller is not None
+            last = [e for e in self.controller.events(job=job) if e["kind"] == TUNING_EVENT]
+            self._paused[job] = bool(last) and last[-1]["detail"].get("action") == "pause"
+        return "paused" if self._paused[job] else "running"
+
+    def set_tuning(self, job: str, action: Literal["pause", "resume"], *, by: str) -> TuningState:
+        """Pause or resume the job's search, journaled in the audit log (its source on restart)."""
+        before = self.tuning_state(job)
+        if before == "off":
+            raise TuningOffError(f"job {job}: tuning is not enabled for it in the sidecar's "
+                                 f"configuration (jobs.{job}.tune)")
+        self._paused[job] = action == "pause"
+        self._note(job, TUNING_EVENT, by, f"tuning {before} -> {self.tuning_state(job)}",
+                   detail={"action": action})
+        return self.tuning_state(job)
+
+    # ---- people -------------------------------------------------------------------------------
+
+    def notify_waiting(self) -> None:
+        """Announce, once each, the proposals that wait for a person."""
+        if self.controller is None or self.notifier.url is None:
+            return
+        for change in self.controller.changes(states=["proposed"]):
+            if change.id in self._notified:
+                continue
+            self._notified.add(change.id)
+            if any(e["kind"] == NOTIFIED_EVENT for e in self.controller.events(
+                    change_id=change.id)):
+                continue  # announced before a restart
+            self.notifier.notify(change, approval_message(
+                change, evidence=self.evidence(change),
+                sidecar_url=f"http://{self.config.listen}"))
+
+    def evidence(self, change: Change) -> list[str]:
+        """In words: the trial behind a change, and the findings open on its job."""
+        lines = []
+        if change.source == "trial":
+            lines.append(f"Optuna trial {change.meta.get('trial')} of study "
+                         f"{change.meta.get('study')}")
+        findings: list[Finding] = [] if self.engine is None else [
+            f for f in self.engine.active() if f.job == change.job]
+        lines += [f.render() for f in findings[:3]]
+        return lines
+
+    def _notified_result(self, change: Change, delivered: bool, detail: str) -> None:
+        self._note(change.job, NOTIFIED_EVENT, "webhook",
+                   f"{'delivered' if delivered else 'NOT delivered'}: {detail}",
+                   change_id=change.id, detail={"delivered": delivered})
+
+    def _note(self, job: str, kind: str, actor: str, reason: str, *,
+              change_id: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
+        """Append an event the controller does not write itself to its audit log."""
+        assert self._audit is not None
+        with self._audit.begin() as conn:
+            conn.execute(insert(change_events_table).values(
+                change_id=change_id, job=job, at_ns=time.time_ns(), kind=kind, actor=actor,
+                reason=reason, detail=json.dumps(dict(detail or {}), sort_keys=True)))
+
+    # ---- HTTP ---------------------------------------------------------------------------------
 
     def app(self) -> FastAPI:
         @asynccontextmanager
@@ -114,6 +370,7 @@ class Sidecar:
                         forwarder=self._forwarder, stats=self.stats)
         )
         app.include_router(lease_router(self.jobs))
+        app.include_router(api_router(self))
 
         @app.get("/healthz")
         def healthz() -> dict[str, str]:

@@ -1,0 +1,242 @@
+"""The sidecar's operator API: status, findings, changes, approvals, rollbacks, audit.
+
+Served on the sidecar's loopback listener next to the OTLP receiver and the knob lease. Reads
+are open to whoever can reach it; every call that changes something needs the bearer token
+(401 without one, 403 with a wrong one). The token is checked before the handler runs, so a
+refused call changes nothing and leaves no event in the audit log. Errors are
+``{"detail": "one line"}``: 404 unknown change, finding or job; 409 a move the state machine
+does not allow; 422 values outside the job's knob space or a malformed body; 503 not started.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import json
+import logging
+import secrets
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from collectors._errors import SeedanceError
+from seedancectl._config import ConfigError, SidecarConfig
+from tuner._knobs import KnobError, KnobValue
+from tuner._lease import UnknownJobError
+from tuner._rollout import ACTIVE, Change, IllegalTransition, RolloutController, RolloutError
+
+if TYPE_CHECKING:
+    from seedancectl._sidecar import Sidecar
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "SEEDANCE_TOKEN"
+TOKEN_FILE_NAME = "token"
+
+
+def resolve_token(config: SidecarConfig, environ: Mapping[str, str]) -> tuple[str, Path | None]:
+    """The API token and the file it came from: ``token_file``, else $SEEDANCE_TOKEN, else
+    ``<state dir>/token``, generated (mode 0600) on the first start."""
+    if config.token_file is not None:
+        return read_token(config.token_file), config.token_file
+    if environ.get(TOKEN_ENV):
+        return environ[TOKEN_ENV].strip(), None
+    path = config.state_dir / TOKEN_FILE_NAME
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32) + "\n", encoding="utf-8")
+        log.warning("generated the API token into %s (mutating calls need it)", path)
+    return read_token(path), path
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"token file {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise ConfigError(f"token file {path} is empty")
+    return token
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    by: str = Field(min_length=1, max_length=256)
+
+
+class ApproveBody(_Body):
+    comment: str = ""
+
+
+class ReasonBody(_Body):
+    reason: str = Field(min_length=1)
+
+
+class TuningBody(_Body):
+    action: Literal["pause", "resume"]
+
+
+class ProposeBody(ReasonBody):
+    values: dict[str, KnobValue] = Field(min_length=1)
+
+
+_STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (UnknownJobError, 404), (KnobError, 422), (IllegalTransition, 409), (RolloutError, 409))
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Project errors to one-line HTTP errors."""
+    try:
+        yield
+    except SeedanceError as exc:
+        code = next((c for t, c in _STATUS if isinstance(exc, t)), 409)
+        raise HTTPException(status_code=code, detail=str(exc)) from None
+
+
+def change_json(change: Change) -> dict[str, Any]:
+    return json.loads(change.to_json())  # type: ignore[no-any-return]
+
+
+def api_router(sidecar: Sidecar) -> APIRouter:
+    """Every endpoint of the operator API, bound to ``sidecar``'s parts."""
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorised(credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                          Depends(bearer)]) -> None:
+        if credentials is None or not credentials.credentials:
+            raise HTTPException(401, "a bearer token is required (seedancectl --token-file)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        token = sidecar.token
+        if token is None or not hmac.compare_digest(credentials.credentials.encode(),
+                                                    token.encode()):
+            raise HTTPException(403, "the bearer token is not this sidecar's")
+
+    def controller() -> RolloutController:
+        if sidecar.controller is None or not sidecar.started:
+            raise HTTPException(503, "the sidecar is starting or stopping")
+        return sidecar.controller
+
+    def get_change(change_id: str) -> Change:
+        try:
+            return controller().get(change_id)
+        except RolloutError:
+            raise HTTPException(404, f"no change {change_id!r}") from None
+
+    read = APIRouter(prefix="/v1", tags=["operator"])
+    write = APIRouter(prefix="/v1", tags=["operator"], dependencies=[Depends(authorised)])
+
+    @read.get("/status")
+    def status() -> dict[str, Any]:
+        ctl = controller()
+        attached = {s.job: s for s in sidecar.jobs.jobs()}
+        changes = ctl.changes()
+        active = {c.job: c for c in changes if c.state in ACTIVE}
+        jobs = []
+        for job in sorted(set(attached) | set(sidecar.config.jobs)):
+            s = attached.get(job)
+            current = active.get(job)
+            jobs.append({
+                "job": job, "state": "not attached" if s is None else s.state,
+                "kind": None if s is None else s.kind,
+                "desired_version": None if s is None else s.desired.version,
+                "baseline_version": None if s is None else s.baseline.version,
+                "acked_version": None if s is None else s.acked_version,
+                "last_step": None if s is None else s.last_step,
+                "mode": ctl.mode(job), "tuning": sidecar.tuning_state(job),
+                "change": None if current is None else {"id": current.id,
+                                                        "state": current.state}})
+        found = sidecar.engine.active() if sidecar.engine is not None else []
+        return {
+            "sidecar": {"job": sidecar.config.job, "listen": sidecar.config.listen,
+                        "ready": sidecar.started, "store": str(sidecar.config.store),
+                        "state_db": sidecar.config.state_db},
+            "jobs": jobs,
+            "findings": dict(collections.Counter(f.detector for f in found)),
+            "changes": dict(collections.Counter(c.state for c in changes)),
+            "waiting": [c.id for c in changes if c.state == "proposed"],
+            "webhook": {"configured": sidecar.notifier.url is not None,
+                        **sidecar.notifier.stats.to_json()},
+        }
+
+    @read.get("/findings")
+    def findings(job: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+        if sidecar.engine is None:
+            raise HTTPException(503, "the sidecar is starting or stopping")
+        store = sidecar.engine.findings
+        found = store.history(job=job) if all else [
+            f for f in store.active() if job is None or f.job == job]
+        return [f.to_dict() for f in found]
+
+    @read.get("/findings/{finding_id}")
+    def finding(finding_id: str) -> dict[str, Any]:
+        if sidecar.engine is None:
+            raise HTTPException(503, "the sidecar is starting or stopping")
+        found = sidecar.engine.findings.get(finding_id)
+        if found is None:
+            raise HTTPException(404, f"no finding {finding_id!r}")
+        return {**found.to_dict(), "rendered": found.render()}
+
+    @read.get("/changes")
+    def changes(job: str | None = None,
+                state: Annotated[list[str] | None, Query()] = None) -> list[dict[str, Any]]:
+        return [change_json(c) for c in controller().changes(job=job, states=state)]
+
+    @read.get("/changes/{change_id}")
+    def change(change_id: str) -> dict[str, Any]:
+        found = get_change(change_id)
+        return {**change_json(found), "events": controller().events(change_id=change_id)}
+
+    @read.get("/audit")
+    def audit(job: str | None = None, change: str | None = None) -> list[dict[str, Any]]:
+        return controller().events(change_id=change, job=job)
+
+    @read.get("/jobs/{job}/knobs")
+    def knobs(job: str) -> dict[str, Any]:
+        with _errors():
+            s = sidecar.jobs.status(job)
+        return {"job": job, "knobs": [k.to_json() for k in s.knobs.knobs.values()],
+                "baseline": s.baseline.to_json(), "desired": s.desired.to_json(),
+                "acked_version": s.acked_version, "mode": controller().mode(job),
+                "tuning": sidecar.tuning_state(job)}
+
+    @write.post("/changes/{change_id}/approve")
+    def approve(change_id: str, body: ApproveBody) -> dict[str, Any]:
+        get_change(change_id)
+        with _errors():
+            return change_json(controller().approve(change_id, body.by, body.comment))
+
+    @write.post("/changes/{change_id}/reject")
+    def reject(change_id: str, body: ReasonBody) -> dict[str, Any]:
+        get_change(change_id)
+        with _errors():
+            return change_json(controller().reject(change_id, body.by, body.reason))
+
+    @write.post("/jobs/{job}/rollback")
+    def rollback(job: str, body: ReasonBody) -> dict[str, Any]:
+        with _errors():
+            return change_json(controller().rollback(job, body.by, body.reason))
+
+    @write.post("/jobs/{job}/tuning")
+    def tuning(job: str, body: TuningBody) -> dict[str, Any]:
+        controller()
+        with _errors():
+            return {"job": job, "tuning": sidecar.set_tuning(job, body.action, by=body.by)}
+
+    @write.post("/jobs/{job}/changes", status_code=201)
+    def propose(job: str, body: ProposeBody) -> dict[str, Any]:
+        with _errors():
+            return change_json(controller().propose(
+                job, body.values, reason=body.reason, source="operator", by=body.by))
+
+    router = APIRouter()
+    router.include_router(read)
+    router.include_router(write)
+    return router
