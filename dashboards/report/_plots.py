@@ -1,0 +1,56 @@
+"""The report's time-series plots: one PNG per panel, changes marked as vertical lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from dashboards.report._data import Marker, Panel  # noqa: E402
+
+MARKER_STYLE = {"apply": ("tab:gray", "--"), "kept": ("tab:green", "-"),
+                "rolled_back": ("tab:red", "-")}
+_MAX_LINES = 8
+
+
+def panel_png(panel: Panel, markers: Sequence[Marker], since_ns: int, until_ns: int,
+              path: Path) -> Path:
+    """Draw ``panel`` over [since, until] with every marker; write it atomically to ``path``."""
+    fig, ax = plt.subplots(figsize=(9.0, 2.6), dpi=100)
+    frame = panel.frame
+    labels = list(dict.fromkeys(frame["series"])) if not frame.empty else []
+    for label in labels[:_MAX_LINES]:
+        line = frame[frame["series"] == label]
+        ax.plot(line["time"], line["value"], linewidth=0.9, label=str(label))
+    if not labels:
+        ax.text(0.5, 0.5, "no data in this range", transform=ax.transAxes, ha="center",
+                va="center", color="0.4")
+    for m in markers:
+        color, style = MARKER_STYLE[m.kind]
+        ax.axvline(pd.Timestamp(m.at_ns, unit="ns", tz="UTC"), color=color, linestyle=style,
+                   linewidth=0.8, alpha=0.8)
+    ax.set_xlim(pd.Timestamp(since_ns, unit="ns", tz="UTC"),
+                pd.Timestamp(until_ns, unit="ns", tz="UTC"))
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    ax.set_title(panel.title + (" (replayed, times shifted)" if panel.replayed else ""),
+                 fontsize=10, loc="left")
+    ax.set_ylabel(panel.unit, fontsize=8)
+    ax.tick_params(labelsize=7)
+    handles = ax.get_legend_handles_labels()[0]
+    handles += [Line2D([], [], color=c, linestyle=s, label=k.replace("_", " "))
+                for k, (c, s) in MARKER_STYLE.items() if any(m.kind == k for m in markers)]
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
