@@ -1,4 +1,4 @@
-"""OTLP/HTTP metrics receiver (``POST /v1/metrics``) and an optional upstream forwarder.
+"""OTLP/HTTP receiver (``POST /v1/metrics``, ``POST /v1/traces``) and an upstream forwarder.
 
 Follows the OTLP/HTTP spec (opentelemetry.io/docs/specs/otlp/#otlphttp): binary protobuf or JSON
 bodies, optional gzip, the response in the request's encoding, a ``google.rpc.Status`` body on
@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import httpx
 from fastapi import APIRouter, Request, Response
@@ -26,6 +26,7 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
@@ -36,6 +37,12 @@ from collectors._otlp_decode import (
     decode_json,
     decode_protobuf,
     points_from_request,
+)
+from collectors._otlp_traces import (
+    SpanRecord,
+    decode_traces_json,
+    decode_traces_protobuf,
+    spans_from_request,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,6 +70,8 @@ class ReceiverStats:
     requests_rejected: int = 0
     points_accepted: int = 0
     points_rejected: int = 0
+    spans_accepted: int = 0
+    spans_rejected: int = 0
     bytes_received: int = 0
     sink_errors: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -210,6 +219,21 @@ class Forwarder:
         self._failing = not ok
 
 
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Signal(Generic[_T]):
+    """What differs between /v1/metrics and /v1/traces: decoders, sink, counts, reply."""
+
+    decode: Mapping[str, Callable[[bytes], _T]]
+    sink: Callable[[_T], object]
+    count: Callable[[_T], int]
+    unit: str
+    response: Message
+    forwarder: Forwarder | None
+
+
 def _encode(message: Message, content_type: str) -> bytes:
     if content_type == JSON:
         return json_format.MessageToJson(message, indent=None).encode()
@@ -262,29 +286,29 @@ def otlp_router(
     max_body_bytes: int = 8 * 2**20,
     forwarder: Forwarder | None = None,
     stats: ReceiverStats | None = None,
+    span_sink: Callable[[list[SpanRecord]], object] | None = None,
+    traces_forwarder: Forwarder | None = None,
 ) -> APIRouter:
-    """An APIRouter serving ``POST /v1/metrics``; every decoded request goes to ``sink``.
+    """An APIRouter serving ``POST /v1/metrics`` and, when ``span_sink`` is given,
+    ``POST /v1/traces``; every decoded request goes to ``sink`` (or ``span_sink``).
 
-    ``sink`` runs in a worker thread, one call per request, possibly several at once (so it
-    must be thread-safe, as ``TimeSeriesStore.write`` is); if it raises, the client gets 503
-    and retries. Accepted bodies also go to ``forwarder`` when given (the caller starts and
-    shuts it down). Pass ``stats`` to read the counters.
+    A sink runs in a worker thread, one call per request, possibly several at once (so it
+    must be thread-safe, as ``TimeSeriesStore.write`` and ``SpanStore.write`` are); if it
+    raises, the client gets 503 and retries. Accepted bodies also go to ``forwarder`` (metrics)
+    or ``traces_forwarder`` when given (the caller starts and shuts them down). Both endpoints
+    follow the same rules: encodings, gzip, size limits and status codes. Pass ``stats`` to
+    read the counters.
     """
     if max_body_bytes < 1:
         raise ValueError(f"otlp_router max_body_bytes must be >= 1, got {max_body_bytes}")
     counters = stats if stats is not None else ReceiverStats()
     router = APIRouter()
 
-    def decode(raw: bytes, content_type: str, gzipped: bool) -> DecodedMetrics:
-        body = gunzip(raw, max_body_bytes) if gzipped else raw
-        return points_from_request(_DECODERS[content_type](body))
-
-    def reject(code: int, message: str, content_type: str, points: int = 0) -> Response:
-        counters._add(requests_rejected=1, points_rejected=points)
+    def reject(code: int, message: str, content_type: str, **counts: int) -> Response:
+        counters._add(requests_rejected=1, **counts)
         return _status(code, message, content_type)
 
-    @router.post("/v1/metrics")
-    async def export_metrics(request: Request) -> Response:
+    async def receive(request: Request, signal: _Signal[_T]) -> Response:
         content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if content_type not in _DECODERS:
             return reject(415, f"Content-Type must be {PROTOBUF} or {JSON}, got "
@@ -293,10 +317,15 @@ def otlp_router(
         if encoding not in ("gzip", "identity", ""):
             return reject(415, f"Content-Encoding must be gzip or identity, got {encoding!r}",
                           content_type)
+
+        def decode(raw: bytes) -> _T:
+            body = gunzip(raw, max_body_bytes) if encoding == "gzip" else raw
+            return signal.decode[content_type](body)
+
         try:
             raw = await _read_body(request, max_body_bytes)
             counters._add(bytes_received=len(raw))
-            decoded = await run_in_threadpool(decode, raw, content_type, encoding == "gzip")
+            decoded = await run_in_threadpool(decode, raw)
         except BodyTooLarge as e:
             return reject(413, str(e), content_type)
         except zlib.error as e:
@@ -306,17 +335,38 @@ def otlp_router(
         except ClientDisconnect:
             counters._add(requests_rejected=1)
             return Response(status_code=400)
+        items = signal.count(decoded)
         try:
-            await run_in_threadpool(sink, decoded)
+            await run_in_threadpool(signal.sink, decoded)
         except Exception as e:  # the receiver never dies of its sink; the client retries
-            logger.exception("OTLP sink failed on %d points", len(decoded.points))
+            logger.exception("OTLP %s sink failed on %d items", signal.unit, items)
             counters._add(sink_errors=1)
             return reject(503, f"sink failed, retry later: {e!r}", content_type,
-                          len(decoded.points))
-        counters._add(requests_accepted=1, points_accepted=len(decoded.points))
-        if forwarder is not None:
-            forwarder.submit(raw, request.headers)
-        return Response(_encode(ExportMetricsServiceResponse(), content_type),
-                        media_type=content_type)
+                          **{f"{signal.unit}_rejected": items})
+        counters._add(requests_accepted=1, **{f"{signal.unit}_accepted": items})
+        if signal.forwarder is not None:
+            signal.forwarder.submit(raw, request.headers)
+        return Response(_encode(signal.response, content_type), media_type=content_type)
+
+    metrics = _Signal(
+        decode={PROTOBUF: lambda b: points_from_request(decode_protobuf(b)),
+                JSON: lambda b: points_from_request(decode_json(b))},
+        sink=sink, count=lambda d: len(d.points), unit="points",
+        response=ExportMetricsServiceResponse(), forwarder=forwarder)
+
+    @router.post("/v1/metrics")
+    async def export_metrics(request: Request) -> Response:
+        return await receive(request, metrics)
+
+    if span_sink is not None:
+        traces = _Signal(
+            decode={PROTOBUF: lambda b: spans_from_request(decode_traces_protobuf(b)),
+                    JSON: lambda b: spans_from_request(decode_traces_json(b))},
+            sink=span_sink, count=len, unit="spans", response=ExportTraceServiceResponse(),
+            forwarder=traces_forwarder)
+
+        @router.post("/v1/traces")
+        async def export_traces(request: Request) -> Response:
+            return await receive(request, traces)
 
     return router
