@@ -127,8 +127,12 @@ function drawPlot(data) {
   const all = lines.flatMap((l) => l.points);
   const ts = all.map((p) => p[0]);
   const vs = all.map((p) => p[1]);
-  const t0 = Math.min(data.since_s, ...ts);
-  const t1 = Math.max(...ts, t0 + 1);
+  const marks = (data.marks || []).map((m) => m.t_s)
+    .filter((t) => t >= data.since_s && t <= data.until_s);
+  // The axis spans the data and the proposal, not the whole lookback: a young job's minute
+  // of points fills the plot instead of a sliver at its right edge.
+  const t0 = Math.min(...ts, ...marks);
+  const t1 = Math.max(...ts, ...marks, t0 + 1);
   let v0 = Math.min(...vs);
   let v1 = Math.max(...vs);
   if (v0 === v1) { v0 -= Math.abs(v0) * 0.05 || 1; v1 += Math.abs(v1) * 0.05 || 1; }
@@ -238,7 +242,9 @@ function findingEvidence(finding) {
 
 function effect(change) {
   const c = change.comparison;
-  if (!c || !c.pairs) return "not measured yet";
+  if (!c || !c.pairs) {
+    return ["rejected", "expired"].includes(change.state) ? "never applied" : "not measured yet";
+  }
   const conf = typeof c.confidence === "number" ? ` at ${Math.round(100 * c.confidence)}%` : "";
   return `${pct(c.gain)} tokens/s [${pct(c.ci_low)}, ${pct(c.ci_high)}]${conf}, `
     + `${c.pairs} pair${c.pairs === 1 ? "" : "s"}, loss ${c.loss_ok ? "on track" : "off track"}`
@@ -287,8 +293,10 @@ async function decide(change, verb, card) {
 
 function pendingCard(change, findings) {
   const plot = h("div", { class: "plot-holder" }, h("p", { class: "muted" }, "Loading plot…"));
+  // The finding the proposer named, else (as the webhook message does) those open on the job.
   const findingId = change.meta && (change.meta.finding_id || change.meta.finding);
-  const finding = findingId ? findings.find((f) => f.id === findingId) : null;
+  const related = findingId ? findings.filter((f) => f.id === findingId)
+    : findings.filter((f) => f.job === change.job).slice(0, 3);
   const noteId = `note-${change.id}`;
   const card = h("article", { class: "card", "data-change-id": change.id,
                               "aria-labelledby": `title-${change.id}` },
@@ -298,9 +306,14 @@ function pendingCard(change, findings) {
       `${change.scope} knob · from ${change.source} · proposed ${when(change.created_at_s)}`
       + ` · expires ${when(change.expires_at_s)} · id ${change.id}`),
     h("p", { class: "reason" }, h("strong", {}, "Why: "), change.reason),
-    finding ? findingEvidence(finding)
-      : findingId ? h("p", { class: "muted" }, `Finding ${findingId} is no longer active.`)
-        : null,
+    change.source === "trial" && change.meta && change.meta.trial !== undefined
+      ? h("p", {}, `Optuna trial ${change.meta.trial} of study ${change.meta.study || "?"}.`)
+      : null,
+    related.length ? h("div", {}, h("h4", {}, findingId ? "The finding behind it"
+                                      : `Findings open on ${change.job}`),
+                        related.map(findingEvidence))
+      : h("p", { class: "muted" }, findingId ? `Finding ${findingId} is no longer active.`
+        : `No finding is open on ${change.job}.`),
     valuesTable(change),
     plot,
     h("label", { for: noteId }, "Comment (required to reject)"),
@@ -437,18 +450,22 @@ function renderHistory(changes) {
 
 function renderStatus(status) {
   const node = $("sidecar-status");
-  if (!status || typeof status !== "object") { node.textContent = "Status unknown."; return; }
-  const parts = [];
-  for (const [key, value] of Object.entries(status)) {
-    if (value === null || typeof value === "object") continue;
-    parts.push(`${key.replaceAll("_", " ")}: ${fmt(value)}`);
+  const side = (status && status.sidecar) || {};
+  const parts = [`sidecar ${side.job || "?"} on ${side.listen || "?"}`
+                 + (side.ready ? " (ready)" : " (not ready)")];
+  for (const j of (status && status.jobs) || []) {
+    let text = `job ${j.job}: ${j.state}`;
+    if (j.acked_version) text += `, runs v${j.acked_version}`;
+    if (j.mode) text += `, approval ${j.mode}`;
+    if (j.tuning && j.tuning !== "off") text += `, tuning ${j.tuning}`;
+    if (j.change) text += `, change ${j.change.id} ${j.change.state}`;
+    parts.push(text);
   }
-  const jobs = listOf(status.jobs, "jobs");
-  if (jobs.length) {
-    parts.push(`jobs: ${jobs.map((j) => (typeof j === "string" ? j
-      : `${j.job} (${j.state}${j.acked_version ? `, v${j.acked_version}` : ""})`)).join(", ")}`);
-  }
-  node.textContent = parts.join(" · ") || "Sidecar up.";
+  const waiting = ((status && status.waiting) || []).length;
+  parts.push(waiting ? `${waiting} waiting for approval` : "nothing waiting");
+  const hook = status && status.webhook;
+  if (hook && hook.configured) parts.push("webhook on");
+  node.textContent = parts.join(" · ");
 }
 
 // ---- refresh loop --------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +41,10 @@ def store(tmp_path: Path) -> Iterator[TimeSeriesStore]:
         yield s
 
 
-def write(store: TimeSeriesStore, name: str, job: str, times_s: np.ndarray, values: np.ndarray,
-          **attrs: str) -> None:
+def write(store: TimeSeriesStore, name: str, job: str, times_s: Sequence[float] | np.ndarray,
+          values: Sequence[float] | np.ndarray, **attrs: str) -> None:
     store.write(Point(name=name, value=float(v), time_ns=int(t * 1e9),
-                      attributes={JOB_ATTR: job, **attrs}) for t, v in zip(times_s, values))
+                      attributes={JOB_ATTR: job, **attrs}) for t, v in zip(times_s, values, strict=True))
 
 
 def test_default_metric_is_throughput_and_a_named_one_wins() -> None:
