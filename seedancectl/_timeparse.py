@@ -37,3 +37,19 @@ def parse_instant_ns(text: str, *, now_ns: int | None = None) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1e9)
+
+
+_ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
+
+
+def parse_iso_week(text: str) -> tuple[int, int]:
+    """``2026-W47`` -> [Monday 00:00 UTC, next Monday 00:00 UTC) in ns."""
+    match = _ISO_WEEK.match(text.strip())
+    try:
+        if not match:
+            raise ValueError
+        monday = datetime.fromisocalendar(int(match.group(1)), int(match.group(2)), 1)
+    except ValueError:
+        raise TimeParseError(f"{text!r} is not an ISO week like 2026-W47") from None
+    since_ns = int(monday.replace(tzinfo=UTC).timestamp()) * 1_000_000_000
+    return since_ns, since_ns + 7 * 86_400 * 1_000_000_000

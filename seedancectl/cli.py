@@ -345,6 +345,53 @@ def dashboards_grafana(
 
 
 @app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="Folder for report.html, report.md, report.json.")],
+    week: Annotated[str | None, typer.Option(help="ISO week, e.g. 2026-W47 (UTC).")] = None,
+    since: Annotated[str | None, typer.Option(help="Start: a duration ago (7d) or ISO time.")] = None,
+    until: Annotated[str | None, typer.Option(help="End: duration ago or ISO time (now).")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    price_per_gpu_hour: Annotated[
+        float, typer.Option(help="Price of one GPU-hour, for the cost saved.")] = 2.5,
+    prometheus: Annotated[
+        str | None, typer.Option(help="Read series from this Prometheus URL, not the store.")
+    ] = None,
+    store: StoreOption = Path("seedance-data/metrics.db"),
+    config: ConfigOption = None,
+    state_db: StateDbOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """The tuning report of a week (or range): findings, changes, savings, plots."""
+    from dashboards.report import build_report
+    from seedancectl._timeparse import parse_iso_week
+
+    if (week is None) == (since is None):
+        raise UsageError("give either --week YYYY-Www or --since (with an optional --until)")
+    if week is not None:
+        if until is not None:
+            raise UsageError("--until goes with --since, not with --week")
+        since_ns, until_ns = parse_iso_week(week)
+    else:
+        since_ns = parse_instant_ns(since or "")
+        until_ns = parse_instant_ns(until) if until else parse_instant_ns("0s")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    if prometheus is None and not store.exists():
+        raise UsageError(f"{store}: no store here (give --store or --prometheus)")
+    with _finding_store(config, state_db) as findings_db:
+        url = findings_db.url
+    paths = build_report(store_path=store, state_db_url=url, since_ns=since_ns,
+                         until_ns=until_ns, job=job, out_dir=out,
+                         price_per_gpu_hour=price_per_gpu_hour, prometheus_url=prometheus)
+    if json_out:
+        print_json({"html": str(paths.html), "markdown": str(paths.markdown),
+                    "json": str(paths.json), "plots": [str(p) for p in paths.plots]})
+        return
+    for path in (paths.html, paths.markdown, paths.json):
+        stdout.print(str(path))
+
+
+@app.command()
 def demo(
     minutes: Annotated[float, typer.Option(help="How long the training job runs.")] = 3.0,
     out: Annotated[Path, typer.Option(help="Folder for summary.json, store and logs.")] = Path(

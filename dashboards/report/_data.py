@@ -205,7 +205,9 @@ def _label(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
     present = [k for k in keys if k in frame.columns]
     if not present:
         return pd.Series(["all"] * len(frame), index=frame.index, dtype="str")
-    return frame[present].astype(str).agg(" ".join, axis=1)
+    named = frame[present].astype(str).apply(
+        lambda col: col.name.rsplit(".", 1)[-1] + "=" + col)
+    return named.agg(" ".join, axis=1)
 
 
 def _lines(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -320,9 +322,9 @@ class _Reader:
         read = self.host_series if spec.host_level else self.job_series
         frames = {name: read(name) for name in spec.metrics}
         if spec.key == "p99_latency":
-            parts = [_p99(f).assign(**{RANK_ATTR: name.split(".")[1]})
+            parts = [_p99(f).assign(of=name.split(".")[1])
                      for name, f in frames.items() if not f.empty]
-            lines = (pd.concat([_lines(p, (RANK_ATTR,)) for p in parts], ignore_index=True)
+            lines = (pd.concat([_lines(p, ("of",)) for p in parts], ignore_index=True)
                      if parts else _lines(next(iter(frames.values())), ()))
         elif spec.key == "comm_share":
             lines = _lines(_ratio_of_increases(*frames.values()), ())

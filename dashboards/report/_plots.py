@@ -20,6 +20,18 @@ MARKER_STYLE = {"apply": ("tab:gray", "--"), "kept": ("tab:green", "-"),
 _MAX_LINES = 8
 
 
+def _break_gaps(line: pd.DataFrame) -> pd.DataFrame:
+    """NaN rows inside gaps (over 2 min and 5x the usual spacing): no line across idle days."""
+    line = line.sort_values("time")
+    gaps = line["time"].diff()
+    limit = max(pd.Timedelta(minutes=2), 5 * gaps.median()) if len(line) > 2 else None
+    if limit is None:
+        return line
+    breaks = line.loc[gaps > limit, "time"] - pd.Timedelta(seconds=1)
+    filler = pd.DataFrame({"time": breaks, "value": float("nan")})
+    return pd.concat([line[["time", "value"]], filler]).sort_values("time", kind="stable")
+
+
 def panel_png(panel: Panel, markers: Sequence[Marker], since_ns: int, until_ns: int,
               path: Path) -> Path:
     """Draw ``panel`` over [since, until] with every marker; write it atomically to ``path``."""
@@ -27,8 +39,9 @@ def panel_png(panel: Panel, markers: Sequence[Marker], since_ns: int, until_ns: 
     frame = panel.frame
     labels = list(dict.fromkeys(frame["series"])) if not frame.empty else []
     for label in labels[:_MAX_LINES]:
-        line = frame[frame["series"] == label]
-        ax.plot(line["time"], line["value"], linewidth=0.9, label=str(label))
+        line = _break_gaps(frame[frame["series"] == label])
+        ax.plot(line["time"], line["value"], linewidth=0.9, marker=".", markersize=1.5,
+                label=str(label))
     if not labels:
         ax.text(0.5, 0.5, "no data in this range", transform=ax.transAxes, ha="center",
                 va="center", color="0.4")
