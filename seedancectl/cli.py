@@ -348,7 +348,8 @@ def dashboards_grafana(
 def report(
     out: Annotated[Path, typer.Option(help="Folder for report.html, report.md, report.json.")],
     week: Annotated[str | None, typer.Option(help="ISO week, e.g. 2026-W47 (UTC).")] = None,
-    since: Annotated[str | None, typer.Option(help="Start: a duration ago (7d) or ISO time.")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Start: a duration ago (7d) or ISO time.")] = None,
     until: Annotated[str | None, typer.Option(help="End: duration ago or ISO time (now).")] = None,
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     price_per_gpu_hour: Annotated[
