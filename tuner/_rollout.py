@@ -21,6 +21,16 @@ Life of a change (``tick()`` advances every active one; a sidecar thread calls i
 - Guardrails roll back at once: non-finite loss -> FULL rollback action; a gradient-collapse /
   underflow finding on group G -> LOCAL rollback action for G and precision.G back to fp32;
   a measured regression -> config rollback only. A lapsed lease fails the change.
+
+Every change is one OpenTelemetry trace (``tracing``): a root span ``change`` from proposal to
+verdict with children ``propose``, ``approve``, ``apply`` and ``observe`` (one of each per
+window), and ``keep`` or ``rollback`` (or ``reject``, ``expire``, ``fail``). A span that spans
+ticks is *journaled*: its W3C traceparent and start are stored in the change record
+(``Change.traceparent`` for the root, ``Change.spans`` for open ones) and it is recorded when it
+ends, so a controller started after a crash continues the same trace. ``set_desired`` sends the
+``apply`` (or ``keep`` / ``rollback``) span's traceparent, so the job's ``job.apply`` span joins
+the trace. The root is recorded at the verdict, so until then a trace viewer shows the children
+under a parent it has not received yet.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from collectors._errors import SeedanceError
+from collectors._tracing import Tracing, new_traceparent, null_tracing
 from policies._findings import Finding
 from policies._state_db import _sqlite_pragmas
 from tuner._knobs import KnobSpace, KnobValue
@@ -161,6 +172,8 @@ class Change:
 
     ``plan`` is the observation's progress (window arms, index, version in force, acked);
     ``windows`` what each window measured; ``comparison`` the verdict's numbers.
+    ``traceparent`` is the W3C context of the change's root span; ``spans`` the spans open
+    across ticks (``apply``, ``observe``): name -> traceparent, start_ns and attributes.
     """
 
     id: str
@@ -177,6 +190,7 @@ class Change:
     approved_by: str | None = None
     traceparent: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    spans: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     plan: Mapping[str, Any] = field(default_factory=dict)
     windows: tuple[Window, ...] = ()
     comparison: Mapping[str, Any] | None = None
@@ -307,8 +321,9 @@ class RolloutController:
 
     def __init__(self, registry: JobRegistry, store_query: QueryFn, *, db_url: str,
                  guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
-                 config: RolloutConfig | None = None) -> None:
+                 config: RolloutConfig | None = None, tracing: Tracing | None = None) -> None:
         self.registry = registry
+        self.tracing = tracing or null_tracing("seedance-rollout")
         self.query = store_query
         self.config = config or RolloutConfig()
         self.guardrails = tuple(guardrails)
@@ -363,8 +378,7 @@ class RolloutController:
             risk=space.risk_of(changed), scope=space.scope_of(changed),
             values={k: checked[k] for k in changed}, baseline=baseline, created_at_s=now,
             expires_at_s=now + self.config.proposal_ttl_s,
-            traceparent=f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01",
-            meta=dict(meta or {}))
+            traceparent=new_traceparent(), meta=dict(meta or {}))
         with self._lock:
             with self._engine.begin() as conn:
                 conn.execute(insert(changes_table).values(
@@ -375,6 +389,8 @@ class RolloutController:
                             detail={"values": change.values, "baseline": baseline,
                                     "risk": change.risk, "scope": change.scope,
                                     "source": source, "meta": change.meta})
+            self._span(change, "propose",
+                       attributes={**_change_attributes(change), "seedance.actor": by})
             mode = self.mode(job)
             if mode == "off":
                 return self._move(change, "rejected", by="mode:off",
@@ -490,8 +506,13 @@ class RolloutController:
             plan = {**change.plan, "acked": True, "acked_at_s": now, "live_version": version}
             if change.state == "applying":
                 plan["applied_at_s"] = now
-            change = self._save(change, plan=plan, event=("ack", f"v{ack.version} applied at "
-                                                          f"step {ack.step}", version))
+            spans = self._end(change, "apply", {"seedance.step": ack.step})
+            spans = self._open(change, spans, "observe", {
+                "seedance.window": int(change.plan["index"]),
+                "seedance.window.arm": change.plan["arms"][int(change.plan["index"])],
+                "seedance.config.version": version})
+            change = self._save(change, plan=plan, spans=spans, event=(
+                "ack", f"v{ack.version} applied at step {ack.step}", version))
             if change.state == "applying":
                 change = self._move(change, "observing", by="job",
                                     reason=f"candidate v{version} acked")
@@ -519,10 +540,19 @@ class RolloutController:
         before = self.registry.status(change.job).desired.version
         self._event_only(change, "apply", "controller", f"window {index}: {arm}",
                          version_before=before, detail={"values": values})
+        spans = self._open(change, change.spans, "apply", {
+            "seedance.window": index, "seedance.window.arm": arm,
+            "seedance.config.version.before": before})
+        apply = spans.get("apply")
         config = self.registry.set_desired(change.job, values, change_id=change.id,
-                                           traceparent=change.traceparent)
+                                           traceparent=None if apply is None
+                                           else apply["traceparent"])
+        if apply is not None:
+            apply["attributes"]["seedance.config.version.after"] = config.version
+        # A crash before this save loses the apply span only; the change is rolled back anyway.
         return self._save(change, plan={**change.plan, "index": index, "version": config.version,
                                         "acked": False, "sent_at_s": self._clock()},
+                          spans=spans,
                           event=("desired", f"window {index}: {arm} is v{config.version}",
                                  config.version))
 
@@ -537,8 +567,14 @@ class RolloutController:
             return
         windows = (*change.windows, window)
         comparison = compare(windows, self.config.measure)
+        spans = self._end(change, "observe", {
+            "seedance.window.steps": window.steps,
+            "seedance.window.tokens_per_s": window.tokens_per_s,
+            "seedance.window.step_s": window.step_s, "seedance.pairs": comparison.pairs,
+            "seedance.gain": comparison.gain, "seedance.gain.ci_low": comparison.ci_low,
+            "seedance.gain.ci_high": comparison.ci_high, "seedance.loss_ok": comparison.loss_ok})
         change = self._save(change, windows=windows, comparison=comparison.to_json(),
-                            event=("window", f"window {index} ({arms[index]}): "
+                            spans=spans, event=("window", f"window {index} ({arms[index]}): "
                                    f"{window.tokens_per_s:.1f} tokens/s", version))
         if arms[index] == "baseline" or index == len(arms) - 1:
             if self._stop_early(change, comparison):
@@ -588,19 +624,28 @@ class RolloutController:
 
     def _keep(self, change: Change, comparison: Comparison) -> None:
         before = self.registry.status(change.job).baseline.version
+        start_ns, span = _ns(self._clock()), self._child(change)
         change = self._move(change, "kept", by="controller", reason=(
             f"gain {comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]"
             f" at {comparison.confidence:.0%}"), version_before=before)
         baseline = self.registry.set_baseline(change.job, change.candidate)
         desired = self.registry.set_desired(change.job, change.candidate, change_id=change.id,
-                                            traceparent=change.traceparent)
+                                            traceparent=span)
         self._event_only(change, "baseline", "controller", "the candidate is the baseline",
                          version_before=before, version_after=desired.version,
                          detail={"baseline_version": baseline.version})
+        self._span(change, "keep", traceparent=span, start_ns=start_ns, attributes={
+            "seedance.gain": comparison.gain, "seedance.gain.ci_low": comparison.ci_low,
+            "seedance.gain.ci_high": comparison.ci_high,
+            "seedance.confidence": comparison.confidence,
+            "seedance.config.version.before": before,
+            "seedance.config.version.after": desired.version})
+        self._end_trace(change)
 
     def _roll_back(self, change: Change, trip: Trip, *, by: str = "controller") -> Change:
         """Journal the rollback, then send the baseline (and the rollback action, if any)."""
-        job, was = change.job, change.state
+        job, was, opened = change.job, change.state, change
+        start_ns, span = _ns(self._clock()), self._child(change)
         attached = self._attached(job)
         before = self.registry.status(job).desired.version if attached else None
         restore = dict(change.baseline)
@@ -619,21 +664,31 @@ class RolloutController:
                             version_before=before, plan={**change.plan, "ended_because": (
                                 trip.reason), "rollback": trip.kind},
                             detail={"rollback": trip.kind, "group": trip.group,
-                                    "action": action, "restore": restore})
-        if not attached:
-            return change  # the job returns to its baseline itself when it re-attaches
-        if restore != change.baseline or was == "kept":
-            self.registry.set_baseline(job, restore)
-        config = self.registry.set_desired(job, restore, change_id=change.id,
-                                           traceparent=change.traceparent)
-        if action is not None:
-            config = self.registry.push_action(job, action)
-        self._event_only(change, "restored", by, f"baseline sent as v{config.version}",
-                         version_before=before, version_after=config.version)
+                                    "action": action, "restore": restore}, spans={})
+        self._end_open(opened, error=f"rolled back: {trip.reason}")
+        attributes: dict[str, Any] = {
+            "seedance.actor": by, "seedance.rollback.cause": trip.reason,
+            "seedance.rollback.scope": trip.kind, "seedance.rollback.group": trip.group,
+            "seedance.config.version.before": before}
+        if attached:
+            if restore != change.baseline or was == "kept":
+                self.registry.set_baseline(job, restore)
+            config = self.registry.set_desired(job, restore, change_id=change.id,
+                                               traceparent=span)
+            if action is not None:
+                config = self.registry.push_action(job, action)
+            self._event_only(change, "restored", by, f"baseline sent as v{config.version}",
+                             version_before=before, version_after=config.version)
+            attributes["seedance.config.version.after"] = config.version
+        # else the job returns to its baseline itself when it re-attaches
+        self._span(change, "rollback", traceparent=span, start_ns=start_ns,
+                   attributes=attributes)
+        if was != "kept":  # a kept change's trace ended at its keep
+            self._end_trace(change)
         return change
 
     def _fail(self, change: Change, reason: str) -> None:
-        self._move(change, "failed", by="controller", reason=reason)
+        self._move(change, "failed", by="controller", reason=reason, spans={})
 
     def _on_lapse(self, status: JobStatus) -> None:
         with self._lock:
@@ -669,6 +724,83 @@ class RolloutController:
     def _attached(self, job: str) -> bool:
         return any(s.job == job for s in self.registry.jobs())
 
+    # ---- traces ------------------------------------------------------------------------------
+
+    def _trace_move(self, before: Change, moved: Change, by: str, reason: str) -> None:
+        """The spans of a transition that sends nothing to the job (keep and rollback record
+        their own, with the traceparent they send)."""
+        name = _MOVE_SPANS.get(moved.state)
+        if name is None:
+            return
+        error = reason if moved.state == "failed" else None
+        if error is not None:
+            self._end_open(before, error=error)
+        self._span(moved, name, attributes={
+            "seedance.actor": by, "seedance.reason": reason,
+            "seedance.approve.auto": by == "auto" if moved.state == "approved" else None},
+            error=error)
+        if not TRANSITIONS[moved.state]:
+            self._end_trace(moved, error=error)
+
+    def _child(self, change: Change) -> str | None:
+        """A new span's traceparent in the change's trace (None for a change without one)."""
+        return new_traceparent(change.traceparent) if change.traceparent else None
+
+    def _open(self, change: Change, spans: Mapping[str, Mapping[str, Any]], name: str,
+              attributes: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """``spans`` plus a journaled span ``name`` starting now (to be saved with the change)."""
+        opened = {k: {**v, "attributes": dict(v["attributes"])} for k, v in spans.items()}
+        span = self._child(change)
+        if span is not None:
+            opened[name] = {"traceparent": span, "start_ns": _ns(self._clock()),
+                            "attributes": dict(attributes)}
+        return opened
+
+    def _end(self, change: Change, name: str, attributes: Mapping[str, Any] | None = None,
+             error: str | None = None) -> Mapping[str, Mapping[str, Any]]:
+        """Record the open span ``name`` as ending now; the open spans without it."""
+        opened = change.spans.get(name)
+        if opened is not None:
+            self._span(change, name, traceparent=opened["traceparent"],
+                       start_ns=int(opened["start_ns"]),
+                       attributes={**opened["attributes"], **(attributes or {})}, error=error)
+        return {k: v for k, v in change.spans.items() if k != name}
+
+    def _end_open(self, change: Change, *, error: str) -> None:
+        for name in list(change.spans):
+            self._end(change, name, error=error)
+
+    def _span(self, change: Change, name: str, *, traceparent: str | None = None,
+              start_ns: int | None = None, attributes: Mapping[str, Any] | None = None,
+              error: str | None = None) -> None:
+        """Record a span of the change's trace ending now; tracing never stops a change."""
+        if not change.traceparent:
+            return
+        now = _ns(self._clock())
+        try:
+            self.tracing.record(
+                name, traceparent=traceparent or new_traceparent(change.traceparent),
+                parent=change.traceparent, start_ns=now if start_ns is None else start_ns,
+                end_ns=now, attributes={**_change_ids(change), **(attributes or {})},
+                error=error, scope=__name__)
+        except Exception:
+            log.exception("recording span %s of change %s failed; going on", name, change.id)
+
+    def _end_trace(self, change: Change, error: str | None = None) -> None:
+        """Record the root span ``change``, from the proposal to now."""
+        if not change.traceparent:
+            return
+        try:
+            self.tracing.record(
+                "change", traceparent=change.traceparent, parent=None,
+                start_ns=_ns(change.created_at_s), end_ns=_ns(self._clock()), attributes={
+                    **_change_attributes(change), "seedance.change.state": change.state,
+                    "seedance.change.approved_by": change.approved_by,
+                    "seedance.gain": (change.comparison or {}).get("gain")},
+                error=error, scope=__name__)
+        except Exception:
+            log.exception("recording the trace of change %s failed; going on", change.id)
+
     # ---- journal -----------------------------------------------------------------------------
 
     def _move(self, change: Change, to: State, *, by: str, reason: str,
@@ -689,6 +821,7 @@ class RolloutController:
                         version_after=version_after, detail=detail or {})
         log.info("change %s (%s): %s -> %s by %s: %s", change.id, change.job, change.state, to,
                  by, reason)
+        self._trace_move(change, moved, by, reason)
         if not TRANSITIONS[to] or to == "kept":
             for observer in list(self._observers):
                 try:
@@ -730,6 +863,27 @@ class RolloutController:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+_MOVE_SPANS: Mapping[str, str] = {"approved": "approve", "rejected": "reject",
+                                  "expired": "expire", "failed": "fail"}
+
+
+def _change_ids(change: Change) -> dict[str, Any]:
+    return {"seedance.change.id": change.id, "seedance.job": change.job}
+
+
+def _change_attributes(change: Change) -> dict[str, Any]:
+    """What a reader of the trace needs to know what the change was and why."""
+    finding = change.meta.get("finding")
+    return {
+        **_change_ids(change), "seedance.change.source": change.source,
+        "seedance.change.reason": change.reason, "seedance.change.risk": change.risk,
+        "seedance.change.scope": change.scope,
+        "seedance.change.knobs": ", ".join(f"{k}: {change.baseline.get(k)!r} -> {v!r}"
+                                           for k, v in sorted(change.values.items())),
+        "seedance.finding.id": None if finding is None else str(finding),
+        "seedance.trial": change.meta.get("trial")}
 
 
 def _json_default(value: Any) -> Any:

@@ -24,6 +24,12 @@ the built-in knobs (``precision.<group>`` via ``tuner.precision``, ``threads`` v
 ``seedance.config.version`` of every metric point from then on (the session owns the
 ``TrainingInstrumentation`` and, unless given a meter, the OTLP export to the sidecar).
 
+Traces: a config that comes with a W3C ``traceparent`` (one sent for a change) is applied inside
+a span ``job.apply`` (version, step, rank) that is a child of it, so the change's trace shows
+the job switching. Unless given a meter, the session exports its spans to the sidecar over OTLP
+(``/v1/traces``) through its own TracerProvider; with a meter, the global one (a no-op unless
+the process installed one).
+
 Multi-rank: only rank 0 talks to the sidecar. At every boundary rank 0 broadcasts one int64
 ("which update is newest"); only when it differs from the one in force does it broadcast the
 update itself (``broadcast_object_list``), so every rank switches at the same step.
@@ -53,11 +59,12 @@ import torch
 import torch.distributed as dist
 from opentelemetry import trace
 from opentelemetry.metrics import Meter
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import Span, Status, StatusCode
 from torch import nn
 
 from collectors._errors import SeedanceError
 from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
+from collectors._tracing import Tracing, setup_tracing, traceparent_context
 from collectors.torch_training import (
     NullTrainingInstrumentation,
     TrainingInstrumentation,
@@ -73,7 +80,6 @@ log = logging.getLogger(__name__)
 PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 DEFAULT_LEASE_TTL_S = 10.0
 MAX_POLL_S = 30.0
-_tracer = trace.get_tracer("tuner.client")
 
 
 class ClientError(SeedanceError):
@@ -354,11 +360,16 @@ class Session:
         self._snapshots: dict[str, Snapshot] = {}
         self._precision: PrecisionHandle | None = None
         self._telemetry: Telemetry | None = None
+        self._tracing: Tracing | None = None
+        self._tracer = trace.get_tracer("tuner.client")
         if meter is None and sidecar is not None:
-            self._telemetry = setup_telemetry(TelemetryConfig(
-                job=job, rank=self.rank, otlp_endpoint=sidecar, otlp_protocol="http/protobuf",
-                export_interval_s=export_interval_s))
+            export = TelemetryConfig(job=job, rank=self.rank, otlp_endpoint=sidecar,
+                                     otlp_protocol="http/protobuf",
+                                     export_interval_s=export_interval_s)
+            self._telemetry = setup_telemetry(export)
             meter = self._telemetry.meter("tuner.client")
+            self._tracing = setup_tracing(export)
+            self._tracer = self._tracing.tracer("tuner.client")
         self.instrumentation: TrainingInstrumentation | NullTrainingInstrumentation = (
             TrainingInstrumentation(model, optimizer, meter, grad_scaler=grad_scaler,
                                     module_groups=module_groups,
@@ -475,6 +486,9 @@ class Session:
         if self._telemetry is not None:
             self._telemetry.shutdown(timeout_s)
             self._telemetry = None
+        if self._tracing is not None:
+            self._tracing.shutdown(timeout_s)
+            self._tracing = None
         if self._precision is not None:
             self._precision.remove()
             self._precision = None
@@ -508,14 +522,27 @@ class Session:
         dist.broadcast_object_list(box, src=0)
         return box[0]  # type: ignore[no-any-return]
 
+    @contextlib.contextmanager
+    def _apply_span(self, update: _Update, step: int) -> Iterator[Span | None]:
+        """``job.apply``, a child of the update's traceparent; nothing when it has none."""
+        try:
+            context = traceparent_context(update.traceparent) if update.traceparent else None
+        except Exception as exc:
+            log.warning("job %s: ignoring the traceparent of v%d: %s", self.job,
+                        update.config.version, exc)
+            context = None
+        if context is None:
+            yield None
+            return
+        with self._tracer.start_as_current_span("job.apply", context=context, attributes={
+                "seedance.config.version": update.config.version, "seedance.step": step,
+                "seedance.rank": self.rank, "seedance.job": self.job,
+                "seedance.change.id": update.change_id or ""}) as span:
+            yield span
+
     def _apply(self, update: _Update) -> None:
         step, config = self.steps_done, update.config
-        context = (TraceContextTextMapPropagator().extract({"traceparent": update.traceparent})
-                   if update.traceparent else None)
-        with _tracer.start_as_current_span(
-                "seedance.config.apply", context=context,
-                attributes={"seedance.config.version": config.version, "seedance.step": step,
-                            "seedance.job": self.job}):
+        with self._apply_span(update, step) as span:
             results = [self._run_action(action) for action in update.actions]
             previous = dict(self._values)
             try:
@@ -527,6 +554,8 @@ class Session:
                             config.version, step, error, self.version)
                 with contextlib.suppress(Exception):
                     self._set_values(previous)
+                if span is not None:
+                    span.set_status(Status(StatusCode.ERROR, error))
         self._applied_seq = update.seq
         if status == "applied" and config.version != self.version:
             self.version = config.version  # the instrumentation reads it at each step start
