@@ -41,7 +41,7 @@ def triggering_metric(change: Change) -> tuple[str, str]:
 
 def change_series(change: Change, query: QueryFn, *, now_s: float,
                   lookback_s: float = LOOKBACK_S, max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """The JSON body of ``GET /v1/changes/{id}/series``; see docs in dashboards/web/README.md."""
+    """The JSON body of ``GET /v1/changes/{id}/series`` (contract: dashboards/web/README.md)."""
     if max_points < 2:
         raise ValueError(f"max_points must be >= 2, got {max_points}")
     metric, metric_from = triggering_metric(change)

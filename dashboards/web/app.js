@@ -406,10 +406,12 @@ async function showEvents(change, button, holder) {
   if (!holder.hidden) {
     holder.hidden = true;
     button.setAttribute("aria-expanded", "false");
+    button.setAttribute("aria-label", `Show events of change ${change.id}`);
     button.textContent = "Show events";
     return;
   }
   button.setAttribute("aria-expanded", "true");
+  button.setAttribute("aria-label", `Hide events of change ${change.id}`);
   button.textContent = "Hide events";
   holder.hidden = false;
   holder.replaceChildren(h("p", { class: "muted" }, "Loading events…"));

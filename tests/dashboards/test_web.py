@@ -248,6 +248,32 @@ def test_on_call_approves_a_pending_change_from_the_page(
             expect(row).to_contain_text("alice")
             expect(page.locator("#pending")).to_contain_text("Nothing waits for approval")
             page.screenshot(path=str(ARTIFACTS / "approved.png"), full_page=True)
+
+            # Reject: a reason is required, then the change is rejected and in the history.
+            second = httpx.post(f"{url}/v1/jobs/{JOB}/changes", timeout=5,
+                                headers={"Authorization": f"Bearer {TOKEN}"},
+                                json={"by": "test", "reason": "smaller batch",
+                                      "values": {"micro_batch": 1}}).json()
+            page.get_by_role("button", name="Refresh now").click()
+            card = page.locator(f'article[data-change-id="{second["id"]}"]')
+            reject = card.get_by_role("button", name=f"Reject change {second['id']}")
+            reject.click()
+            expect(card.locator(".card-status")).to_contain_text("Give a reason")
+            assert change_state(url, second["id"])["state"] == "proposed"
+            card.get_by_label("Comment (required to reject)").fill("not during the launch")
+            reject.click()
+            expect(page.locator("#status")).to_contain_text(
+                f"Change {second['id']} rejected by alice")
+            rejected = change_state(url, second["id"])
+            assert rejected["state"] == "rejected"
+            assert rejected["events"][-1]["actor"] == "alice"
+            assert rejected["events"][-1]["reason"] == "not during the launch"
+            history = page.locator("#history tr", has_text="micro_batch: 2 → 1")
+            expect(history).to_contain_text("rejected")
+            history.get_by_role("button", name=f"Show events of change {second['id']}").click()
+            expect(page.locator(f"#events-{second['id']}")).to_contain_text(
+                "by alice: not during the launch")
+            page.screenshot(path=str(ARTIFACTS / "history.png"), full_page=True)
             assert session_token(page) == TOKEN
             assert errors == []
             browser.close()
