@@ -3,8 +3,8 @@
 The sidecar runs in this process under uvicorn on a free loopback port (so the test can read
 its parts), the page is driven by Chromium through Playwright, and the job is a stand-in that
 holds its lease over HTTP exactly as tuner.client does and exports its throughput over OTLP with
-the stock OpenTelemetry SDK. Its throughput numbers are SIMULATED (a function of micro_batch);
-nothing here measures a model. Screenshots go to test-artifacts/web/.
+the stock OpenTelemetry SDK. Its throughput numbers are SIMULATED (a function of micro_batch)
+and the finding on it is planted; nothing here measures a model. Screenshots go to test-artifacts/web/.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from opentelemetry.sdk.resources import Resource
 
 from collectors._points import CONFIG_VERSION_ATTR
 from dashboards.web import web_router
+from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._state_db import sqlite_url
 from seedancectl._config import SidecarConfig
 from seedancectl._sidecar import Sidecar
@@ -47,6 +48,18 @@ TOKEN = "s3cret-test-token"
 WAIT_S = 30.0
 DRAWN_PATH = re.compile(r"^M[\d.]+,[\d.]+(L[\d.]+,[\d.]+){2,}$")
 """An SVG path through at least three points."""
+PLANTED = Finding(
+    id="f-planted", detector="input_bound", job=JOB, severity="warning",
+    opened_at_ns=time.time_ns(),
+    evidence=Evidence(
+        summary="SIMULATED for this test: the data loader holds back 31% of each step",
+        model="input wait share w = t_wait / t_step",
+        measurements=(Measurement(name="wait_share", value=0.31),
+                      Measurement(name="step_time", value=0.42, unit="s")),
+        thresholds=(Threshold(measurement="wait_share", comparison=">", value=0.2),)),
+    suggested_changes=(SuggestedChange(knob="micro_batch", value=4,
+                                       expected_effect="fewer loader waits"),))
+"""A detector's verdict planted in the engine's finding store (no detector ran on the job)."""
 KNOBS = [{"name": "micro_batch", "default": 2, "choices": [1, 2, 4], "scope": "live",
           "risk": "low"}]
 
@@ -177,6 +190,8 @@ def test_on_call_approves_a_pending_change_from_the_page(
     try:
         until("the job's throughput in the store", lambda: (
             side.store is not None and len(side.store.query(TOKENS_PER_SECOND)) >= 8))
+        assert side.engine is not None
+        side.engine.findings.save(PLANTED)
         proposed = httpx.post(f"{url}/v1/jobs/{JOB}/changes", timeout=5,
                               headers={"Authorization": f"Bearer {TOKEN}"},
                               json={"by": "test", "reason": "input-bound: try a larger batch",
@@ -203,6 +218,11 @@ def test_on_call_approves_a_pending_change_from_the_page(
             expect(card.locator("table.values tbody td").nth(0)).to_have_text("2")
             expect(card.locator("table.values tbody td").nth(1)).to_have_text("4")
             expect(card).to_contain_text("input-bound: try a larger batch")
+            # The finding open on the job, with its numbers and the bound they crossed.
+            measured = card.locator("table.measurements tbody tr", has_text="wait_share")
+            expect(measured).to_contain_text("0.31")
+            expect(measured).to_contain_text("> 0.2")
+            expect(page.locator("#findings")).to_contain_text("input_bound")
             path = card.locator("svg.plot path.line").first
             expect(path).to_have_attribute("d", DRAWN_PATH, timeout=WAIT_S * 1000)
             expect(card.locator("svg.plot")).to_have_attribute(
