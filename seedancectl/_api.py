@@ -87,6 +87,10 @@ class ProposeBody(ReasonBody):
     values: dict[str, KnobValue] = Field(min_length=1)
 
 
+Credentials = Annotated[HTTPAuthorizationCredentials | None,
+                        Depends(HTTPBearer(auto_error=False))]
+"""The bearer token, if sent (module level: FastAPI resolves the annotation by name)."""
+
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (UnknownJobError, 404), (KnobError, 422), (IllegalTransition, 409), (RolloutError, 409))
 
@@ -107,10 +111,7 @@ def change_json(change: Change) -> dict[str, Any]:
 
 def api_router(sidecar: Sidecar) -> APIRouter:
     """Every endpoint of the operator API, bound to ``sidecar``'s parts."""
-    bearer = HTTPBearer(auto_error=False)
-
-    def authorised(credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                          Depends(bearer)]) -> None:
+    def authorised(credentials: Credentials) -> None:
         if credentials is None or not credentials.credentials:
             raise HTTPException(401, "a bearer token is required (seedancectl --token-file)",
                                 headers={"WWW-Authenticate": "Bearer"})
@@ -233,8 +234,10 @@ def api_router(sidecar: Sidecar) -> APIRouter:
     @write.post("/jobs/{job}/changes", status_code=201)
     def propose(job: str, body: ProposeBody) -> dict[str, Any]:
         with _errors():
-            return change_json(controller().propose(
-                job, body.values, reason=body.reason, source="operator", by=body.by))
+            change = controller().propose(
+                job, body.values, reason=body.reason, source="operator", by=body.by)
+        sidecar.notify_waiting()  # now, before anyone can approve it unannounced
+        return change_json(change)
 
     router = APIRouter()
     router.include_router(read)

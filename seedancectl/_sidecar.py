@@ -139,6 +139,7 @@ class Sidecar:
         self._seeded: dict[str, frozenset[str]] = {}
         self._paused: dict[str, bool] = {}
         self._notified: set[str] = set()
+        self._notify_lock = threading.Lock()
         self._lock = threading.Lock()
         self._started = False
 
@@ -318,9 +319,10 @@ class Sidecar:
         if self.controller is None or self.notifier.url is None:
             return
         for change in self.controller.changes(states=["proposed"]):
-            if change.id in self._notified:
-                continue
-            self._notified.add(change.id)
+            with self._notify_lock:
+                if change.id in self._notified:
+                    continue
+                self._notified.add(change.id)
             if any(e["kind"] == NOTIFIED_EVENT for e in self.controller.events(
                     change_id=change.id)):
                 continue  # announced before a restart
