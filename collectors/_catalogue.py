@@ -112,6 +112,11 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
                source="torch client", attributes=_JOB + ("seedance.module_group",),
                description="Gradient elements that are NaN or infinite (every stats_every "
                "steps)"),
+    MetricSpec(name="seedance.train.nonfinite_steps", unit="{step}", kind=S,
+               source="torch client", attributes=_JOB + ("seedance.nonfinite.what",),
+               description="Steps whose loss (what=loss) or global gradient norm "
+               "(what=grad_norm) was NaN or infinite; OpenTelemetry drops non-finite gauge "
+               "values, so this counter is what carries the signal"),
     MetricSpec(name="seedance.train.grad.zero_fraction", unit="1", kind=G,
                source="torch client", attributes=_JOB + ("seedance.module_group",),
                description="Fraction of gradient elements that are exactly zero (every "

@@ -50,6 +50,7 @@ from collectors._points import CONFIG_VERSION_ATTR
 log = logging.getLogger(__name__)
 
 MODULE_GROUP_ATTR = "seedance.module_group"
+NONFINITE_WHAT_ATTR = "seedance.nonfinite.what"
 OTHER_GROUP = "other"
 
 DEFAULT_MODULE_GROUPS: Mapping[str, tuple[str, ...]] = {
@@ -193,6 +194,7 @@ class TrainingInstrumentation:
             "grad.group_norm", "grad.nonfinite", "grad.zero_fraction", "grad_scaler.scale",
             "learning_rate")}
         self._g = g
+        self._c_nonfinite = meter.create_counter(**spec("seedance.train.nonfinite_steps"))
 
     def _attrs(self, version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         cached = self._attr_cache.get(version)
@@ -348,6 +350,12 @@ class TrainingInstrumentation:
             pending_row, host, _ = self._pending.popleft()
             self._publish(pending_row, host.tolist())
 
+    def _count_nonfinite(self, attrs: dict[str, Any], what: str, value: float | None) -> None:
+        """Adds 0 or 1 every step, so each version's series exists from its first step."""
+        if value is not None:
+            self._c_nonfinite.add(0 if math.isfinite(value) else 1,
+                                  {**attrs, NONFINITE_WHAT_ATTR: what})
+
     def _publish(self, row: _Row, flat: list[float] | None) -> None:
         """Sets the gauges for one row; ``flat`` holds its tensors' values if they were copied."""
         values = iter(flat or ())
@@ -363,12 +371,14 @@ class TrainingInstrumentation:
         grad = host(row.grad, row.grad.numel()) if row.grad is not None else None
         attrs, group_attrs = self._attrs(row.version)
         last: dict[str, Any] = {"step": row.step, "config_version": row.version}
+        self._count_nonfinite(attrs, "loss", loss[0] if loss is not None else None)
         if loss is not None:
             self._g["loss"].set(loss[0], attrs)
             last["loss"] = loss[0]
         if grad is not None:
             n = len(self.groups)
             total = math.sqrt(sum(grad[:n]))
+            self._count_nonfinite(attrs, "grad_norm", total)
             self._g["grad.norm"].set(total, attrs)
             last["grad_norm"] = total
             groups: dict[str, dict[str, float]] = {}

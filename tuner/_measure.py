@@ -43,6 +43,8 @@ from collectors._points import CONFIG_VERSION_ATTR
 STEP_DURATION = "seedance.train.step.duration"
 TOKENS_PER_SECOND = "seedance.train.tokens_per_second"
 LOSS = "seedance.train.loss"
+NONFINITE_STEPS = "seedance.train.nonfinite_steps"
+NONFINITE_WHAT = "seedance.nonfinite.what"
 JOB_ATTR = "service.name"
 RANK_ATTR = "seedance.rank"
 
@@ -196,7 +198,15 @@ def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
 
 
 def nonfinite_loss(query: QueryFn, job: str, version: int) -> bool:
-    """Whether any loss point of the version is NaN or infinite (a guardrail)."""
+    """Whether the version saw a NaN or infinite loss (a guardrail).
+
+    The job's counter of non-finite steps is the signal that reaches the store (OpenTelemetry
+    drops non-finite gauge values); a non-finite loss point is honoured too, for other senders.
+    """
+    steps = version_points(query, NONFINITE_STEPS, job, version)
+    if not steps.empty and NONFINITE_WHAT in steps.columns:
+        if bool((steps.loc[steps[NONFINITE_WHAT] == "loss", "value"] > 0).any()):
+            return True
     values = version_points(query, LOSS, job, version)["value"].to_numpy()
     return bool(np.any(~np.isfinite(values)))
 

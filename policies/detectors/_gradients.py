@@ -20,6 +20,7 @@ from collectors import CONFIG_VERSION_ATTR
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
+from policies.detectors._series import increase
 from policies.detectors._steps import (
     GRAD_NORM,
     GROUP_NORM,
@@ -32,9 +33,13 @@ from policies.detectors._steps import (
     REDUCED_PRECISIONS,
     SCALE,
     ZERO_FRACTION,
+    attribute_columns,
     by,
     per_step,
 )
+
+NONFINITE_STEPS = "seedance.train.nonfinite_steps"
+NONFINITE_WHAT = "seedance.nonfinite.what"
 
 
 def _check(condition: bool, message: str) -> None:
@@ -457,7 +462,8 @@ class NonFiniteDetector(Detector):
         counts = per_step(window, NONFINITE)
         scales = per_step(window, SCALE)
         lrs = per_step(window, LEARNING_RATE)
-        ranks = {tuple(sorted(k.items())) for frame in (loss, grads, counts)
+        counter = window.query(NONFINITE_STEPS)
+        ranks = {tuple(sorted(k.items())) for frame in (loss, grads, counts, counter)
                  for k, _ in by(frame, [RANK_ATTR])}
         findings = []
         for rank in (dict(r) for r in sorted(ranks)):
@@ -467,6 +473,9 @@ class NonFiniteDetector(Detector):
             rank_scales = _rank_rows(scales, rank)
             bad_loss = ~np.isfinite(rank_loss["value"].to_numpy(dtype=np.float64))
             bad_grad = ~np.isfinite(rank_grads["value"].to_numpy(dtype=np.float64))
+            counted = _counted_nonfinite(_rank_rows(counter, rank))
+            loss_steps = max(float(bad_loss.sum()), counted.get("loss", 0.0))
+            grad_steps = max(float(bad_grad.sum()), counted.get("grad_norm", 0.0))
             elements = (rank_counts.groupby("time")["value"].sum() if not rank_counts.empty
                         else pd.Series(dtype="float64"))
             scaled = not rank_scales.empty
@@ -475,8 +484,8 @@ class NonFiniteDetector(Detector):
             if scaled:
                 grad_bad = max(grad_run, streak) >= cfg.scaler_tolerated
             else:
-                grad_bad = bool(bad_grad.any() or (elements > 0).any())
-            if not (bad_loss.any() or grad_bad):
+                grad_bad = bool(grad_steps > 0 or (elements > 0).any())
+            if not (loss_steps > 0 or grad_bad):
                 continue
             bad_groups = self._bad_groups(_rank_rows(groups, rank), _rank_rows(counts, rank))
             causes, how = (locate_cause(bad_groups, forward_order=cfg.forward_order,
@@ -484,10 +493,8 @@ class NonFiniteDetector(Detector):
                                                            PRECISION_ATTR))
                            if bad_groups else ([], ""))
             measurements = [
-                Measurement(name="nonfinite_loss_steps", value=float(bad_loss.sum()),
-                            unit="{step}"),
-                Measurement(name="nonfinite_grad_norm_steps", value=float(bad_grad.sum()),
-                            unit="{step}"),
+                Measurement(name="nonfinite_loss_steps", value=loss_steps, unit="{step}"),
+                Measurement(name="nonfinite_grad_norm_steps", value=grad_steps, unit="{step}"),
                 Measurement(name="nonfinite_grad_run", value=float(grad_run), unit="{step}"),
                 Measurement(name="nonfinite_elements_max",
                             value=float(elements.max()) if len(elements) else 0.0,
@@ -505,7 +512,7 @@ class NonFiniteDetector(Detector):
                 measurements.append(Measurement(name="last_finite_loss",
                                                 value=float(finite_loss.iloc[-1])))
             thresholds = [Threshold(measurement="nonfinite_loss_steps", comparison=">",
-                                    value=0.0, unit="{step}")] if bad_loss.any() else []
+                                    value=0.0, unit="{step}")] if loss_steps > 0 else []
             if grad_bad and scaled:
                 thresholds.append(Threshold(
                     measurement="nonfinite_grad_run" if grad_run >= streak
@@ -513,7 +520,7 @@ class NonFiniteDetector(Detector):
                     comparison=">=", value=float(cfg.scaler_tolerated), unit="{step}"))
             elif grad_bad:
                 thresholds.append(Threshold(
-                    measurement="nonfinite_grad_norm_steps" if bad_grad.any()
+                    measurement="nonfinite_grad_norm_steps" if grad_steps > 0
                     else "nonfinite_elements_max", comparison=">", value=0.0))
             changes = [SuggestedChange(knob="checkpoint.restore", value="latest_finite",
                                        expected_effect="weights and optimizer state from "
@@ -532,7 +539,7 @@ class NonFiniteDetector(Detector):
             if causes:
                 resource[MODULE_GROUP_ATTR.removeprefix("seedance.")] = ",".join(causes)
             others = sorted(set(bad_groups) - set(causes))
-            what = " and ".join(w for w, bad in (("loss", bad_loss.any()),
+            what = " and ".join(w for w, bad in (("loss", loss_steps > 0),
                                                  ("gradients", grad_bad)) if bad)
             findings.append(Finding(
                 detector=self.name, job=window.job, severity="critical", resource=resource,
@@ -561,6 +568,27 @@ class NonFiniteDetector(Detector):
             bad |= {str(g) for g, v in zip(last[MODULE_GROUP_ATTR], last["value"],
                                                     strict=True) if test(v)}
         return sorted(bad)
+
+
+def _counted_nonfinite(counter: pd.DataFrame) -> dict[str, float]:
+    """Non-finite steps the job counted in the window, by what (loss | grad_norm).
+
+    OpenTelemetry drops NaN and infinite gauge values, so the job also counts such steps (it
+    adds 0 every step, so each version's series starts at 0): the growth of that counter over
+    the window, per series, is the signal; a series' first value counts when the window holds
+    its whole life (it starts in the window at a non-zero value only if the first interval
+    already went bad).
+    """
+    if counter.empty or NONFINITE_WHAT not in counter.columns:
+        return {}
+    grown: dict[str, float] = {}
+    for keys, series in by(counter, attribute_columns(counter)):
+        series = series.sort_values("time")
+        first = float(series["value"].iloc[0])
+        growth = increase(series) + (first if len(series) == 1 else 0.0)
+        what = keys.get(NONFINITE_WHAT, "")
+        grown[what] = grown.get(what, 0.0) + growth
+    return grown
 
 
 def _first_bad_step(loss: pd.DataFrame, bad_loss: np.ndarray, grads: pd.DataFrame,

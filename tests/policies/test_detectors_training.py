@@ -521,3 +521,38 @@ def test_real_demo_gpt_run_raises_no_training_finding(tmp_path: Path, torch_thre
     for window in windows:
         for detector in detectors:
             assert detector.evaluate(window) == [], (detector.name, window.since_ns)
+
+
+@pytest.mark.integration
+def test_a_nan_loss_with_finite_gradients_reaches_the_detector_and_the_guardrail(
+        tmp_path: Path, torch_threads: object) -> None:
+    """Regression: OpenTelemetry drops NaN gauge values, so a NaN loss never reached the
+    store; the job's non-finite step counter now carries it to the detector and to the
+    rollout guardrail (tuner._measure.nonfinite_loss)."""
+    import torch
+    from torch import nn
+
+    from tests.policies.training_jobs import JOB, mlp, store_run
+    from tuner._measure import nonfinite_loss
+
+    with store_run(tmp_path) as run:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        instr = run.instrument(model, opt, version=3)
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        for step in range(6):
+            with instr.step(samples=8):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                instr.after_backward()
+                opt.step()
+                opt.zero_grad()
+                instr.record_loss(float("nan") if step >= 3 else loss)
+            run.export()
+        window = run.window()
+        run.store.flush()
+        assert window.query("seedance.train.loss")["value"].notna().all()  # NaN never stored
+        (finding,) = NonFiniteDetector().evaluate(window)
+        assert finding.evidence.value("nonfinite_loss_steps") > 0
+        assert nonfinite_loss(run.store.query, JOB, 3)
+        assert not nonfinite_loss(run.store.query, JOB, 2)
