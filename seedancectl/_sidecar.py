@@ -40,6 +40,7 @@ from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
 from seedancectl._sources import build_gpu_sampler, build_scrapers
+from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
 from tuner._lease import JobRegistry, JobStatus, lease_router
 from tuner._rollout import (
@@ -130,6 +131,7 @@ class Sidecar:
             if config.upstream_otlp_endpoint else None
         )
         self._telemetry: Telemetry | None = None
+        self.traces = SidecarTraces(config)  # spans of changes and jobs; see _traces
         # Built here, not in start(), so a bad trace or scrape URL fails before serving.
         self._gpu_sampler = build_gpu_sampler(config)
         self._scrapers = build_scrapers(config, sink=self.sink)
@@ -161,6 +163,7 @@ class Sidecar:
             self.token, self.token_path = resolve_token(config, self._environ)
             config.store.parent.mkdir(parents=True, exist_ok=True)
             self.store = TimeSeriesStore(config.store)
+            self.traces.start()
             self._telemetry = setup_telemetry(
                 TelemetryConfig(job=f"{config.job}-sidecar",
                                 export_interval_s=config.export_interval_s),
@@ -199,7 +202,8 @@ class Sidecar:
             config=RolloutConfig(
                 proposal_ttl_s=config.approval.proposal_ttl_s,
                 default_mode=config.approval.mode,
-                auto_bounds={k: b.for_controller() for k, b in config.approval.bounds.items()}))
+                auto_bounds={k: b.for_controller() for k, b in config.approval.bounds.items()}),
+            tracing=self.traces.tracing)
         for job, job_config in config.jobs.items():
             if job_config.mode is not None and self.controller.mode(job) != job_config.mode:
                 self.controller.set_mode(job, job_config.mode, by="config",
@@ -226,6 +230,7 @@ class Sidecar:
                 self.engine.shutdown(timeout_s)
             if self.controller is not None:
                 self.controller.close()
+            self.traces.shutdown(timeout_s)
             if self._audit is not None:
                 self._audit.dispose()
             self.jobs.shutdown(timeout_s)
@@ -369,7 +374,8 @@ class Sidecar:
         app = FastAPI(title="seedance sidecar", lifespan=lifespan)
         app.include_router(
             otlp_router(self.sink, max_body_bytes=self.config.max_body_bytes,
-                        forwarder=self._forwarder, stats=self.stats)
+                        forwarder=self._forwarder, stats=self.stats,
+                        span_sink=self.traces.sink, traces_forwarder=self.traces.forwarder)
         )
         app.include_router(lease_router(self.jobs))
         app.include_router(api_router(self))
