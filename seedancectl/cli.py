@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from collectors._errors import SeedanceError
@@ -587,7 +587,8 @@ def status(sidecar: SidecarOption = DEFAULT_SIDECAR, json_out: JsonFlag = False)
     if json_out:
         print_json(found)
         return
-    table = Table("job", "state", "config (desired/acked)", "mode", "tuning", "change",
+    table = Table("job", "state", "config (desired/acked)", "mode", "tuning",
+                  Column("change", no_wrap=True),
                   title=f"seedance sidecar {found['sidecar']['job']} at {sidecar}")
     for job in found["jobs"]:
         change = job["change"]
@@ -620,7 +621,8 @@ def changes_list(
     if not found:
         stdout.print("no changes")
         return
-    table = Table("id", "job", "state", "source", "scope/risk", "change", "created")
+    table = Table(Column("id", no_wrap=True), "job", "state", "source", "scope/risk", "change",
+                  "created")
     for c in found:
         table.add_row(c["id"], c["job"], c["state"], c["source"], f"{c['scope']}/{c['risk']}",
                       ", ".join(f"{k}={v}" for k, v in sorted(c["values"].items())),
