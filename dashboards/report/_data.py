@@ -201,12 +201,15 @@ def _cumulative(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(value=frame["last"]) if "last" in frame.columns else frame
 
 
+_SHORT = {HOST_ATTR: "host", "gpu.index": "gpu", RANK_ATTR: "rank", "seedance.kv.part": "part"}
+
+
 def _label(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
     present = [k for k in keys if k in frame.columns]
     if not present:
         return pd.Series(["all"] * len(frame), index=frame.index, dtype="str")
     named = frame[present].astype(str).apply(
-        lambda col: col.name.rsplit(".", 1)[-1] + "=" + col)
+        lambda col: _SHORT.get(col.name, col.name.rsplit(".", 1)[-1]) + "=" + col)
     return named.agg(" ".join, axis=1)
 
 
@@ -336,8 +339,9 @@ class _Reader:
         else:
             lines = pd.concat([_lines(f, spec.line_keys) for f in frames.values()],
                               ignore_index=True)
-        replayed = any(REPLAYED_ATTR in f.columns and (f[REPLAYED_ATTR] == "true").any()
-                       for f in frames.values())
+        replayed = not lines.empty and any(
+            REPLAYED_ATTR in f.columns and (f[REPLAYED_ATTR] == "true").any()
+            for f in frames.values())
         return Panel(key=spec.key, title=spec.title, unit=spec.unit, metrics=spec.metrics,
                      frame=lines, replayed=replayed)
 
