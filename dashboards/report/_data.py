@@ -34,6 +34,8 @@ HOURS_PER_MONTH = 730.0
 """Hours in an average month (8,760 / 12): a GPU's monthly cost is price x 730."""
 _NS = 1_000_000_000
 _VALUE_COLUMNS = ("time", "value", "min", "max", "count", "last")
+MAX_INTERVALS = 1500
+"""Histogram intervals per series a plot gets at most (a week of minutes is 10,080)."""
 HUMAN_EXCLUDED = frozenset({"auto", "mode:off", "controller", "recovery", "job"})
 """Actors that are not people: their decisions do not count as time to a human decision."""
 
@@ -205,12 +207,14 @@ _SHORT = {HOST_ATTR: "host", "gpu.index": "gpu", RANK_ATTR: "rank", "seedance.kv
 
 
 def _label(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
+    """One legend label per series ("rank=0 gpu=1"), built once per distinct attribute set."""
     present = [k for k in keys if k in frame.columns]
     if not present:
         return pd.Series(["all"] * len(frame), index=frame.index, dtype="str")
-    named = frame[present].astype(str).apply(
-        lambda col: _SHORT.get(col.name, col.name.rsplit(".", 1)[-1]) + "=" + col)
-    return named.agg(" ".join, axis=1)
+    codes, uniques = pd.MultiIndex.from_frame(frame[present].astype(str)).factorize()
+    names = [" ".join(f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}={v}"
+                      for k, v in zip(present, u, strict=True)) for u in uniques]
+    return pd.Series(np.asarray(names, dtype=object)[codes], index=frame.index, dtype="str")
 
 
 def _lines(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -235,10 +239,22 @@ def _per_group(frame: pd.DataFrame, ignore: Sequence[str],
     return pd.concat(parts, ignore_index=True).sort_values("time", kind="stable")
 
 
+def _thin(frame: pd.DataFrame, max_times: int) -> pd.DataFrame:
+    """Keep every k-th timestamp of a cumulative series so at most ``max_times`` remain: the
+    increases between kept points are exact over k times longer intervals."""
+    times = frame["time"].unique()
+    if len(times) <= max_times:
+        return frame
+    step = -(-len(times) // max_times)
+    return frame[frame["time"].isin(times[::step])]
+
+
 def _p99(frame: pd.DataFrame) -> pd.DataFrame:
-    """p99 per export interval (per rollup bucket) of each cumulative histogram series."""
+    """p99 per export interval (per rollup bucket; fewer, longer intervals past
+    ``MAX_INTERVALS``) of each cumulative histogram series."""
     def one(group: pd.DataFrame) -> pd.DataFrame:
-        series = p99_per_interval(_cumulative(group)[["time", "value", "le"]])
+        thin = _thin(_cumulative(group), MAX_INTERVALS)
+        series = p99_per_interval(thin[["time", "value", "le"]])
         return pd.DataFrame({"time": pd.to_datetime(series.index, utc=True),
                              "value": series.to_numpy(dtype=np.float64)})
     return _per_group(frame, ("le",), one)

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
@@ -18,6 +19,16 @@ from dashboards.report._data import Marker, Panel  # noqa: E402
 MARKER_STYLE = {"apply": ("tab:gray", "--"), "kept": ("tab:green", "-"),
                 "rolled_back": ("tab:red", "-")}
 _MAX_LINES = 8
+_MAX_POINTS = 2000
+
+
+def _decimate(line: pd.DataFrame) -> pd.DataFrame:
+    """At most ``_MAX_POINTS`` per line: means of consecutive runs (the plot is 900 px wide)."""
+    if len(line) <= _MAX_POINTS:
+        return line
+    run = np.arange(len(line)) // -(-len(line) // _MAX_POINTS)
+    return pd.DataFrame({"time": line["time"].groupby(run).first(),
+                         "value": line["value"].groupby(run).mean()})
 
 
 def _break_gaps(line: pd.DataFrame) -> pd.DataFrame:
@@ -39,7 +50,7 @@ def panel_png(panel: Panel, markers: Sequence[Marker], since_ns: int, until_ns: 
     frame = panel.frame
     labels = list(dict.fromkeys(frame["series"])) if not frame.empty else []
     for label in labels[:_MAX_LINES]:
-        line = _break_gaps(frame[frame["series"] == label])
+        line = _break_gaps(_decimate(frame[frame["series"] == label].sort_values("time")))
         ax.plot(line["time"], line["value"], linewidth=0.9, marker=".", markersize=1.5,
                 label=str(label))
     if not labels:
