@@ -493,6 +493,14 @@ def _payback(rows: Sequence[ChangeRow], savings: Sequence[Savings],
                    months=months[0], months_best=months[2], months_worst=months[1])
 
 
+MarkerKind = Literal["apply", "kept", "rolled_back"]
+
+
+def _marker_times(row: ChangeRow) -> tuple[tuple[MarkerKind, int | None], ...]:
+    return (("apply", row.applied_at_ns), ("kept", row.kept_at_ns),
+            ("rolled_back", row.rolled_back_at_ns))
+
+
 # ---- the whole report -----------------------------------------------------------------------
 
 
@@ -545,8 +553,7 @@ def gather(*, source: RangeSource, source_name: str, state_db_url: str, since_ns
                                for r in rows) if s is not None]
         markers = sorted(
             (Marker(at_ns=at, kind=what, change_id=r.id) for r in rows
-             for what, at in (("apply", r.applied_at_ns), ("kept", r.kept_at_ns),
-                              ("rolled_back", r.rolled_back_at_ns))
+             for what, at in _marker_times(r)
              if at is not None and since_ns <= at <= until_ns), key=lambda m: m.at_ns)
         finding_rows = tuple(
             FindingRow(id=f.id, detector=f.detector, severity=f.severity,

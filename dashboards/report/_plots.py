@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import matplotlib
 
@@ -16,8 +17,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from dashboards.report._data import Marker, Panel  # noqa: E402
 
-MARKER_STYLE = {"apply": ("tab:gray", "--"), "kept": ("tab:green", "-"),
-                "rolled_back": ("tab:red", "-")}
+MARKER_STYLE: dict[str, tuple[str, Literal["-", "--"]]] = {
+    "apply": ("tab:gray", "--"), "kept": ("tab:green", "-"), "rolled_back": ("tab:red", "-")}
 _MAX_LINES = 8
 _MAX_POINTS = 2000
 
