@@ -36,6 +36,7 @@ from collectors._otlp_decode import DecodedMetrics
 from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats, otlp_router
 from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
 from collectors._store import TimeSeriesStore
+from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
@@ -379,6 +380,7 @@ class Sidecar:
         )
         app.include_router(lease_router(self.jobs))
         app.include_router(api_router(self))
+        app.include_router(web_router(self))
 
         @app.get("/healthz")
         def healthz() -> dict[str, str]:

@@ -132,3 +132,16 @@ class Config:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "values": dict(self.values)}
+
+
+SCHEDULER_KNOBS: tuple[Knob, ...] = (
+    Knob(name="scheduler.policy", default="static", choices=("static", "dynamic-topo"),
+         scope="restart", risk="high",
+         description="placement policy (seed truth 1): static binding or topology-aware"),
+    Knob(name="scheduler.rdma", default=False, choices=(False, True), scope="restart",
+         risk="high", description="use RDMA for cross-node collectives"),
+    Knob(name="scheduler.numa_aware", default=False, choices=(False, True), scope="restart",
+         risk="high", description="pin workers to the GPU's NUMA node"),
+)
+"""The seed's `scheduler set --policy --rdma-enable --numa-aware` group: takes effect at the
+job's next start, so it always waits for a person."""

@@ -71,7 +71,7 @@ from collectors.torch_training import (
     _unwrap,
     assign_groups,
 )
-from tuner._knobs import Config, Knob, KnobSpace, KnobValue
+from tuner._knobs import SCHEDULER_KNOBS, Config, Knob, KnobSpace, KnobValue
 from tuner.checkpoint import Checkpointer, Snapshot
 from tuner.precision import PrecisionHandle, PrecisionPolicy, apply_precision
 
@@ -389,6 +389,9 @@ class Session:
         if cpus > 1:
             self._declare(Knob(name="threads", default=torch.get_num_threads(), low=1,
                                high=cpus, integer=True, description="torch.set_num_threads"))
+        if kind == "train":
+            for knob in SCHEDULER_KNOBS:  # restart scope: read at the next launch
+                self._declare(knob)
         self._global_batch = global_batch
         if global_batch is not None:
             if global_batch % self.world_size:

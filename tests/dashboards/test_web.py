@@ -28,7 +28,6 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from collectors._points import CONFIG_VERSION_ATTR
-from dashboards.web import web_router
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._state_db import sqlite_url
 from seedancectl._config import SidecarConfig
@@ -155,8 +154,6 @@ def sidecar(tmp_path: Path) -> Iterator[tuple[Sidecar, str]]:
                            nvml="off", token_file=token_file, tuning_interval_s=0.2)
     side = Sidecar(config, environ={})
     app = side.app()
-    if not any(getattr(r, "path", None) == "/ui/" for r in app.routes):
-        app.include_router(web_router(side))  # until Sidecar.app() mounts the page itself
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, name="sidecar", daemon=True)
