@@ -394,45 +394,29 @@ def report(
 
 @app.command()
 def demo(
-    minutes: Annotated[float, typer.Option(help="How long the training job runs.")] = 3.0,
-    out: Annotated[Path, typer.Option(help="Folder for summary.json, store and logs.")] = Path(
-        "seedance-demo"
-    ),
+    minutes: Annotated[float, typer.Option(help="How long the jobs run (tuning + incident).")
+                       ] = 4.0,
+    out: Annotated[Path, typer.Option(
+        help="Folder for summary.json, report/, logs/, the store and the state DB.")] = Path(
+        "seedance-demo"),
     nvml_trace: Annotated[
         str, typer.Option(help="Recorded GPU trace to replay (labelled replayed), or 'off'.")
     ] = "h100_gpu_burn",
+    replicas: Annotated[int, typer.Option(help="Serving replicas (1 or 2).")] = 1,
 ) -> None:
-    """A real CPU run: sidecar + small GPT training job; ends with a summary table."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from seedancectl._demo import DemoConfig, DemoRun, write_summary
+    """A real CPU run: sidecar + training and serving jobs, a tuning session, a staged fp16
+    incident rolled back; live view, summary table, OUT/summary.json and OUT/report/."""
+    from seedancectl._demo import DemoConfig
+    from seedancectl._demo_view import run_demo
     from seedancectl._sources import resolve_trace
 
-    config = DemoConfig(out=out, minutes=minutes,
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    config = DemoConfig(out=out, minutes=minutes, replicas=replicas,
                         nvml_trace=None if nvml_trace == "off" else resolve_trace(nvml_trace))
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    run = DemoRun(config)
-    try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                      TimeElapsedColumn(), console=err) as progress:
-            task = progress.add_task("starting the sidecar", total=1.0)
-            run.start_sidecar()
-            progress.update(task, description=f"training (sidecar {run.url})")
-            run.run_training(lambda done: progress.update(task, completed=done))
-    finally:
-        run.close()
-    summary = run.summarise()
-    path = write_summary(out, summary)
-    table = Table("what", "value", title="seedance demo")
-    training = summary["training"]
-    for key in ("steps", "first_loss", "last_loss", "median_tokens_per_s", "mean_step_s"):
-        value = training[key]
-        table.add_row(key, "-" if value is None else f"{value:.4g}")
-    table.add_row("metric names / points",
-                  f"{summary['metrics']['names']} / {summary['metrics']['points']}")
-    table.add_row("GPU counters", summary["gpu"]["source"])
-    stdout.print(table)
-    stdout.print(f"summary: {path}")
+    code = run_demo(config, stdout=stdout, err=err)
+    if code:
+        raise typer.Exit(code)
 
 
 # ---- talking to a running sidecar ------------------------------------------------------------

@@ -1,0 +1,188 @@
+"""`seedancectl demo --minutes 1` as a real subprocess (sidecar, training job, serving job),
+once for the module; the assertions read what it left: summary.json against the documented
+schema, the audit log and the spans in the state DB, the report, the logs, and /proc for
+orphans. A second, short run is interrupted with SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from sqlalchemy import create_engine, select
+
+from collectors._span_store import spans_table
+from tuner._rollout import change_events_table
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_JOB = "demo-train"
+
+
+@dataclass(frozen=True)
+class Demo:
+    out: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.out / "summary.json").read_text())  # type: ignore[no-any-return]
+
+    def rows(self, table: Any) -> list[dict[str, Any]]:
+        engine = create_engine(f"sqlite:///{self.out / 'state.db'}")
+        try:
+            with engine.connect() as conn:
+                return [dict(r) for r in conn.execute(select(table)).mappings().all()]
+        finally:
+            engine.dispose()
+
+
+def demo_command(out: Path, minutes: str) -> list[str]:
+    return [sys.executable, "-m", "seedancectl.cli", "demo", "--minutes", minutes,
+            "--out", str(out)]
+
+
+def processes_in(folder: Path) -> list[int]:
+    """Pids of live processes whose working directory is ``folder`` (the demo's children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")).resolve() == folder.resolve():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    out = tmp_path_factory.mktemp("demo") / "out"
+    done = subprocess.run(demo_command(out, "1"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    return Demo(out, done.returncode, done.stdout, done.stderr)
+
+
+def applied(demo: Demo) -> list[dict[str, Any]]:
+    """The changes that reached the job (an ``apply`` event) and ended, from the summary."""
+    events = demo.rows(change_events_table)
+    ids = {e["change_id"] for e in events if e["kind"] == "apply"}
+    return [c for c in demo.summary()["changes"]
+            if c["id"] in ids and c["state"] in ("kept", "rolled_back")]
+
+
+def test_demo_exits_0_and_its_summary_validates_against_the_documented_schema(demo: Demo
+                                                                              ) -> None:
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    schema = json.loads(resources.files("seedancectl").joinpath(
+        "demo_summary.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(demo.summary(), schema, cls=jsonschema.Draft202012Validator)
+    assert "summary:" in demo.stdout and "seedance demo" in demo.stdout
+
+
+def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(demo: Demo
+                                                                             ) -> None:
+    summary = demo.summary()
+    measured = [t for t in summary["trials"] if t["state"] == "complete"]
+    assert measured and all(t["objective"] > 0 for t in measured), summary["trials"]
+    ran = [c for c in summary["changes"] if c["source"] == "trial" and c["objective"]]
+    assert ran, summary["changes"]
+    incident = summary["incident"]
+    assert incident is not None, summary["changes"]
+    assert incident["rollback"] == "local" and incident["findings"], incident
+    assert any(str(v) == "fp16" for v in incident["values"].values()), incident
+    opened = {f["id"]: f for f in summary["findings"]}
+    assert all(opened[i]["job"] == TRAIN_JOB for i in incident["findings"])
+    assert {"GPU counters", "the incident"} <= {s["what"] for s in summary["simulated"]}
+    assert summary["gpu"]["replayed"] is True
+
+
+def test_every_applied_change_has_its_full_trail_in_the_audit_log(demo: Demo) -> None:
+    changes = applied(demo)
+    assert changes, "no change reached the job"
+    events = demo.rows(change_events_table)
+    for change in changes:
+        trail = [e for e in events if e["change_id"] == change["id"]]
+        kinds = [e["kind"] for e in trail]
+        verdict = "kept" if change["state"] == "kept" else "rolled_back"
+        order = [kinds.index(k) for k in ("proposed", "approved", "apply", "ack", verdict)]
+        assert order == sorted(order), kinds
+        first = {k: trail[kinds.index(k)] for k in ("proposed", "apply", "ack", "desired")}
+        assert first["proposed"]["version_before"] is not None
+        assert first["apply"]["version_before"] is not None
+        sent = {e["version_after"] for e in trail if e["kind"] == "desired"}
+        assert {e["version_after"] for e in trail if e["kind"] == "ack"} <= sent, trail
+        after = "baseline" if verdict == "kept" else "restored"
+        ends = [e for e in trail if e["kind"] == after]
+        assert ends and ends[-1]["version_after"] > max(sent), trail
+        assert change["trail_complete"] is True
+
+
+def test_each_applied_change_and_the_jobs_apply_share_one_trace(demo: Demo) -> None:
+    spans = demo.rows(spans_table)
+    for change in applied(demo):
+        mine = [s for s in spans if json.loads(s["attributes"]).get("seedance.change.id")
+                == change["id"]]
+        assert {s["trace_id"] for s in mine} == {change["trace_id"]}
+        names = {s["name"] for s in mine}
+        verdict = "keep" if change["state"] == "kept" else "rollback"
+        assert {"change", "propose", "approve", "apply", verdict} <= names, names
+        in_trace = [s for s in spans if s["trace_id"] == change["trace_id"]]
+        jobs = [s for s in in_trace if s["name"] == "job.apply"]
+        assert jobs and all(s["service"] == TRAIN_JOB for s in jobs), sorted(
+            s["name"] for s in in_trace)
+        sidecar_ids = {s["span_id"] for s in mine}
+        assert all(s["parent_span_id"] in sidecar_ids for s in jobs)
+        assert change["spans"] == {"sidecar": len(in_trace) - len(jobs), "job": len(jobs)}
+
+
+def test_the_report_of_the_run_has_its_sections_and_the_runs_changes(demo: Demo) -> None:
+    report = demo.summary()["report"]
+    markdown = Path(report["markdown"]).read_text()
+    for section in (f"## Job {TRAIN_JOB}", "### Findings", "### Changes", "### Rollbacks",
+                    "### Throughput by config version", "### Time series"):
+        assert section in markdown, section
+    assert Path(report["html"]).stat().st_size > 0
+    body = json.loads(Path(report["json"]).read_text())
+    [train] = [j for j in body["jobs"] if j["job"] == TRAIN_JOB]
+    assert {c["id"] for c in train["changes"]} == {
+        c["id"] for c in demo.summary()["changes"] if c["job"] == TRAIN_JOB}
+
+
+def test_the_logs_are_there_and_nothing_is_left_running(demo: Demo) -> None:
+    logs = {Path(p).name for p in demo.summary()["logs"]}
+    assert {"sidecar.log", "train.log", "serve.log"} <= logs
+    assert all((demo.out / "logs" / name).stat().st_size > 0 for name in logs)
+    assert processes_in(demo.out) == []
+
+
+def test_ctrl_c_stops_every_process_and_says_where_the_logs_are(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(demo_command(out, "1"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "logs" / "train.log").exists():  # the sidecar is up, jobs starting
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the demo did not start its jobs"
+            time.sleep(0.2)
+        assert processes_in(out), "no child process found"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr and str(out / "logs") in stderr.replace("\n", "")
+    assert processes_in(out) == []
