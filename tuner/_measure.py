@@ -18,6 +18,17 @@ tokens / wall time, so their harmonic mean is tokens over time). Loss: the mean 
 ``seedance.train.loss`` points after the start; any non-finite loss of the version (warm-up
 included) is reported.
 
+Serving (``measure_window(..., kind="serve")``): the version's cumulative request-duration
+histogram (``gen_ai.server.request.duration``) and generated-token counter
+(``seedance.serve.generation_tokens``), one series per replica. Warm-up is excluded the same
+way, in requests: the export at which the version's finished requests first reach
+``warmup_requests`` starts the window. Throughput is generated tokens/s, (tokens_end -
+tokens_start) / (export time_end - time_start) summed over replicas; the latency quantile
+(``latency_quantile``, p99) is ``histogram_quantile`` over the bucket counts finished inside the
+window, merged over replicas; quality is the mean ``seedance.serve.quality.token_agreement``
+after the start. A serving window has no loss (NaN), so ``compare`` judges tokens/s alone; the
+p99 SLO and the quality bound are guardrails (``tuner.serving_guardrails``).
+
 Comparison (``compare``): windows alternate B C B C ... B, each a fresh version. Each candidate
 window is paired with the mean of its neighbouring baseline windows (drift cancels), giving
 relative gains d_i = C_i / B_i - 1; Student's t interval of mean(d) is the confidence interval
@@ -45,10 +56,14 @@ TOKENS_PER_SECOND = "seedance.train.tokens_per_second"
 LOSS = "seedance.train.loss"
 NONFINITE_STEPS = "seedance.train.nonfinite_steps"
 NONFINITE_WHAT = "seedance.nonfinite.what"
+REQUEST_DURATION = "gen_ai.server.request.duration"
+GENERATION_TOKENS = "seedance.serve.generation_tokens"
+TOKEN_AGREEMENT = "seedance.serve.quality.token_agreement"
 JOB_ATTR = "service.name"
 RANK_ATTR = "seedance.rank"
 
 Arm = Literal["baseline", "candidate"]
+JobKind = Literal["train", "serve"]
 QueryFn = Callable[..., pd.DataFrame]
 """The store's query: ``TimeSeriesStore.query(name, *, where, since_ns, until_ns, resolution)``."""
 
@@ -65,6 +80,9 @@ class MeasureConfig:
     n_bootstrap: int = 4000
     loss_tolerance: float = 0.05
     seed: int = 0
+    warmup_requests: int = 10
+    min_requests: int = 30
+    latency_quantile: float = 0.99
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -83,11 +101,22 @@ class MeasureConfig:
             raise ValueError("MeasureConfig.n_bootstrap must be >= 100")
         if self.loss_tolerance < 0:
             raise ValueError("MeasureConfig.loss_tolerance must be >= 0")
+        if self.warmup_requests < 0:
+            raise ValueError(f"MeasureConfig.warmup_requests must be >= 0, "
+                             f"got {self.warmup_requests}")
+        if self.min_requests < 1:
+            raise ValueError(f"MeasureConfig.min_requests must be >= 1, got {self.min_requests}")
+        if not 0 < self.latency_quantile < 1:
+            raise ValueError(f"MeasureConfig.latency_quantile must be in (0, 1), "
+                             f"got {self.latency_quantile}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Window:
-    """What one version measured after its warm-up."""
+    """What one version measured after its warm-up. Training: ``steps`` optimizer steps of
+    ``step_s``. Serving: ``steps`` finished requests, ``step_s`` seconds per finished request,
+    ``p99_s`` the latency quantile and ``quality`` the token agreement (NaN without points);
+    ``loss`` is NaN."""
 
     version: int
     arm: Arm
@@ -98,6 +127,8 @@ class Window:
     nonfinite_loss: bool
     start_ns: int
     end_ns: int
+    p99_s: float = math.nan
+    quality: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
@@ -151,8 +182,11 @@ def version_points(query: QueryFn, name: str, job: str, version: int) -> pd.Data
 
 
 def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
-                   config: MeasureConfig) -> Window | None:
-    """The version's window after warm-up, or None while it has fewer than ``min_steps``."""
+                   config: MeasureConfig, kind: JobKind = "train") -> Window | None:
+    """The version's window after warm-up, or None while it has fewer than ``min_steps``
+    (a serving job's: ``min_requests``)."""
+    if kind == "serve":
+        return measure_serving_window(query, job, version, arm, config)
     counts = _by_rank(version_points(query, STEP_DURATION + ".count", job, version))
     sums = _by_rank(version_points(query, STEP_DURATION + ".sum", job, version))
     if not counts or set(counts) != set(sums):
@@ -195,6 +229,72 @@ def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
                   loss=float(finite.mean()) if finite.size else math.nan,
                   nonfinite_loss=bool(np.any(~np.isfinite(loss_values))),
                   start_ns=start_ns, end_ns=end_ns)
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
+    """Quantile ``q`` of cumulative bucket counts {upper bound: count} (``inf`` for +Inf),
+    linear within the bucket as Prometheus does; NaN when empty."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return math.nan
+    rank = q * buckets[bounds[-1]]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return math.inf
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count
+                                                                                 - lower_count)
+        lower_bound, lower_count = bound, count
+    return math.inf
+
+
+def measure_serving_window(query: QueryFn, job: str, version: int, arm: Arm,
+                           config: MeasureConfig) -> Window | None:
+    """A serving version's window after ``warmup_requests`` (module docstring), or None while
+    it has fewer than ``min_requests`` or a replica has no export after its warm-up."""
+    counts = _by_rank(version_points(query, REQUEST_DURATION + ".count", job, version))
+    tokens = _by_rank(version_points(query, GENERATION_TOKENS, job, version))
+    buckets = _by_rank(version_points(query, REQUEST_DURATION + ".bucket", job, version))
+    if not counts or not set(counts) <= set(tokens) or not set(counts) <= set(buckets):
+        return None
+    requests, requests_per_s, tokens_per_s, starts, ends = 0, 0.0, 0.0, [], []
+    merged: dict[float, float] = {}
+    for rank, c in counts.items():
+        both = pd.merge(c[["time", "value"]], tokens[rank][["time", "value"]], on="time",
+                        suffixes=("_count", "_tokens")).sort_values("time")
+        count = both["value_count"].to_numpy()
+        reached = np.flatnonzero(count >= config.warmup_requests)
+        if reached.size == 0 or reached[0] == len(count) - 1:
+            return None
+        w, times = int(reached[0]), _ns(both)
+        generated = both["value_tokens"].to_numpy()
+        elapsed_s = (times[-1] - times[w]) / 1e9
+        requests += int(count[-1] - count[w])
+        requests_per_s += float(count[-1] - count[w]) / elapsed_s
+        tokens_per_s += float(generated[-1] - generated[w]) / elapsed_s
+        starts.append(int(times[w]))
+        ends.append(int(times[-1]))
+        for le, by_le in buckets[rank].groupby("le"):
+            values, stamps = by_le["value"].to_numpy(), _ns(by_le)
+            start = values[stamps == times[w]]
+            end = values[stamps == times[-1]]
+            if start.size and end.size:
+                merged[float(le)] = merged.get(float(le), 0.0) + float(end[-1] - start[-1])
+    if requests < config.min_requests:
+        return None
+    start_ns, end_ns = max(starts), min(ends)
+    quality = version_points(query, TOKEN_AGREEMENT, job, version)
+    agreement = (quality["value"].to_numpy()[_ns(quality) > start_ns] if len(quality)
+                 else np.array([]))
+    return Window(version=version, arm=arm, steps=requests, step_s=1.0 / requests_per_s,
+                  tokens_per_s=tokens_per_s, loss=math.nan, nonfinite_loss=False,
+                  start_ns=start_ns, end_ns=end_ns,
+                  p99_s=histogram_quantile(config.latency_quantile, merged),
+                  quality=float(agreement.mean()) if agreement.size else math.nan)
 
 
 def nonfinite_loss(query: QueryFn, job: str, version: int) -> bool:
@@ -265,4 +365,6 @@ def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:
     return [Window(version=int(r["version"]), arm=r["arm"], steps=int(r["steps"]),
                    step_s=float(r["step_s"]), tokens_per_s=float(r["tokens_per_s"]),
                    loss=float(r["loss"]), nonfinite_loss=bool(r["nonfinite_loss"]),
-                   start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"])) for r in rows]
+                   start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"]),
+                   p99_s=float(r.get("p99_s", math.nan)),
+                   quality=float(r.get("quality", math.nan))) for r in rows]

@@ -559,7 +559,7 @@ class RolloutController:
     def _observe(self, change: Change, version: int, now: float) -> None:
         index, arms = int(change.plan["index"]), change.plan["arms"]
         window = measure_window(self.query, change.job, version, arms[index],
-                                self.config.measure)
+                                self.config.measure, kind=self.registry.status(change.job).kind)
         if window is None:
             if now - change.plan["acked_at_s"] > self.config.window_timeout_s:
                 self._roll_back(change, Trip(kind="config", reason=(

@@ -28,7 +28,7 @@ import pandas as pd
 
 from collectors._errors import SeedanceError
 from collectors._points import CONFIG_VERSION_ATTR
-from tuner._measure import JOB_ATTR, QueryFn
+from tuner._measure import JOB_ATTR, QueryFn, histogram_quantile
 from tuner._rollout import Change, Guardrail, Trip
 
 __all__ = ["QUALITY_METRIC", "ServingGuardrailConfig", "ServingSLOGuardrail",
@@ -65,27 +65,6 @@ class ServingGuardrailConfig:
             raise SeedanceError("ServingGuardrailConfig.min_token_agreement must be in [0, 1]")
         if self.min_requests < 1:
             raise SeedanceError("ServingGuardrailConfig.min_requests must be >= 1")
-
-
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
-    """Quantile ``q`` of cumulative bucket counts {upper bound: count} (``inf`` for +Inf),
-    linear within the bucket as Prometheus does; NaN when empty."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return math.nan
-    rank = q * buckets[bounds[-1]]
-    lower_bound, lower_count = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                return math.inf
-            if count == lower_count:
-                return bound
-            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count
-                                                                                 - lower_count)
-        lower_bound, lower_count = bound, count
-    return math.inf
 
 
 def window_latency_quantile(window: Queryable, config: ServingGuardrailConfig,

@@ -1,0 +1,193 @@
+"""The in-job side of the knob lease for a serving job: apply the sidecar's config between
+decode steps, ack it, and say which version is in force.
+
+A serving job has no optimizer, no precision groups and no checkpoints; its knobs are the KV
+cache's bit widths, the prefix cache, the router and the restart-scope sharding (see
+``SERVING_KNOBS``). The job owns the objects those knobs act on, so it hands ``attach_serving``
+an ``apply`` callback; the session calls it with the whole config at a batch boundary::
+
+    session = tuner.serve_client.attach_serving(
+        job="serve", sidecar="http://127.0.0.1:4318", apply=engine.apply_knobs,
+        defaults={"kv.key_bits": 8, "kv.value_bits": 8})
+    engine.instrumentation.config_version = lambda: session.version
+    while serving:
+        session.boundary()          # between decode steps: the newest config takes effect
+        engine.step()
+    session.close()
+
+What ``boundary()`` does: the newest config a background thread received by long-polling the
+sidecar (``tuner._lease_client``, shared with the training client) is applied through
+``apply``; if ``apply`` raises, the previous values are re-applied and the version is acked as
+failed. The version becomes ``session.version``, which the job's instrumentation reads as its
+``seedance.config.version``. One-shot actions (snapshot, rollback) restore training state; a
+serving job has none, so it acks them as failed with the reason. A config that comes with a W3C
+``traceparent`` is applied inside a ``job.apply`` span that joins the change's trace (through
+``tracer``, the global one by default).
+
+Fail open: when the lease cannot be renewed for its TTL the job goes back to the last baseline
+it was sent at its next boundary. With ``sidecar=None`` the session is a null object. Torch-free,
+so a serving stack that is not PyTorch can use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
+
+from collectors._errors import SeedanceError
+from collectors._tracing import traceparent_context
+from tuner._knobs import Knob, KnobSpace, KnobValue
+from tuner._lease_client import _Lease, _NoLease, _Update
+from tuner.prefix_cache import PREFIX_CACHE_KNOBS
+from tuner.routing import ROUTING_KNOBS, SHARDING_KNOB
+
+__all__ = ["KV_BITS_CHOICES", "KV_BITS_KNOBS", "SERVING_KNOBS", "ServeSession",
+           "attach_serving"]
+
+log = logging.getLogger(__name__)
+
+KV_BITS_CHOICES: tuple[int, ...] = (2, 4, 6, 8, 16, 32)
+"""``tuner.kv_cache.BITS``: 2/4/6/8 quantised, 16 = bfloat16 and 32 = float32 unquantised."""
+KV_BITS_KNOBS: tuple[Knob, ...] = (
+    Knob(name="kv.key_bits", default=32, choices=KV_BITS_CHOICES,
+         description="Bits per cached key (tokens quantised from the switch on)"),
+    Knob(name="kv.value_bits", default=32, choices=KV_BITS_CHOICES,
+         description="Bits per cached value (tokens quantised from the switch on)"),
+)
+SERVING_KNOBS: tuple[Knob, ...] = (*KV_BITS_KNOBS, *PREFIX_CACHE_KNOBS, *ROUTING_KNOBS,
+                                   SHARDING_KNOB)
+"""Every knob a serving job may declare; a job declares those it applies (``knobs=``)."""
+NO_STATE = "a serving job holds no training state to snapshot or restore"
+
+
+class ServeClientError(SeedanceError):
+    """The serving session is used in a way it cannot honour."""
+
+
+class ServeSession:
+    """One serving job's live config; made by ``attach_serving``. Call ``boundary`` from the
+    decode loop's thread only."""
+
+    def __init__(self, *, job: str, sidecar: str | None,
+                 apply: Callable[[Mapping[str, KnobValue]], None],
+                 knobs: Sequence[Knob] = SERVING_KNOBS,
+                 defaults: Mapping[str, KnobValue] | None = None,
+                 lease_ttl_s: float | None = None, tracer: Tracer | None = None) -> None:
+        if lease_ttl_s is not None and not lease_ttl_s > 0:
+            raise ServeClientError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        defaults = dict(defaults or {})
+        names = {k.name for k in knobs}
+        unknown = sorted(set(defaults) - names)
+        if unknown:
+            raise ServeClientError(f"defaults for undeclared knob(s) {', '.join(unknown)}")
+        self.job = job
+        self.knobs = KnobSpace.of(dataclasses.replace(k, default=defaults[k.name])
+                                  if k.name in defaults else k for k in knobs)
+        self.values: dict[str, KnobValue] = self.knobs.defaults()
+        """The config values in force (the job's launch values until the first switch)."""
+        self.version = 0
+        self.batches_done = 0
+        self.switches: list[tuple[int, int]] = []
+        """(batch, version) of every config that took effect, for logs and tests."""
+        self._apply_values = apply
+        self._tracer = tracer or trace.get_tracer("tuner.serve_client")
+        self._started = False
+        self._applied_seq = 0
+        self._lease: _Lease | _NoLease = (
+            _Lease(sidecar, job=job, kind="serve", world_size=1, lease_ttl_s=lease_ttl_s,
+                   applied_version=lambda: self.version)
+            if sidecar is not None else _NoLease())
+
+    def boundary(self) -> bool:
+        """A batch boundary: the newest config takes effect; True when one did."""
+        if not self._started:
+            self._started = True
+            self._lease.start(list(self.knobs.knobs.values()), self.values)
+        update = self._lease.poll()
+        switched = False
+        if update is not None and update.seq != self._applied_seq:
+            switched = self._apply(update)
+        self.batches_done += 1
+        return switched
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop talking to the sidecar (idempotent)."""
+        self._lease.shutdown(timeout_s)
+        self._lease = _NoLease()
+
+    def __enter__(self) -> ServeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _apply_span(self, update: _Update) -> Iterator[Span | None]:
+        try:
+            context = traceparent_context(update.traceparent) if update.traceparent else None
+        except Exception as exc:
+            log.warning("job %s: ignoring the traceparent of v%d: %s", self.job,
+                        update.config.version, exc)
+            context = None
+        if context is None:
+            yield None
+            return
+        with self._tracer.start_as_current_span("job.apply", context=context, attributes={
+                "seedance.config.version": update.config.version,
+                "seedance.step": self.batches_done, "seedance.job": self.job,
+                "seedance.change.id": update.change_id or ""}) as span:
+            yield span
+
+    def _apply(self, update: _Update) -> bool:
+        config, batch = update.config, self.batches_done
+        results: list[dict[str, Any]] = [
+            {**action, "status": "failed", "error": NO_STATE} for action in update.actions]
+        previous = dict(self.values)
+        with self._apply_span(update) as span:
+            try:
+                values = self.knobs.validate(config.values)
+                self._apply_values(values)
+                self.values = values
+                status, error = "applied", None
+            except Exception as exc:
+                status, error = "failed", f"{type(exc).__name__}: {exc}"
+                log.warning("job %s: config v%d failed at batch %d (%s); keeping v%d",
+                            self.job, config.version, batch, error, self.version)
+                with contextlib.suppress(Exception):
+                    self._apply_values(previous)
+                if span is not None:
+                    span.set_status(Status(StatusCode.ERROR, error))
+        self._applied_seq = update.seq
+        switched = status == "applied" and config.version != self.version
+        if switched:
+            changed = sorted(k for k in self.values if previous.get(k) != self.values[k])
+            self.version = config.version
+            self.switches.append((batch, config.version))
+            log.info("job %s: config v%d in force from batch %d%s", self.job, config.version,
+                     batch, f" ({', '.join(changed)})" if changed else "")
+        self._lease.ack(update, {"version": config.version, "step": batch, "status": status,
+                                 "error": error, "actions": results})
+        return switched
+
+
+def attach_serving(*, job: str, sidecar: str | None,
+                   apply: Callable[[Mapping[str, KnobValue]], None],
+                   knobs: Sequence[Knob] = SERVING_KNOBS,
+                   defaults: Mapping[str, KnobValue] | None = None,
+                   lease_ttl_s: float | None = None,
+                   tracer: Tracer | None = None) -> ServeSession:
+    """A ``ServeSession`` (kind ``serve``); nothing talks to the sidecar until the first
+    ``boundary()``.
+
+    ``apply(values)`` gets the whole config (every declared knob) at a batch boundary and
+    applies what changed; it raises to refuse. ``knobs``: the knobs the job declares (default
+    ``SERVING_KNOBS``); ``defaults``: their values at launch, the baseline the job proposes.
+    """
+    return ServeSession(job=job, sidecar=sidecar, apply=apply, knobs=knobs, defaults=defaults,
+                        lease_ttl_s=lease_ttl_s, tracer=tracer)
