@@ -131,7 +131,9 @@ def test_every_applied_change_has_its_full_trail_in_the_audit_log(demo: Demo) ->
 
 def test_each_applied_change_and_the_jobs_apply_share_one_trace(demo: Demo) -> None:
     spans = demo.rows(spans_table)
-    for change in applied(demo):
+    changes = applied(demo)
+    assert changes, "no change reached the job"
+    for change in changes:
         mine = [s for s in spans if json.loads(s["attributes"]).get("seedance.change.id")
                 == change["id"]]
         assert {s["trace_id"] for s in mine} == {change["trace_id"]}
