@@ -202,6 +202,8 @@ def load_config(
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, not UTF-8
+            raise ConfigError(f"{path}: cannot read: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         data = data.get("sidecar", data)

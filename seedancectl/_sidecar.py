@@ -399,9 +399,9 @@ class Sidecar:
         return app
 
 
-def run_sidecar(config: SidecarConfig) -> None:
+def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
-    sidecar = Sidecar(config)
+    config = sidecar.config
     server = uvicorn.Server(
         uvicorn.Config(sidecar.app(), host=config.host, port=config.port, log_level="warning")
     )

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 from typer.core import TyperGroup
 
@@ -31,7 +34,7 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except SeedanceError as exc:
-            err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
 
@@ -106,18 +109,19 @@ def sidecar(
         "job": job, "listen": listen, "store": store, "upstream_otlp_endpoint": upstream,
         "prometheus_port": prometheus_port, "nvml": nvml,
     })
-    from seedancectl._sidecar import run_sidecar
+    from seedancectl._sidecar import Sidecar, run_sidecar
 
+    built = Sidecar(settings)  # a bad trace or scrape URL fails here, before the banner
     err.print(f"[bold]seedance sidecar[/] job={settings.job} listening on "
-              f"http://{settings.listen} store={settings.store}")
-    run_sidecar(settings)
+              f"http://{settings.listen} store={settings.store}", soft_wrap=True)
+    run_sidecar(built)
 
 
 @config_app.command("check")
 def config_check(path: Annotated[Path, typer.Argument(help="TOML file to check.")]) -> None:
     """Validate a configuration file and print the effective settings."""
     settings = load_config(path)
-    stdout.print(f"[green]ok[/] {path}")
+    stdout.print(f"[green]ok[/] {escape(str(path))}", soft_wrap=True)
     print_json(settings.model_dump(mode="json"))
 
 
@@ -126,6 +130,9 @@ def _open_store(path: Path) -> Any:
 
     if not path.exists():
         raise UsageError(f"{path}: no store here (start `seedancectl sidecar --store {path}`)")
+    if path.is_dir():
+        raise UsageError(f"--store {path}: a folder; give the store file in it "
+                         f"(e.g. {path / 'metrics.db'})")
     return TimeSeriesStore(path, readonly=True)
 
 
@@ -139,7 +146,7 @@ def metrics_list(
     if json_out:
         print_json(frame.to_dict(orient="records"))
         return
-    table = Table("name", "series", "points", "first", "last")
+    table = Table(Column("name", overflow="fold"), "series", "points", "first", "last")
     for row in frame.itertuples(index=False):
         table.add_row(str(row.name), str(row.series), str(row.points),
                       _short_time(row.first), _short_time(row.last))
@@ -208,13 +215,22 @@ StateDbOption = Annotated[
 ]
 
 
-def _finding_store(config: Path | None, state_db: str | None) -> Any:
+@contextmanager
+def _finding_store(config: Path | None, state_db: str | None) -> Iterator[Any]:
+    """The findings of the state database; a bad URL or file is a UsageError of one line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from policies import FindingStore
 
     url = state_db or load_config(config).state_db
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         raise UsageError(f"{url}: no state database here (is the sidecar running for this job?)")
-    return FindingStore(url)
+    try:
+        with FindingStore(url) as store:
+            yield store
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise UsageError(f"{url}: not a usable state database ({reason})") from None
 
 
 @app.command()
@@ -266,7 +282,7 @@ def explain(
     if json_out:
         print_json(finding.to_dict())
         return
-    stdout.print(finding.render(), highlight=False, soft_wrap=True)
+    stdout.print(finding.render(), markup=False, highlight=False, soft_wrap=True)
 
 
 def _floats(text: str, option: str) -> tuple[float, ...]:
@@ -309,7 +325,12 @@ def roi(
 
         if not png.parent.is_dir():
             raise UsageError(f"--png {png}: folder {png.parent} does not exist")
-        roi_heatmap(matrix, png)
+        if png.is_dir():
+            raise UsageError(f"--png {png}: a folder; give a file name (e.g. {png / 'roi.png'})")
+        try:
+            roi_heatmap(matrix, png)
+        except OSError as exc:
+            raise UsageError(f"--png {png}: cannot write: {exc}") from None
     if json_out:
         print_json({"utilisation": list(matrix.columns), "scale_out": list(matrix.index),
                     "roi": matrix.to_numpy().tolist(), "png": str(png) if png else None})
@@ -320,7 +341,7 @@ def roi(
         table.add_row(f"{scale_out:.2f}x", *[f"{v:+.0%}" for v in row])
     stdout.print(table)
     if png is not None:
-        stdout.print(f"heatmap: {png}")
+        stdout.print(f"heatmap: {png}", markup=False, soft_wrap=True)
 
 
 @dashboards_app.command("grafana")
@@ -336,12 +357,15 @@ def dashboards_grafana(
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
-    paths = write_grafana(out, prometheus_url=prometheus_url)
+    try:
+        paths = write_grafana(out, prometheus_url=prometheus_url)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write: {exc}") from None
     if json_out:
         print_json([str(p) for p in paths])
         return
     for path in paths:
-        stdout.print(str(path))
+        stdout.print(str(path), markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -381,6 +405,10 @@ def report(
         raise UsageError(f"{store}: no store here (give --store or --prometheus)")
     with _finding_store(config, state_db) as findings_db:
         url = findings_db.url
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot create: {exc}") from None
     paths = build_report(store_path=store, state_db_url=url, since_ns=since_ns,
                          until_ns=until_ns, job=job, out_dir=out,
                          price_per_gpu_hour=price_per_gpu_hour, prometheus_url=prometheus)
@@ -389,7 +417,7 @@ def report(
                     "json": str(paths.json), "plots": [str(p) for p in paths.plots]})
         return
     for path in (paths.html, paths.markdown, paths.json):
-        stdout.print(str(path))
+        stdout.print(str(path), markup=False, soft_wrap=True)
 
 
 @app.command()
