@@ -53,6 +53,7 @@ _HITS = "seedance.serve.prefix_cache.hits"
 _QUERIES = "seedance.serve.prefix_cache.queries"
 _MISSES = "seedance.serve.prefix_cache.misses"
 _EVICTIONS = "seedance.serve.prefix_cache.evictions"
+_GENERATED = "seedance.serve.generation_tokens"
 
 # Advised by the GenAI semantic conventions for these three metrics.
 _TTFT_BOUNDS_S = (
@@ -140,6 +141,7 @@ class ServingInstrumentation:
         self._queries = meter.create_counter(_QUERIES, **_described(_QUERIES))
         self._misses = meter.create_counter(_MISSES, **_described(_MISSES))
         self._evictions = meter.create_counter(_EVICTIONS, **_described(_EVICTIONS))
+        self._generated = meter.create_counter(_GENERATED, **_described(_GENERATED))
         meter.create_observable_gauge(
             _TOKENS_PER_S, callbacks=[self._observe_tokens_per_s],
             **_described(_TOKENS_PER_S),
@@ -184,6 +186,7 @@ class ServingInstrumentation:
                 return
             request.first_token_s = now
             self._note_token(now)
+        self._generated.add(1, self._attributes(version))
         if request.config_version == version:
             self._ttft.record(now - request.started_s, self._attributes(version))
 
@@ -197,6 +200,7 @@ class ServingInstrumentation:
                              req_id)
                 return
             self._note_token(now)
+        self._generated.add(1, self._attributes())
 
     def _note_token(self, now: float) -> None:
         """Remember a token's time, forgetting those out of the window (call under the lock)."""

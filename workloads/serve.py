@@ -28,7 +28,7 @@ import queue
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast
 
@@ -40,6 +40,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 from collectors._errors import SeedanceError
 from collectors._otel import TelemetryConfig, setup_telemetry
 from collectors.torch_serving import ServingInstrumentation
+from tuner._knobs import KnobValue
 from tuner.kv_cache import QuantizedKVCache
 from tuner.prefix_cache import PrefixCache, PrefixCacheConfig
 from tuner.routing import LoadAwareConfig, LoadAwareRouter, RoundRobinRouter, Router
@@ -65,6 +66,9 @@ class KVCache(Protocol):
     def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def nbytes(self) -> int: ...
+
+    def set_bits(self, *, key_bits: int | None = None, value_bits: int | None = None) -> None:
+        ...
 
 
 CacheFactory = Callable[[], KVCache]
@@ -208,7 +212,8 @@ class Engine:
         self.model = model.eval()
         self.config = config
         self.replica = replica
-        self._new_cache = cache_factory
+        self._cache_factory = cache_factory
+        self._kv_bits_set: tuple[int, int] | None = None  # bits a live config set, if any
         self._clock = clock
         self.instrumentation = ServingInstrumentation(meter, config_version=0, clock=clock)
         self.prefix_cache: PrefixCache[LayerKV] = PrefixCache(config.prefix_cache,
@@ -255,6 +260,50 @@ class Engine:
         capture: LayerKV = []
         prefill(self.model, self._new_cache(), key, 0, capture)  # type: ignore[arg-type]
         return capture, sum(k.numel() * k.element_size() * 2 for k, _ in capture)
+
+    def _new_cache(self) -> KVCache:
+        cache = self._cache_factory()
+        if self._kv_bits_set is not None:
+            cache.set_bits(key_bits=self._kv_bits_set[0], value_bits=self._kv_bits_set[1])
+        return cache
+
+    def apply_knobs(self, values: Mapping[str, KnobValue]) -> None:
+        """Apply a serving config between steps (``tuner.serve_client`` calls it).
+
+        ``kv.key_bits`` / ``kv.value_bits``: the width of tokens quantised from now on, in new
+        caches and in the running requests' caches (``QuantizedKVCache.set_bits``).
+        ``prefix_cache.*``: the prefix cache's config (shrinking evicts at once; a higher
+        ``prewarm_top_k`` prewarms from the recent look-ups). ``serving.step_delay_s``: the
+        INJECTED per-step delay (a slow replica; demos and tests declare it). The quality
+        sample restarts, so the token agreement a version reports is its own. ``routing.*``
+        and ``serving.sharding`` belong to the launcher, not to a replica, and are left alone.
+        """
+        if "serving.step_delay_s" in values:
+            self.config = dataclasses.replace(
+                self.config, step_delay_s=float(values["serving.step_delay_s"]))
+        bits = (int(values.get("kv.key_bits", self.config.kv_bits[0])),
+                int(values.get("kv.value_bits", self.config.kv_bits[1])))
+        if bits != self.config.kv_bits:
+            for r in self._running:
+                r.cache.set_bits(key_bits=bits[0], value_bits=bits[1])
+            self._kv_bits_set = bits
+            self.config = dataclasses.replace(self.config, kv_bits=bits)
+        cache_values = {k: v for k, v in values.items() if k.startswith("prefix_cache.")}
+        if cache_values:
+            old = self.prefix_cache.config
+            new = PrefixCacheConfig.from_knobs({
+                "prefix_cache.policy": old.policy,
+                "prefix_cache.capacity_entries": old.capacity_entries,
+                "prefix_cache.capacity_mib": old.capacity_bytes / 2**20,
+                "prefix_cache.pin_top_k": old.pin_top_k,
+                "prefix_cache.prewarm_top_k": old.prewarm_top_k, **cache_values},
+                history=old.history)
+            if new != old:
+                self.prefix_cache.config = new
+                self.config = dataclasses.replace(self.config, prefix_cache=new)
+                if new.prewarm_top_k > old.prewarm_top_k:
+                    self.prewarm()
+        self._checked.clear()
 
     # -- one scheduling iteration --------------------------------------------------------------
 
