@@ -58,6 +58,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    func,
     insert,
     select,
     update,
@@ -381,8 +382,12 @@ class RolloutController:
             traceparent=new_traceparent(), meta=dict(meta or {}))
         with self._lock:
             with self._engine.begin() as conn:
+                # Strictly increasing, so "oldest first" is the order of proposal even when
+                # the clock does not move between two proposals.
+                last = conn.execute(select(func.max(changes_table.c.created_at_ns))).scalar()
+                created_ns = max(_ns(now), (last or 0) + 1)
                 conn.execute(insert(changes_table).values(
-                    id=change.id, job=job, state=change.state, created_at_ns=_ns(now),
+                    id=change.id, job=job, state=change.state, created_at_ns=created_ns,
                     updated_at_ns=_ns(now), body=change.to_json()))
                 self._event(conn, change, job, "proposed", by, reason, to_state="proposed",
                             version_before=status.baseline.version,

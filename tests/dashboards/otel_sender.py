@@ -44,6 +44,7 @@ VALUES: dict[str, tuple[str, ...]] = {
     "cause": ("nonfinite_loss",),
     "detector": ("input_bound", "memory_bound"),
     "network.io.direction": ("transmit", "receive"),
+    "seedance.nonfinite.what": ("loss", "grad_norm"),
 }
 
 STATES = {"seedance.tuning.trials": ("complete", "pruned"),
