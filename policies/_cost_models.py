@@ -433,6 +433,9 @@ def roi_delta(
     if scale_out < 1 or fix_cost <= 0 or horizon_months <= 0:
         raise ValueError(f"scale_out must be >= 1, fix_cost and horizon_months > 0, got "
                          f"{scale_out}, {fix_cost}, {horizon_months}")
+    if n_nodes <= 0 or node_cost_per_month <= 0:
+        raise ValueError(f"n_nodes and node_cost_per_month must be > 0, got "
+                         f"{n_nodes}, {node_cost_per_month}")
     repair = max(target_utilisation / utilisation, 1.0)
     nodes_saved = n_nodes * scale_out * (1 - repair ** (-1 / gamma))
     return (nodes_saved * node_cost_per_month * horizon_months - fix_cost) / fix_cost
