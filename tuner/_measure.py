@@ -80,8 +80,8 @@ class MeasureConfig:
     n_bootstrap: int = 4000
     loss_tolerance: float = 0.05
     seed: int = 0
-    warmup_requests: int = 10
-    min_requests: int = 30
+    warmup_requests: int = 20
+    min_requests: int = 150
     latency_quantile: float = 0.99
 
     def __post_init__(self) -> None:
