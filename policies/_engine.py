@@ -106,7 +106,8 @@ class PolicyEngine:
         self.config = config or EngineConfig()
         self.findings = FindingStore(db_url)
         self._clock_ns = clock_ns
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the tracks: held briefly, never across a detector
+        self._evaluating = threading.Lock()  # one evaluation at a time
         self._tracks: dict[Key, _Track] = {
             f.key: _Track(finding=f) for f in self.findings.active()}
         meter = (meter_provider or metrics.get_meter_provider()).get_meter(_SCOPE)
@@ -125,8 +126,13 @@ class PolicyEngine:
         now = self._clock_ns() if now_ns is None else now_ns
         since = now - int(self.config.window_s * 1e9)
         report = EvaluationReport()
-        with self._lock:
-            jobs = set(self.source.jobs()) | {job for _, job, _ in self._tracks}
+        # Detectors read the store for seconds on a loaded box; the tracks lock is taken only
+        # to apply each verdict, so ``active()`` (a guardrail reads it every rollout tick)
+        # never waits for an evaluation.
+        with self._evaluating:
+            with self._lock:
+                tracked = {job for _, job, _ in self._tracks}
+            jobs = set(self.source.jobs()) | tracked
             for detector in self.detectors:
                 for job in sorted(jobs):
                     window = self.source.window(job, since, now)
@@ -136,7 +142,8 @@ class PolicyEngine:
                         log.exception("detector %s failed on job %s", detector.name, job)
                         report.errors[(detector.name, job)] = f"{type(e).__name__}: {e}"
                         continue
-                    self._apply(detector.name, job, found, now, report)
+                    with self._lock:
+                        self._apply(detector.name, job, found, now, report)
         return report
 
     def _apply(self, detector: str, job: str, found: Iterable[Finding], now: int,

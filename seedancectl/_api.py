@@ -208,6 +208,15 @@ def api_router(sidecar: Sidecar) -> APIRouter:
                 "acked_version": s.acked_version, "mode": controller().mode(job),
                 "tuning": sidecar.tuning_state(job)}
 
+    @read.get("/jobs/{job}/acks")
+    def acks(job: str) -> list[dict[str, Any]]:
+        """What the job reported at each boundary, one-shot actions (snapshot, rollback)
+        with their outcome included: whether a rollback really ran in the job."""
+        with _errors():
+            found = sidecar.jobs.acks(job)
+        return [{"version": a.version, "step": a.step, "status": a.status, "error": a.error,
+                 "actions": [dict(x) for x in a.actions], "time_s": a.time_s} for a in found]
+
     @write.post("/changes/{change_id}/approve")
     def approve(change_id: str, body: ApproveBody) -> dict[str, Any]:
         get_change(change_id)

@@ -82,14 +82,33 @@ class ApprovalConfig(_Section):
     bounds: dict[str, KnobBound] = Field(default_factory=dict)
 
 
+class RolloutSection(_Section):
+    """How the controller observes a change: ``pairs`` of interleaved candidate and baseline
+    windows, each ``warmup_steps`` dropped then at least ``min_steps`` measured. With
+    ``tokens_per_step`` (the job's fixed tokens per optimizer step) tokens/s is exact from the
+    step-time histogram; without it, from the job's per-step tokens/s gauge."""
+
+    pairs: int = Field(default=3, ge=1)
+    early_stop_pairs: int = Field(default=2, ge=1)
+    ack_timeout_s: float = Field(default=60.0, gt=0)
+    window_timeout_s: float = Field(default=600.0, gt=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    min_steps: int = Field(default=5, ge=1)
+    tokens_per_step: float | None = Field(default=None, gt=0)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    loss_tolerance: float = Field(default=0.05, ge=0)
+
+
 class JobConfig(_Section):
     """One job's tuning: approval mode (default: ``approval.mode``), whether the search runs,
-    which knobs it searches (default: the job's live knobs) and its Optuna study name."""
+    which knobs it searches (default: the job's live knobs; within ``approval.bounds``), its
+    Optuna study name and sampler seed."""
 
     mode: ApprovalMode | None = None
     tune: bool = False
     knobs: tuple[str, ...] | None = None
     study: str | None = None
+    seed: int | None = None
 
 
 class ServingSLOConfig(_Section):
@@ -120,9 +139,12 @@ class SidecarConfig(_Section):
     webhook_timeout_s: float = Field(default=5.0, gt=0)
     policy_interval_s: float = Field(default=15.0, gt=0)
     policy_window_s: float = Field(default=300.0, gt=0)
+    policy_open_after: int = Field(default=3, ge=1)
+    policy_close_after: int = Field(default=3, ge=1)
     tuning_interval_s: float = Field(default=1.0, gt=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)
     approval: ApprovalConfig = ApprovalConfig()
+    rollout: RolloutSection = RolloutSection()
     jobs: dict[str, JobConfig] = Field(default_factory=dict)
     serving_slo: ServingSLOConfig | None = None
 
@@ -173,7 +195,7 @@ def _one_line(error: ValidationError, where: str) -> str:
     return f"{where}: {field}: {first['msg']}{more}"
 
 
-_NOT_FROM_ENV = frozenset({"scrape", "approval", "jobs", "serving_slo"})
+_NOT_FROM_ENV = frozenset({"scrape", "approval", "jobs", "serving_slo", "rollout"})
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, str]:

@@ -44,6 +44,7 @@ from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
 from tuner._lease import JobRegistry, JobStatus, lease_router
+from tuner._measure import MeasureConfig
 from tuner._rollout import (
     Change,
     GradientCollapseFindings,
@@ -54,7 +55,7 @@ from tuner._rollout import (
     change_events_table,
     state_engine,
 )
-from tuner._search import SearchConfig, SearchDriver, TuningLoop, suggestions
+from tuner._search import SearchConfig, SearchDriver, TuningLoop, suggestions, within_bounds
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
 log = logging.getLogger(__name__)
@@ -191,19 +192,28 @@ class Sidecar:
         self.engine = PolicyEngine(
             all_detectors(), WindowSource(store), db_url=config.state_db,
             config=EngineConfig(interval_s=config.policy_interval_s,
-                                window_s=config.policy_window_s),
+                                window_s=config.policy_window_s,
+                                open_after=config.policy_open_after,
+                                close_after=config.policy_close_after),
             meter_provider=self._telemetry.provider)
         guardrails: list[Guardrail] = [NonFiniteLoss(),
                                        GradientCollapseFindings(self.engine.active)]
         if config.serving_slo is not None:
             guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(
                 **config.serving_slo.model_dump())))
+        rollout = config.rollout
         self.controller = RolloutController(
             self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,
             config=RolloutConfig(
+                pairs=rollout.pairs, early_stop_pairs=rollout.early_stop_pairs,
+                ack_timeout_s=rollout.ack_timeout_s, window_timeout_s=rollout.window_timeout_s,
                 proposal_ttl_s=config.approval.proposal_ttl_s,
                 default_mode=config.approval.mode,
-                auto_bounds={k: b.for_controller() for k, b in config.approval.bounds.items()}),
+                auto_bounds=self._auto_bounds(),
+                measure=MeasureConfig(
+                    warmup_steps=rollout.warmup_steps, min_steps=rollout.min_steps,
+                    tokens_per_step=rollout.tokens_per_step, confidence=rollout.confidence,
+                    loss_tolerance=rollout.loss_tolerance)),
             tracing=self.traces.tracing)
         for job, job_config in config.jobs.items():
             if job_config.mode is not None and self.controller.mode(job) != job_config.mode:
@@ -288,14 +298,20 @@ class Sidecar:
         if unknown:
             log.warning("job %s: knob(s) %s named in the config are not declared by the job; "
                         "not searched", job, ", ".join(unknown))
-        names = [n for n in wanted if n in space]
+        # the search stays where the operator lets changes auto-approve
+        bounded = within_bounds(status.knobs, self._auto_bounds())
+        names = [n for n in wanted if n in bounded.knobs]
         if not names:
             log.warning("job %s: no knobs to search; tuning stays off", job)
             return None
         return _PausableSearch(
-            status.knobs, storage_url=self.config.state_db, knobs=names,
-            config=SearchConfig(study_name=job_config.study or f"seedance:{job}"),
+            bounded, storage_url=self.config.state_db, knobs=names,
+            config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
+                                seed=job_config.seed),
             paused=lambda: self.tuning_state(job) == "paused")
+
+    def _auto_bounds(self) -> dict[str, Any]:
+        return {k: b.for_controller() for k, b in self.config.approval.bounds.items()}
 
     def tuning_state(self, job: str) -> TuningState:
         """off (the config does not tune it), paused (by an operator) or running."""

@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -74,6 +74,39 @@ def search_space(space: KnobSpace, names: Sequence[str] | None = None
     """Distributions of the named knobs (default: every knob), in the space's order."""
     chosen = list(space.knobs) if names is None else list(names)
     return {name: distribution(space.knobs[name]) for name in chosen}
+
+
+def within_bounds(space: KnobSpace, bounds: Mapping[str, Any]) -> KnobSpace:
+    """``space`` narrowed to the operator's auto-approval ``bounds`` (``RolloutConfig.
+    auto_bounds``: (low, high) or a set of allowed values per knob), so a search in auto mode
+    only proposes what may auto-approve. A knob's default always stays in its domain; a knob
+    left with nothing but its default is dropped (nothing to search)."""
+    kept: list[Knob] = []
+    for knob in space.knobs.values():
+        bound = bounds.get(knob.name)
+        if bound is None:
+            kept.append(knob)
+            continue
+        if knob.choices is not None:
+            allowed = () if isinstance(bound, tuple) else tuple(bound)
+            choices = tuple(c for c in knob.choices if c == knob.default or (
+                c in allowed if allowed else bound[0] <= c <= bound[1]))  # type: ignore[operator]
+            if len(choices) > 1:
+                kept.append(replace(knob, choices=choices))
+        elif isinstance(bound, tuple):
+            assert knob.low is not None and knob.high is not None
+            low = min(max(knob.low, bound[0]), float(knob.default))  # type: ignore[arg-type]
+            high = max(min(knob.high, bound[1]), float(knob.default))  # type: ignore[arg-type]
+            if low < high:
+                kept.append(replace(knob, low=low, high=high))
+        else:  # a number knob with a set of allowed values: those values, as choices
+            choices = tuple(sorted({knob.default, *(
+                v for v in bound if isinstance(v, int | float) and not isinstance(v, bool)
+                and knob.low is not None and knob.high is not None
+                and knob.low <= v <= knob.high)}))  # type: ignore[type-var]
+            if len(choices) > 1:
+                kept.append(replace(knob, choices=choices, low=None, high=None, log=False))
+    return KnobSpace.of(kept)
 
 
 def neighbours(values: Mapping[str, Any], space: Mapping[str, BaseDistribution]

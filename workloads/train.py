@@ -5,6 +5,13 @@ exports the training metrics; ``--ddp 2`` runs two gloo ranks (or start it under
 The global batch stays fixed whatever the micro-batch size and rank count: every rank draws the
 same global batch from the seeded generator, keeps its slice, and accumulates gradients over
 ``global_batch / (micro_batch * world_size)`` micro-batches.
+
+``--sidecar URL`` holds a knob lease (``tuner.client``): the sidecar may switch the precision of
+each module group, the thread count and the micro-batch size at a step boundary (the micro-batch
+count is read from the session every step, so the global batch and the tokens per step stay
+fixed and throughputs compare). ``--loss-scale`` / ``--loss-scale-growth-interval`` set the
+GradScaler's scale and how often it may grow: a small scale with growth off is a job whose scale
+has backed off, where a group forced to fp16 underflows (the incident the guardrails handle).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class TrainConfig:
     threads: int | None = None
     precision: str = "fp32"
     grad_scaler: bool = False
+    loss_scale: float = 2.0**16
+    loss_scale_growth_interval: int = 2000
     lr: float = 1e-3
     warmup_steps: int = 10
     grad_clip: float = 1.0
@@ -69,6 +78,9 @@ class TrainConfig:
             raise SeedanceError(
                 f"TrainConfig.global_batch ({self.global_batch}) must be a multiple of "
                 f"micro_batch x world_size ({self.micro_batch} x {self.world_size})")
+        if not self.loss_scale > 0 or self.loss_scale_growth_interval < 1:
+            raise SeedanceError("TrainConfig.loss_scale must be > 0 and "
+                                "loss_scale_growth_interval >= 1")
         if self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
             raise SeedanceError("TrainConfig.lr must be > 0, warmup_steps and grad_clip >= 0")
 
@@ -98,18 +110,27 @@ class Trainer:
         warmup = max(1, config.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        self.scaler = torch.amp.GradScaler("cpu", enabled=config.grad_scaler)
+        self.scaler = torch.amp.GradScaler(
+            "cpu", init_scale=config.loss_scale,
+            growth_interval=config.loss_scale_growth_interval, enabled=config.grad_scaler)
         self.data_generator = torch.Generator().manual_seed(config.seed)
         self.steps_done = 0
 
-    def next_batch(self) -> list[Batch]:
-        """This rank's micro-batches of the next global batch."""
+    def rank_batch(self) -> Batch:
+        """This rank's slice of the next global batch."""
         c = self.config
         x, y = Corpus.batch(self.corpus.train, batch_size=c.global_batch, seq_len=c.seq_len,
                             generator=self.data_generator)
         per_rank = c.global_batch // c.world_size
         x, y = (t[self.rank * per_rank:(self.rank + 1) * per_rank] for t in (x, y))
-        return list(zip(x.split(c.micro_batch), y.split(c.micro_batch), strict=True))
+        return x, y
+
+    def next_batch(self, micro_batches: int | None = None) -> list[Batch]:
+        """This rank's slice of the next global batch in ``micro_batches`` micro-batches
+        (default: ``config.accumulation``)."""
+        x, y = self.rank_batch()
+        n = micro_batches or self.config.accumulation
+        return list(zip(x.chunk(n), y.chunk(n), strict=True))
 
     def forward_backward(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         """Accumulates the gradient of the mean loss over the micro-batches; returns that loss."""
@@ -137,11 +158,15 @@ class Trainer:
     def step(self, instr: TrainingInstrumentation | NullTrainingInstrumentation | Session
              ) -> torch.Tensor:
         """One optimizer step over one global batch; returns this rank's mean loss."""
-        tokens = (self.config.global_batch // self.config.world_size) * self.config.seq_len
+        c = self.config
+        tokens = (c.global_batch // c.world_size) * c.seq_len
         with instr.data_wait():
-            micro_batches = self.next_batch()
-        with instr.step(tokens=tokens, samples=tokens // self.config.seq_len):
-            loss = self.forward_backward(micro_batches)
+            x, y = self.rank_batch()
+        with instr.step(tokens=tokens, samples=tokens // c.seq_len):
+            # read inside the step: the session applies a new micro_batch at the boundary
+            n = (instr.micro_batches(c.global_batch) if isinstance(instr, Session)
+                 and "micro_batch" in instr.values else c.accumulation)
+            loss = self.forward_backward(list(zip(x.chunk(n), y.chunk(n), strict=True)))
             self.scaler.unscale_(self.optimizer)
             instr.after_backward()
             if self.config.grad_clip:
@@ -167,7 +192,7 @@ class Trainer:
 def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
         otlp_endpoint: str | None = None, export_interval_s: float = 1.0,
         seconds: float | None = None, log_every: int = 10,
-        sidecar: str | None = None) -> dict[str, float]:
+        sidecar: str | None = None, lease_ttl_s: float | None = None) -> dict[str, float]:
     """Trains for ``config.steps`` (or until ``seconds`` pass); returns a short summary.
 
     With ``sidecar`` (its base URL) the job holds a knob lease (``tuner.client``): the session
@@ -179,7 +204,9 @@ def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
         NullTrainingInstrumentation())
     if sidecar:
         instr = attach(trainer.module, trainer.optimizer, job=job, sidecar=sidecar,
-                       grad_scaler=trainer.scaler, export_interval_s=export_interval_s)
+                       grad_scaler=trainer.scaler, export_interval_s=export_interval_s,
+                       global_batch=config.global_batch, micro_batch=config.micro_batch,
+                       lease_ttl_s=lease_ttl_s)
     elif otlp_endpoint:
         telemetry = setup_telemetry(TelemetryConfig(
             job=job, rank=rank, otlp_endpoint=otlp_endpoint,
@@ -245,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--precision", choices=PRECISIONS, default=d.precision)
     p.add_argument("--grad-scaler", action="store_true")
+    p.add_argument("--loss-scale", type=float, default=d.loss_scale,
+                   help="the GradScaler's initial scale")
+    p.add_argument("--loss-scale-growth-interval", type=int,
+                   default=d.loss_scale_growth_interval,
+                   help="steps without overflow before the scale grows (huge: never)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--ddp", type=int, default=1, metavar="N", help="spawn N gloo ranks")
@@ -254,18 +286,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--export-interval-s", type=float, default=1.0)
     p.add_argument("--sidecar", default=None, metavar="URL",
                    help="sidecar base URL: hold a knob lease there and export metrics to it")
+    p.add_argument("--lease-ttl-s", type=float, default=None,
+                   help="knob lease TTL to ask the sidecar for (default: the sidecar's)")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per lease poll otherwise
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world_size = int(os.environ["WORLD_SIZE"]) if torchrun else a.ddp
     config = TrainConfig(
         steps=a.steps if a.seconds is None else 10**9, global_batch=a.global_batch,
         micro_batch=a.micro_batch, seq_len=a.seq_len, threads=a.threads,
-        precision=a.precision, grad_scaler=a.grad_scaler, lr=a.lr, seed=a.seed,
+        precision=a.precision, grad_scaler=a.grad_scaler, loss_scale=a.loss_scale,
+        loss_scale_growth_interval=a.loss_scale_growth_interval, lr=a.lr, seed=a.seed,
         world_size=world_size)
     kwargs = {"job": a.job, "otlp_endpoint": a.otlp_endpoint,
               "export_interval_s": a.export_interval_s, "seconds": a.seconds,
-              "sidecar": a.sidecar}
+              "sidecar": a.sidecar, "lease_ttl_s": a.lease_ttl_s}
     if torchrun:
         _ddp_worker(int(os.environ["RANK"]), world_size, config, kwargs)
     elif world_size > 1:

@@ -1,0 +1,236 @@
+"""Live tuning end to end with real parts: the sidecar process (``seedancectl sidecar``) tunes
+the real demo GPT (``workloads.train --sidecar``) on CPU; the verdicts are the rollout
+controller's own interleaved A/B comparisons, read over the operator API.
+
+Nothing is simulated. Bounds on waiting are generous (the box is a shared 2-core CPU); no test
+asserts how long something took in absolute terms except the lease protocol's own promise
+(back to the baseline within the lease TTL plus the step in progress).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from collectors._store import TimeSeriesStore
+from seedancectl._session import (
+    SessionConfig,
+    SessionResult,
+    TrainingSession,
+    Trial,
+    run_training_session,
+)
+from tuner._search import config_key, unsafe_keys
+
+pytestmark = pytest.mark.integration
+
+SEARCHED = ("precision.attention", "precision.ffn", "micro_batch", "threads")
+
+
+def _interval(trial: Trial) -> tuple[float, float]:
+    """Tokens/s of the candidate relative to its baseline: (1 + ci_low, 1 + ci_high)."""
+    return 1 + trial.ci_low, 1 + trial.ci_high
+
+
+def _relative_to_first(result: SessionResult) -> dict[str, tuple[float, float]]:
+    """Each measured trial's tokens/s relative to the first baseline, as an interval: the
+    controller measured it against the baseline in force then, which is the first baseline
+    times the gains of the changes kept before (their intervals multiplied)."""
+    level = {json.dumps(result.baseline, sort_keys=True): (1.0, 1.0)}
+    out = {}
+    for trial in result.trials:
+        if not trial.measured:
+            continue
+        base = level.get(json.dumps(trial.baseline, sort_keys=True))
+        assert base is not None, f"trial {trial.trial} measured against an unknown baseline"
+        low, high = _interval(trial)
+        out[trial.change_id] = (base[0] * low, base[1] * high)
+        if trial.state == "kept":
+            level[json.dumps(trial.values, sort_keys=True)] = out[trial.change_id]
+    return out
+
+
+def test_live_tuning_session_keeps_the_best_config_it_measured(tmp_path: Path) -> None:
+    config = SessionConfig(out=tmp_path, trials=8, knobs=SEARCHED)
+    result = run_training_session(config, timeout_s=900)
+    print(json.dumps(result.to_json(), indent=1))  # the numbers the issue asks to report
+    (tmp_path / "session.json").write_text(json.dumps(result.to_json(), indent=1))
+
+    measured = [t for t in result.trials if t.measured]
+    assert len(measured) >= 8
+    configs = [json.dumps({k: t.values[k] for k in SEARCHED}, sort_keys=True) for t in measured]
+    assert len(set(configs)) == len(configs), "the search never repeats a config"
+    varied = {k for t in measured for k in SEARCHED if t.values[k] != t.baseline[k]}
+    assert varied == set(SEARCHED), f"trials varied only {sorted(varied)}"
+
+    # The kept config re-measured against the first baseline, interleaved (B K B K ...): the
+    # first baseline is not measurably faster (its gain over the kept config excludes no zero
+    # from above), and the mean says the same within that interval.
+    if result.kept == result.baseline:
+        assert result.remeasure is None
+    else:
+        again = result.remeasure
+        assert again is not None and again.measured, again
+        assert again.ci_low <= 0, f"the first baseline beat the kept config: {again}"
+        assert result.kept_tokens_per_s >= result.baseline_tokens_per_s * (1 + again.ci_low)
+
+    # Best of what was tried, within the noise of the controller's own intervals: no trial's
+    # interval (relative to the first baseline) lies wholly above the kept config's.
+    relative = _relative_to_first(result)
+    kept_changes = [t for t in measured if t.state == "kept"]
+    kept_high = relative[kept_changes[-1].change_id][1] if kept_changes else 1.0
+    if kept_changes:
+        assert kept_changes[-1].values == result.kept
+    for trial in measured:
+        if trial.state == "kept" or "loss" in (trial.ended_because or ""):
+            continue  # kept ones are on the path; a loss regression is no candidate
+        low = relative[trial.change_id][0]
+        assert low <= kept_high, (
+            f"trial {trial.trial} {trial.values} measured x{low:.3f}..; the kept config "
+            f"..x{kept_high:.3f}")
+
+
+def _finding_opened_s(session: TrainingSession, group: str) -> tuple[dict[str, Any], float]:
+    findings = session.get("/v1/findings", job=session.config.job, all=True)
+    found = [f for f in findings if f["detector"] in ("gradient_underflow", "gradient_collapse")
+             and f["resource"].get("module_group") == group]
+    assert found, f"no gradient finding on {group}: {findings}"
+    return found[0], found[0]["opened_at_ns"] / 1e9
+
+
+def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> None:
+    # A job whose GradScaler backed off to 2**-24 and may not grow again: fine in fp32, but
+    # an operator forcing fp16 onto the ffn group makes that group's gradients flush to zero.
+    config = SessionConfig(out=tmp_path, tune=False, grad_scaler=True, loss_scale=2.0**-24,
+                           loss_scale_growth_interval=10**9, warm_steps=20, min_steps=40)
+    with TrainingSession(config) as session:
+        change = session.propose({"precision.ffn": "fp16"}, "operator: fp16 on the ffn group")
+        done = session.wait_change(change["id"], ["rolled_back", "kept", "failed"], 600)
+        assert done["state"] == "rolled_back", done
+        assert done["plan"]["rollback"] == "local", done["plan"]
+        assert "gradient_underflow" in done["plan"]["ended_because"]
+        events: dict[str, dict[str, Any]] = {}
+        for event in done["events"]:
+            events.setdefault(event["kind"], event)  # the first of each kind
+        assert events["snapshot"]["at_ns"] < events["desired"]["at_ns"]  # before the risk
+        rolled = events["rolled_back"]
+        assert rolled["detail"]["group"] == "ffn"
+        assert rolled["detail"]["action"]["scope"] == "local"
+        assert rolled["detail"]["restore"]["precision.ffn"] == "fp32"
+        restored = events["restored"]["version_after"]
+
+        finding, opened_s = _finding_opened_s(session, "ffn")
+        applied_s = done["plan"]["applied_at_s"]
+        assert opened_s >= applied_s
+        # the job ran both one-shot actions and acked the restored config (ffn in fp32)
+        def acked() -> list[dict[str, Any]] | None:
+            acks = session.get(f"/v1/jobs/{config.job}/acks")
+            return acks if any(a["version"] >= restored for a in acks) else None
+
+        acks = session.wait(acked, 120, "the job to ack the restored config",
+                            watch=(session.train,))
+        actions = [x for a in acks for x in a["actions"]]
+        assert any(x["kind"] == "snapshot" and x["status"] == "done" for x in actions)
+        assert any(x["kind"] == "rollback" and x["scope"] == "local" and x["group"] == "ffn"
+                   and x["status"] == "done" for x in actions), actions
+        back = next(a for a in acks if a["version"] >= restored)
+        assert back["status"] == "applied"
+        knobs = session.get(f"/v1/jobs/{config.job}/knobs")
+        assert knobs["desired"]["values"]["precision.ffn"] == "fp32"
+
+        # the loss keeps falling after the rollback
+        session.wait_steps(back["step"] + 80, 600)
+        with TimeSeriesStore(tmp_path / "metrics.db", readonly=True) as store:
+            loss = store.query("seedance.train.loss", resolution="raw")
+            norms = store.query("seedance.train.grad.group_norm", resolution="raw")
+        versions = loss["seedance.config.version"].astype(int)
+        after = loss[versions >= restored].sort_values("time")["value"].to_numpy()
+        assert len(after) >= 20 and all(math.isfinite(v) for v in after)
+        third = len(after) // 3
+        assert after[-third:].mean() < after[:third].mean(), after
+        ffn = norms[(norms["seedance.module_group"] == "ffn")
+                    & (norms["seedance.config.version"].astype(int) >= restored)]
+        assert (ffn["value"] > 0).any(), "the ffn group learns again"
+        detect_s = opened_s - applied_s
+        rollback_s = rolled["at_ns"] / 1e9 - applied_s
+        print(f"fp16 applied -> finding opened {detect_s:.1f} s -> rolled back "
+              f"{rollback_s:.1f} s (finding {finding['id']}: {finding['evidence']['summary']})")
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def _logged_at(line: str) -> float:
+    match = _LOG_TIME.match(line)
+    assert match, line
+    return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _candidate_in_force(session: TrainingSession, *, measured: int
+                        ) -> dict[str, Any] | None:
+    """A trial in flight whose candidate the job runs now, after ``measured`` windows."""
+    for change in session.changes(source="trial"):
+        plan = change["plan"]
+        if (change["state"] == "observing" and plan.get("acked")
+                and plan["arms"][plan["index"]] == "candidate"
+                and len(change["windows"]) >= measured):
+            return change
+    return None
+
+
+def test_sidecar_killed_mid_trial_job_returns_to_baseline_within_the_lease(
+        tmp_path: Path) -> None:
+    ttl_s = 3.0
+    config = SessionConfig(out=tmp_path, lease_ttl_s=ttl_s, warm_steps=20, min_steps=10,
+                           loss_tolerance=1.0)
+    with TrainingSession(config) as session:
+        change = session.wait(lambda: _candidate_in_force(session, measured=1), 600,
+                              "a trial's candidate in force", watch=(session.train,))
+        baseline_version = session.job_status()["baseline"]["version"]  # type: ignore[index]
+        step_s = max(w["step_s"] for w in change["windows"])
+        session.kill_sidecar()
+        killed_at = time.time()
+
+        def back_line() -> str | None:
+            return next((line for line in session.log_lines()
+                         if "back to the baseline" in line and _logged_at(line) > killed_at),
+                        None)
+        line = session.wait(back_line, 120, "the job to give up the lease",
+                            watch=(session.train,))
+        assert f"baseline config v{baseline_version} " in line
+        switched = session.wait(lambda: next((x for x in session.log_lines() if
+                                              f"config v{baseline_version} in force" in x
+                                              and _logged_at(x) > killed_at), None),
+                                60, "the baseline in force", watch=(session.train,))
+        # the lease was last renewed before the kill: the baseline is in force at the first
+        # step boundary after the TTL (the step in progress may finish first)
+        assert _logged_at(switched) - killed_at <= ttl_s + 2 * step_s + 1.0
+        at_step = int(re.search(r"from step (\d+)", switched)[1])  # type: ignore[index]
+        session.wait_steps(at_step + 20, 300)  # trains on without its sidecar
+        assert session.train is not None and session.train.poll() is None
+
+
+def test_job_killed_mid_trial_fails_the_trial_and_bars_its_config(tmp_path: Path) -> None:
+    config = SessionConfig(out=tmp_path, lease_ttl_s=3.0, warm_steps=20, min_steps=10,
+                           loss_tolerance=1.0)
+    with TrainingSession(config) as session:
+        change = session.wait(lambda: _candidate_in_force(session, measured=0), 600,
+                              "a trial's candidate in force", watch=(session.train,))
+        session.kill_job()
+        failed = session.wait_change(change["id"], ["failed", "kept", "rolled_back"], 120)
+        assert failed["state"] == "failed", failed
+        assert "lapsed" in failed["events"][-1]["reason"]
+        study = optuna.load_study(study_name=f"session:{config.job}",
+                                  storage=f"sqlite:///{tmp_path / 'state.db'}")
+        trial = study.trials[failed["meta"]["trial"]]
+        assert trial.state == optuna.trial.TrialState.FAIL
+        assert "the job died" in trial.user_attrs["seedance:fail_reason"]
+        assert config_key(trial.params) in unsafe_keys(study)
