@@ -19,7 +19,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import IO, Any
 import httpx
 
 from collectors._errors import SeedanceError
+from seedancectl._session import ACTIVE_STATES, FINAL_STATES, SessionConfig, TrainingSession
 
 SUMMARY_SCHEMA_VERSION = 2
 SCHEMA_PATH = Path(__file__).with_name("demo_summary.schema.json")
@@ -38,6 +38,10 @@ TRAIN_JOB = "demo-train"
 SERVE_JOB = "demo-serve"
 OBJECTIVE = "tokens/s: mean over the trial's candidate windows (higher is better)"
 REPO_ROOT = Path(__file__).resolve().parents[1]
+INCIDENT_KNOB = "precision.ffn"
+INCIDENT_LOSS_SCALE = 2.0**-24
+"""A loss scale backed off this far flushes fp16 gradients to zero; fp32 and bf16 keep them."""
+INCIDENT_TRIALS = 8
 
 
 class DemoError(SeedanceError):
@@ -52,7 +56,7 @@ class DemoConfig:
     minutes: float = 4.0
     nvml_trace: Path | None = None
     replicas: int = 1
-    serve_rate_rps: float = 2.0
+    serve_rate_rps: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.minutes <= 120:
@@ -84,179 +88,187 @@ class Snapshot:
     error: str | None = None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float, *,
+          group: bool = False) -> None:
+    """SIGINT, then SIGKILL if it does not end in time; with ``group``, to the process group
+    the process leads (the serving job and its replicas)."""
+    if proc is None:
+        return
 
-
-def sidecar_toml(config: DemoConfig, *, port: int, store: Path, state_db: Path) -> str:
-    """The sidecar's configuration: the training job tuned with approval auto; short policy
-    and tuning intervals, so a short run still sees findings and trials."""
-    nvml = f"replay:{config.nvml_trace}" if config.nvml_trace else "off"
-    return "\n".join([
-        "[sidecar]",
-        'job = "demo"',
-        f'listen = "127.0.0.1:{port}"',
-        f"store = {json.dumps(str(store))}",
-        f"state_db = {json.dumps(f'sqlite:///{state_db}')}",
-        f"nvml = {json.dumps(nvml)}",
-        "policy_interval_s = 3.0",
-        "policy_window_s = 60.0",
-        "tuning_interval_s = 0.5",
-        "",
-        "[sidecar.approval]",
-        'mode = "auto"',
-        "",
-        f"[sidecar.jobs.{TRAIN_JOB}]",
-        'mode = "auto"',
-        "tune = true",
-        "",
-    ])
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
-    """SIGINT to the process's group, then SIGKILL to the group if it does not end in time."""
-    if proc.poll() is None:
+    def send(sig: int) -> None:
         try:
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    if proc.poll() is None:
+        send(signal.SIGINT)
+        try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            send(signal.SIGKILL)
             proc.wait()
-        except ProcessLookupError:
-            proc.wait()
-    try:  # a grandchild that outlived its parent (a serving replica) goes too
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    return int(proc.returncode)
+    if group:  # a replica that outlived its launcher goes too
+        send(signal.SIGKILL)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoSessionConfig(SessionConfig):
+    """The tuning session's configuration plus the GPU counters to replay (``nvml``)."""
+
+    nvml: str = "off"
+
+    def sidecar_toml(self, *, listen: str, token_file: Path) -> str:
+        text = super().sidecar_toml(listen=listen, token_file=token_file)
+        if 'nvml = "off"' not in text:
+            raise DemoError("the session's sidecar configuration has no nvml line to set")
+        return text.replace('nvml = "off"', f"nvml = {json.dumps(self.nvml)}", 1)
+
+
+def session_config(config: DemoConfig) -> DemoSessionConfig:
+    """The demo's tuning session: approval auto over precision x micro_batch x threads, and a
+    GradScaler whose scale has backed off and may not grow (harmless in fp32 and bf16; the
+    staged fp16 change underflows under it)."""
+    return DemoSessionConfig(
+        out=config.out.resolve(), job=TRAIN_JOB, trials=INCIDENT_TRIALS,
+        nvml=f"replay:{config.nvml_trace}" if config.nvml_trace else "off",
+        warm_steps=30 if config.minutes < 2 else 60, grad_scaler=True,
+        loss_scale=INCIDENT_LOSS_SCALE, loss_scale_growth_interval=10**6)
 
 
 class DemoRun:
-    """Starts the processes, follows them, gathers the summary; ``close`` always cleans up."""
+    """The session (sidecar + training job), the serving job, and the demo's phases: tuning,
+    the staged incident, the end. ``close`` always stops every process."""
 
-    def __init__(self, config: DemoConfig, *, token: str | None = None) -> None:
+    def __init__(self, config: DemoConfig) -> None:
         self.config = config
         self.out = config.out.resolve()
         self.logs = self.out / "logs"
         self.store_path = self.out / "metrics.db"
-        self.state_db_path = self.out / "state.db"
-        self.state_db_url = f"sqlite:///{self.state_db_path}"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.state_db_url = f"sqlite:///{self.out / 'state.db'}"
+        self.session = TrainingSession(session_config(config))
+        self.session.http.timeout = httpx.Timeout(60.0)  # a starved sidecar answers late
+        self.url = self.session.url
         self.started_at_ns = time.time_ns()
         self._started = time.monotonic()
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._log_files: list[IO[bytes]] = []
+        self._serve: subprocess.Popen[bytes] | None = None
+        self._serve_log: IO[bytes] | None = None
         self._http = httpx.Client(base_url=self.url, timeout=5.0)
         self._store: Any = None
+        self.phase = "starting the sidecar and the training job"
+        self.incident_change: str | None = None
         self.final: dict[str, Any] = {}
 
     # ---- processes -------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
-        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
-        self._log_files.append(log)
-        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-        proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=self.out, start_new_session=True)
-        self._procs[name] = proc
-        return proc
-
     def start(self) -> None:
-        """Sidecar (ready), then the serving job and the training job."""
+        """Sidecar and training job (warmed up, tuning on), then the serving job."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        for stale in (self.store_path, self.state_db_path):
-            for path in (stale, stale.with_name(stale.name + "-wal"),
-                         stale.with_name(stale.name + "-shm")):
-                path.unlink(missing_ok=True)
-        config_path = self.out / "sidecar.toml"
-        config_path.write_text(sidecar_toml(self.config, port=self.port, store=self.store_path,
-                                            state_db=self.state_db_path), encoding="utf-8")
-        sidecar = self._spawn("sidecar", ["-m", "seedancectl.sidecar", "--config",
-                                          str(config_path)])
-        self._wait_ready(sidecar, timeout_s=90.0)
-        self._spawn("serve", [
-            "-m", "workloads.serve", "--replicas", str(self.config.replicas),
-            "--rate-rps", str(self.config.serve_rate_rps),
-            "--duration-s", str(self.config.seconds), "--job", SERVE_JOB,
-            "--otlp-endpoint", self.url])
-        self._spawn("train", [
-            "-m", "workloads.train", "--job", TRAIN_JOB, "--sidecar", self.url,
-            "--seconds", str(self.config.seconds), "--export-interval-s", "1.0"])
+        for name in ("metrics.db", "state.db"):
+            for suffix in ("", "-wal", "-shm"):
+                (self.out / (name + suffix)).unlink(missing_ok=True)
+        for log in self.logs.glob("*.log"):
+            log.unlink()
+        self.session.start()
+        self._serve_log = open(self.logs / "serve.log", "wb")  # noqa: SIM115 - closed in close()
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+        self._serve = subprocess.Popen(
+            [sys.executable, "-m", "workloads.serve", "--replicas", str(self.config.replicas),
+             "--rate-rps", str(self.config.serve_rate_rps),
+             "--duration-s", str(self.config.seconds), "--job", SERVE_JOB,
+             "--otlp-endpoint", self.url],
+            stdout=self._serve_log, stderr=subprocess.STDOUT, cwd=self.out,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
+            start_new_session=True)  # its replicas are in its group: stopped with it
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], *, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise DemoError(f"the sidecar exited with code {proc.returncode}; "
-                                f"see {self.logs / 'sidecar.log'}")
-            try:
-                if self._http.get("/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise DemoError(f"the sidecar was not ready within {timeout_s:.0f} s; "
-                        f"see {self.logs / 'sidecar.log'}")
-
-    def running(self) -> bool:
-        """True while the training job runs; raises when a process failed."""
-        for name, proc in self._procs.items():
-            code = proc.poll()
-            if code not in (None, 0):
+    def _check(self) -> None:
+        """Raise if a process died or the run overran."""
+        for name, proc in (("sidecar", self.session.sidecar), ("train", self.session.train),
+                           ("serve", self._serve)):
+            code = None if proc is None else proc.poll()
+            if code not in (None, 0) or (code == 0 and name != "serve"):
                 raise DemoError(f"the {name} process exited with code {code}; "
                                 f"see {self.logs / (name + '.log')}")
-        if self.elapsed_s() > self.config.seconds + 180:
-            raise DemoError(f"the demo overran its {self.config.minutes:g} minutes by 3 "
+        if self.elapsed_s() > self.config.seconds + 240:
+            raise DemoError(f"the demo overran its {self.config.minutes:g} minutes by 4 "
                             f"minutes; logs in {self.logs}")
-        return self._procs["train"].poll() is None
+
+    def _until(self, done: Callable[[], bool], deadline: float,
+               on_tick: Callable[[Snapshot], None], interval_s: float) -> bool:
+        """Show a snapshot every ``interval_s`` until ``done()`` or the monotonic
+        ``deadline``; whether it was done."""
+        while True:
+            self._check()
+            on_tick(self.snapshot())
+            try:
+                if done():
+                    return True
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval_s)
 
     def follow(self, on_tick: Callable[[Snapshot], None], *, interval_s: float = 1.0) -> None:
-        """Until the training job ends: a snapshot to ``on_tick`` every ``interval_s``."""
-        while self.running():
-            on_tick(self.snapshot())
-            time.sleep(interval_s)
+        """The phases: tuning until its share of the time is up (or enough trials), the search
+        paused and the trial in flight finished, then the staged incident to its verdict."""
+        start = time.monotonic()
+        incident_s = max(30.0, 0.25 * self.config.seconds)
+        self.phase = "tuning"
+        self._until(lambda: len([t for t in self.session.trials() if t.measured])
+                    >= self.session.config.trials, start + self.config.seconds - incident_s,
+                    on_tick, interval_s)
+        self.session.set_tuning("pause")
+        self.phase = "tuning paused: the trial in flight finishes"
+        self._until(self._idle, time.monotonic() + 90.0, on_tick, interval_s)
+        self.phase = f"incident (staged): {INCIDENT_KNOB} -> fp16 under a backed-off loss scale"
+        change = self.session.propose({INCIDENT_KNOB: "fp16"}, reason=(
+            "STAGED by the demo: fp16 on one module group under a backed-off loss scale"))
+        self.incident_change = change["id"]
+        self._until(lambda: self.session.change(change["id"])["state"] in FINAL_STATES,
+                    time.monotonic() + max(60.0, incident_s), on_tick, interval_s)
+        self.phase = "done"
         on_tick(self.snapshot())
 
+    def _idle(self) -> bool:
+        return not [c for c in self.session.changes() if c["state"] in ACTIVE_STATES]
+
     def finish(self, timeout_s: float = 120.0) -> None:
-        """After the training job: let the serving job drain, read the sidecar's final state,
-        then stop the sidecar (it flushes its spans to the state DB on the way out)."""
-        serve = self._procs.get("serve")
-        if serve is not None:
-            try:
-                serve.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                _stop(serve, 15.0)
+        """Read the sidecar's final state, stop the training job (it flushes its spans), let
+        the serving job drain, then stop the sidecar."""
         self.final = {
             "changes": self._get("/v1/changes") or [],
             "findings": self._get("/v1/findings", all=True) or [],
-            "audit": self._get("/v1/audit") or [],
             "status": self._get("/v1/status") or {},
         }
+        _stop(self.session.train, 20.0)
+        if self._serve is not None:
+            try:
+                self._serve.wait(max(1.0, timeout_s))
+            except subprocess.TimeoutExpired:
+                _stop(self._serve, 15.0, group=True)
+        time.sleep(1.0)  # the job's last span export lands before the audit is read
+        self.final["audit"] = self._get("/v1/audit") or []
         self.close()
-        for name in ("train", "serve"):
-            code = self._procs[name].returncode
-            if code not in (0, None):
-                raise DemoError(f"the {name} process exited with code {code}; "
-                                f"see {self.logs / (name + '.log')}")
+        code = None if self._serve is None else self._serve.returncode
+        if code not in (0, None):
+            raise DemoError(f"the serve process exited with code {code}; "
+                            f"see {self.logs / 'serve.log'}")
 
     def close(self) -> None:
         """Stop every process still running (jobs first, the sidecar last); idempotent."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits
         try:
-            for name in ("train", "serve", "sidecar"):
-                proc = self._procs.get(name)
-                if proc is not None:
-                    _stop(proc, 20.0)
+            _stop(self.session.train, 20.0)
+            if self._serve is not None:
+                _stop(self._serve, 20.0, group=True)
+            self.session.close()
             if self._store is not None:
                 self._store.close()
                 self._store = None
             self._http.close()
-            for log in self._log_files:
-                log.close()
+            if self._serve_log is not None:
+                self._serve_log.close()
         finally:
             signal.signal(signal.SIGINT, previous)
 
@@ -297,7 +309,7 @@ class DemoRun:
             job: dict[str, Any] = next(
                 (j for j in status.get("jobs", []) if j["job"] == TRAIN_JOB), {})
             return Snapshot(
-                elapsed_s=self.elapsed_s(), phase=phase(job, changes),
+                elapsed_s=self.elapsed_s(), phase=phase(self.phase, changes),
                 trials=trial_rows(changes), changes=[change_row(c) for c in changes],
                 findings=findings, config_version=job.get("acked_version"),
                 baseline_version=job.get("baseline_version"),
@@ -305,22 +317,19 @@ class DemoRun:
                 tokens_per_s=self._latest("seedance.train.tokens_per_second", TRAIN_JOB),
                 serve_tokens_per_s=self._latest("seedance.serve.tokens_per_second", SERVE_JOB))
         except Exception as exc:  # the view never stops the run
-            return Snapshot(elapsed_s=self.elapsed_s(), phase="?",
+            return Snapshot(elapsed_s=self.elapsed_s(), phase=self.phase,
                             error=f"{type(exc).__name__}: {exc}")
 
 
-def phase(job: Mapping[str, Any], changes: Sequence[Mapping[str, Any]]) -> str:
-    """In words, where the run is: starting, tuning (trial N), incident, watching."""
-    if not job or job.get("state") != "attached":
-        return "starting the jobs"
-    active = [c for c in changes if c["state"] in ("proposed", "approved", "applying",
-                                                   "observing")]
+def phase(current: str, changes: Sequence[Mapping[str, Any]]) -> str:
+    """The demo's phase, with the change in flight if there is one."""
+    active = [c for c in changes if c["state"] in ACTIVE_STATES]
     if not active:
-        return "watching (no change in flight)"
-    current = active[0]
-    if current["source"] == "trial":
-        return f"tuning: trial {current['meta'].get('trial')} {current['state']}"
-    return f"{current['source']} change {current['state']}"
+        return current
+    change = active[0]
+    what = (f"trial {change['meta'].get('trial')}" if change["source"] == "trial"
+            else f"{change['source']} change")
+    return f"{current} · {what} {change['state']}"
 
 
 def _mean(values: Sequence[float]) -> float | None:
