@@ -22,7 +22,8 @@ Serving (``measure_window(..., kind="serve")``): the version's cumulative reques
 histogram (``gen_ai.server.request.duration``) and generated-token counter
 (``seedance.serve.generation_tokens``), one series per replica. Warm-up is excluded the same
 way, in requests: the export at which the version's finished requests first reach
-``warmup_requests`` starts the window. Throughput is generated tokens/s, (tokens_end -
+``warmup_requests`` starts the window (a prefix cache refills after a switch, so the default
+warm-up is longer than a training one). Throughput is generated tokens/s, (tokens_end -
 tokens_start) / (export time_end - time_start) summed over replicas; the latency quantile
 (``latency_quantile``, p99) is ``histogram_quantile`` over the bucket counts finished inside the
 window, merged over replicas; quality is the mean ``seedance.serve.quality.token_agreement``
@@ -80,8 +81,8 @@ class MeasureConfig:
     n_bootstrap: int = 4000
     loss_tolerance: float = 0.05
     seed: int = 0
-    warmup_requests: int = 20
-    min_requests: int = 150
+    warmup_requests: int = 30
+    min_requests: int = 60
     latency_quantile: float = 0.99
 
     def __post_init__(self) -> None:

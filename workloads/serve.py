@@ -156,6 +156,7 @@ class ReplicaConfig:
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     quality_every: int = 0
     quality_window_tokens: int = 256
+    quality_min_tokens: int = 1
     kv_bits: tuple[int, int] = (32, 32)
 
     def __post_init__(self) -> None:
@@ -166,6 +167,9 @@ class ReplicaConfig:
         if self.quality_every < 0 or self.quality_window_tokens < 1:
             raise SeedanceError("ReplicaConfig.quality_every must be >= 0 and "
                                 "quality_window_tokens >= 1")
+        if not 1 <= self.quality_min_tokens <= self.quality_window_tokens:
+            raise SeedanceError("ReplicaConfig.quality_min_tokens must be in "
+                                "[1, quality_window_tokens]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -373,7 +377,9 @@ class Engine:
         self._checked.extend(p == t for p, t in zip(picks, r.tokens, strict=True))
 
     def _observe_quality(self, options: CallbackOptions) -> list[Observation]:
-        if not self._checked:
+        """The agreement over the checked tokens, once there are ``quality_min_tokens`` (a
+        handful of tokens right after a config switch is too small a sample to judge by)."""
+        if len(self._checked) < self.config.quality_min_tokens:
             return []
         return [Observation(sum(self._checked) / len(self._checked),
                             {"seedance.config.version": self.instrumentation.config_version})]

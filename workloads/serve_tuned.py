@@ -63,6 +63,7 @@ class TunedConfig:
     kv_bits: tuple[int, int] = (8, 8)
     prefix_cache: PrefixCacheConfig = dataclasses.field(default_factory=PrefixCacheConfig)
     quality_every: int = 4
+    quality_min_tokens: int = 128
     model: GPTConfig = MODEL
     model_seed: int = 0
     threads: int = 1
@@ -91,7 +92,8 @@ def build_engine(config: TunedConfig, **kwargs: Any) -> Engine:
                                       residual_tokens=16)
     return Engine(build_model(config.model, config.model_seed), factory, ReplicaConfig(
         max_batch=config.max_batch, prefix_cache=config.prefix_cache,
-        quality_every=config.quality_every, kv_bits=config.kv_bits), **kwargs)
+        quality_every=config.quality_every, quality_min_tokens=config.quality_min_tokens,
+        kv_bits=config.kv_bits), **kwargs)
 
 
 def requests(load: loadgen.LoadConfig) -> Iterator[loadgen.Request]:
