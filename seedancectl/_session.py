@@ -55,8 +55,10 @@ class SessionConfig:
 
     No change starts before the job trained ``warm_steps`` steps (the search is paused until
     then): the demo GPT's loss falls steeply at first, and a window measured earlier than its
-    neighbouring baseline would look worse for it. Even after that it falls a few percent
-    between neighbouring windows, hence the ``loss_tolerance`` above the controller's 5%."""
+    neighbouring baseline would look worse for it. Even after that it falls by up to ~20%
+    between a trial's first candidate window and the baseline window after it (the controller
+    judges that first candidate against the later baseline alone) on a loaded box, hence the
+    ``loss_tolerance`` far above the controller's 5%."""
 
     out: Path
     job: str = "demo-train"
@@ -73,10 +75,10 @@ class SessionConfig:
     pairs: int = 3
     warmup_steps: int = 2
     min_steps: int = 6
-    loss_tolerance: float = 0.15
+    loss_tolerance: float = 0.3
     export_interval_s: float = 0.5
     lease_ttl_s: float = 10.0
-    policy_interval_s: float = 1.0
+    policy_interval_s: float = 2.0
     policy_window_s: float = 30.0
     policy_open_after: int = 2
     policy_close_after: int = 2
