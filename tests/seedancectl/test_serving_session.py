@@ -112,6 +112,7 @@ def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breac
                           if c["source"] == "trial" and c["state"] == "kept"])[0]
     paused = live.post(f"/v1/jobs/{JOB}/tuning", {"by": "oncall", "action": "pause"})
     assert paused.status_code == 200, paused.text
+    time.sleep(1.0)  # a tuning round that began before the pause may still propose its trial
     _wait(live, job, "the search's change in flight ends", 90,
           lambda: not [c for c in _changes(live)
                        if c["state"] in ("proposed", "approved", "applying", "observing")])

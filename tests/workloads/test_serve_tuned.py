@@ -36,7 +36,12 @@ def test_apply_knobs_switches_kv_bits_prefix_cache_and_delay_between_steps() -> 
     assert not engine._checked  # the quality sample restarts with the config
     engine.apply_knobs({"routing.policy": "load_aware"})  # a launcher's knob: not the replica's
     assert engine.config.kv_bits == (16, 4)
-    summary = closed_loop(engine, source, duration_s=1.0, concurrency=0)
+    finished = []
+    while not engine.idle:  # the running requests finish under the new config
+        finished += engine.step()
+    assert len(finished) == 4 and all(c.tokens for c in finished)
+    summary = closed_loop(build_engine(CONFIG), requests(CONFIG.load), duration_s=1.0,
+                          concurrency=2)
     assert summary["requests"] >= 1 and summary["tokens"] >= summary["requests"]
 
 
