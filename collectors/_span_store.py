@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -20,15 +19,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    create_engine,
-    event,
     insert,
     select,
     tuple_,
 )
-from sqlalchemy.engine import make_url
 
 from collectors._otlp_traces import SpanRecord
+from collectors._state_engine import state_engine
 
 _metadata = MetaData()
 spans_table = Table(
@@ -48,24 +45,11 @@ spans_table = Table(
 )
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # the receiver writes while the API reads
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.close()
-
-
 class SpanStore:
     """Saves and reads spans. Thread-safe (one pooled engine); ``close`` is idempotent."""
 
     def __init__(self, db_url: str) -> None:
-        parsed = make_url(db_url)
-        sqlite = parsed.get_backend_name() == "sqlite"
-        if sqlite and parsed.database not in (None, "", ":memory:"):
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        self._engine = create_engine(db_url)
-        if sqlite:
-            event.listen(self._engine, "connect", _sqlite_pragmas)
+        self._engine = state_engine(db_url)
         _metadata.create_all(self._engine)
 
     def write(self, spans: Sequence[SpanRecord]) -> int:

@@ -7,8 +7,6 @@ finding per (detector, job, resource), so two engines on one database cannot ope
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -19,15 +17,15 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    create_engine,
-    event,
     insert,
     select,
     text,
     update,
 )
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 
+from collectors._state_engine import sqlite_url as sqlite_url
+from collectors._state_engine import state_engine
 from policies._findings import Finding
 
 _metadata = MetaData()
@@ -49,30 +47,12 @@ findings_table = Table(
 )
 
 
-def sqlite_url(path: str | os.PathLike[str]) -> str:
-    """The SQLAlchemy URL of a SQLite file (``sqlite:////abs/path/state.db``)."""
-    return f"sqlite:///{Path(path).resolve()}"
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers (the UI) never block the engine
-    cursor.execute("PRAGMA synchronous=NORMAL")  # committed rows survive a killed process
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.close()
-
-
 class FindingStore:
     """Saves and loads findings. Thread-safe (one pooled engine); ``close`` is idempotent."""
 
     def __init__(self, url: str) -> None:
-        parsed = make_url(url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         self.url = url
-        self._engine: Engine = create_engine(url)
-        if parsed.get_backend_name() == "sqlite":
-            event.listen(self._engine, "connect", _sqlite_pragmas)
+        self._engine: Engine = state_engine(url)
         _metadata.create_all(self._engine)
 
     def save(self, finding: Finding) -> None:

@@ -44,7 +44,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from sqlalchemy import (
@@ -56,19 +55,17 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    create_engine,
-    event,
     func,
     insert,
     select,
     update,
 )
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection
 
 from collectors._errors import SeedanceError
+from collectors._state_engine import state_engine
 from collectors._tracing import Tracing, new_traceparent, null_tracing
 from policies._findings import Finding
-from policies._state_db import _sqlite_pragmas
 from tuner._knobs import KnobSpace, KnobValue
 from tuner._lease import JobRegistry, JobStatus
 from tuner._measure import (
@@ -151,17 +148,6 @@ modes_table = Table(
     Column("job", String(256), primary_key=True),
     Column("mode", String(16), nullable=False),
 )
-
-
-def state_engine(url: str) -> Engine:
-    """An engine on the state database with the findings store's SQLite settings."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
-    if parsed.get_backend_name() == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-    return engine
 
 
 # ---- values ---------------------------------------------------------------------------------

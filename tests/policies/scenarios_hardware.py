@@ -16,8 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors import Point
-from collectors._nccl_tests import NcclTestsResult, NcclTestsRow, nccl_tests_points
-from collectors._nccl_tests import parse_nccl_tests
+from collectors._nccl_tests import (
+    NcclTestsResult,
+    NcclTestsRow,
+    nccl_tests_points,
+    parse_nccl_tests,
+)
 from collectors._nvml import GpuSampler, GpuSamplerConfig
 from collectors._nvml_backends import ReplayBackend
 from policies import Detector, FrameStore, StoreWindow

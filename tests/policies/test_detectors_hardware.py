@@ -14,13 +14,12 @@ import pytest
 from collectors._nccl_tests import parse_nccl_tests
 from policies import FrameStore, StoreWindow
 from policies.detectors import (
-    CommunicationDegradationDetector,
     ImbalanceConfig,
     LoadImbalanceDetector,
     TinyBucketDetector,
     rebalance_weight,
 )
-from tests.policies.scenarios_hardware import JOB, S, SAMPLES, SCENARIOS, Scenario
+from tests.policies.scenarios_hardware import JOB, SAMPLES, SCENARIOS, S, Scenario
 
 
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.healthy], ids=lambda s: s.name)
