@@ -7,8 +7,7 @@ module on first use, so a job that only needs the torch instrumentation
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from collectors._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # names, points, errors
@@ -46,16 +45,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'collectors' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"collectors.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

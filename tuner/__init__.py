@@ -8,8 +8,7 @@ so the sidecar stays torch-free.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from collectors._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "Knob": "_knobs", "KnobSpace": "_knobs", "Config": "_knobs", "KnobError": "_knobs",
@@ -31,16 +30,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tuner.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
