@@ -78,7 +78,7 @@ class SessionConfig:
     loss_tolerance: float = 0.3
     export_interval_s: float = 0.5
     lease_ttl_s: float = 10.0
-    policy_interval_s: float = 2.0
+    policy_interval_s: float = 5.0
     policy_window_s: float = 30.0
     policy_open_after: int = 2
     policy_close_after: int = 2
@@ -122,7 +122,7 @@ class SessionConfig:
             f"policy_window_s = {self.policy_window_s}",
             f"policy_open_after = {self.policy_open_after}",
             f"policy_close_after = {self.policy_close_after}",
-            "tuning_interval_s = 0.2", f"lease_ttl_s = {self.lease_ttl_s}",
+            "tuning_interval_s = 0.5", f"lease_ttl_s = {self.lease_ttl_s}",
             "", "[approval]", f"mode = {q(self.mode)}",
             "", "[approval.bounds]",
             *(f'"{k}" = {{ allowed = {json.dumps(list(self.precisions))} }}'

@@ -110,7 +110,8 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
     # A job whose GradScaler backed off to 2**-24 and may not grow again: fine in fp32, but
     # an operator forcing fp16 onto the ffn group makes that group's gradients flush to zero.
     config = SessionConfig(out=tmp_path, tune=False, grad_scaler=True, loss_scale=2.0**-24,
-                           loss_scale_growth_interval=10**9, warm_steps=20, min_steps=40)
+                           loss_scale_growth_interval=10**9, warm_steps=20, min_steps=40,
+                           policy_interval_s=2.0)
     with TrainingSession(config) as session:
         change = session.propose({"precision.ffn": "fp16"}, "operator: fp16 on the ffn group")
         done = session.wait_change(change["id"], ["rolled_back", "kept", "failed"], 600)
