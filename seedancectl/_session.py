@@ -393,6 +393,18 @@ class TrainingSession:
     def set_tuning(self, action: str) -> None:
         self.post(f"/v1/jobs/{self.config.job}/tuning", {"by": "session", "action": action})
 
+    def stop_tuning(self, timeout_s: float) -> None:
+        """Pause the search and roll back the change in flight (an operator's config rollback:
+        the trial is told what its windows measured so far), then wait until none is active."""
+        self.set_tuning("pause")
+        if [c for c in self.changes() if c["state"] in ACTIVE_STATES]:
+            reply = self.http.post(f"/v1/jobs/{self.config.job}/rollback",
+                                   json={"by": "session", "reason": "tuning session ends"},
+                                   headers={"Authorization": f"Bearer {TOKEN}"})
+            if reply.status_code not in (200, 409):  # 409: it ended meanwhile
+                raise SessionError(f"rollback: {reply.status_code} {reply.text[:200]}")
+        self.wait_idle(timeout_s)
+
     def wait_idle(self, timeout_s: float) -> None:
         """Until no change of the job is active (the one in flight ends by itself)."""
         self.wait(lambda: True if not [c for c in self.changes()
@@ -460,8 +472,7 @@ def run_training_session(config: SessionConfig, *, timeout_s: float = 900.0,
 
         session.wait(enough, left_s(), f"{config.trials} measured trials",
                      watch=(session.sidecar, session.train), poll_s=1.0)
-        session.set_tuning("pause")
-        session.wait_idle(left_s())
+        session.stop_tuning(left_s())
         trials = session.trials()
         kept = session.baseline()
         notes = []

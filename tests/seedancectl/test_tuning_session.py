@@ -60,7 +60,7 @@ def _relative_to_first(result: SessionResult) -> dict[str, tuple[float, float]]:
 
 def test_live_tuning_session_keeps_the_best_config_it_measured(tmp_path: Path) -> None:
     config = SessionConfig(out=tmp_path, trials=8, knobs=SEARCHED)
-    result = run_training_session(config, timeout_s=900)
+    result = run_training_session(config, timeout_s=1200)
     print(json.dumps(result.to_json(), indent=1))  # the numbers the issue asks to report
     (tmp_path / "session.json").write_text(json.dumps(result.to_json(), indent=1))
 
