@@ -157,7 +157,8 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
             norms = store.query("seedance.train.grad.group_norm", resolution="raw")
         versions = loss["seedance.config.version"].astype(int)
         after = loss[versions >= restored].sort_values("time")["value"].to_numpy()
-        assert len(after) >= 20 and all(math.isfinite(v) for v in after)
+        # loss is a gauge read once per export, not per step: 80 steps give ~15-30 readings
+        assert len(after) >= 10 and all(math.isfinite(v) for v in after)
         third = len(after) // 3
         assert after[-third:].mean() < after[:third].mean(), after
         ffn = norms[(norms["seedance.module_group"] == "ffn")
