@@ -27,6 +27,12 @@ from policies.detectors._gradients import (
 )
 from policies.detectors._input import InputBoundConfig, InputBoundDetector
 from policies.detectors._precision import SmallBatchPrecisionConfig, SmallBatchPrecisionDetector
+from policies.detectors._serving import (
+    KvDecompressionConfig,
+    KvDecompressionCostDetector,
+    LowCacheHitConfig,
+    LowCacheHitRateDetector,
+)
 from policies.detectors._steps import BATCH_SIZE_ATTR, PRECISION_ATTR
 
 __all__ = [
@@ -42,7 +48,11 @@ __all__ = [
     "ImbalanceConfig",
     "InputBoundConfig",
     "InputBoundDetector",
+    "KvDecompressionConfig",
+    "KvDecompressionCostDetector",
     "LoadImbalanceDetector",
+    "LowCacheHitConfig",
+    "LowCacheHitRateDetector",
     "NonFiniteConfig",
     "NonFiniteDetector",
     "PRECISION_ATTR",

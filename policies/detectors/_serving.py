@@ -1,0 +1,304 @@
+"""Serving detectors: KV compression that costs more decode time than its memory buys, and a
+prefix cache whose low hit rate shows up in tail latency."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from policies._cost_models import kv_compression_tradeoff
+from policies._detector import Detector
+from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
+from policies._window import StoreWindow
+from policies.detectors._balance import REQUEST_BUCKETS, p99_per_interval
+from policies.detectors._series import increase, interval_increases
+from policies.detectors._steps import attribute_columns, by, histogram_totals
+
+DEQUANTIZE = "seedance.serve.kv.dequantize.duration"
+KV_BYTES = "seedance.serve.kv_cache.bytes"
+KV_BITS = "seedance.serve.kv_cache.bits"
+KV_USAGE = "seedance.serve.kv_cache.usage"
+KV_PART_ATTR = "seedance.kv.part"
+TOKENS_PER_S = "seedance.serve.tokens_per_second"
+BATCH = "seedance.serve.batch_size"
+QUEUE = "seedance.serve.queue_depth"
+HITS = "seedance.serve.prefix_cache.hits"
+QUERIES = "seedance.serve.prefix_cache.queries"
+UNCOMPRESSED_BITS = 16
+
+
+def _mean(window: StoreWindow, name: str) -> float:
+    frame = window.query(name)
+    return float(frame.groupby("time")["value"].sum().mean()) if not frame.empty else math.nan
+
+
+def _peak(window: StoreWindow, name: str) -> float:
+    frame = window.query(name)
+    return float(frame.groupby("time")["value"].sum().max()) if not frame.empty else math.nan
+
+
+def _span_s(window: StoreWindow, name: str) -> float:
+    frame = window.query(name)
+    return float((frame["time"].max() - frame["time"].min()).total_seconds()) if len(frame) else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvDecompressionConfig:
+    """What the freed KV memory is weighed against, and when the cost is worth flagging.
+
+    ``max_batch_size`` is the engine's batch cap; the requests there are to serve are the peak
+    batch plus the peak queue (what would join if memory let them), capped by it: a batch that
+    never waits on memory gains nothing from freed bytes. ``kv_budget_bytes`` is the memory the
+    KV cache may use (None: bytes held / ``seedance.serve.kv_cache.usage``; neither: no
+    verdict). ``min_dequant_share`` ignores dequantisation below that share of a token's decode
+    time. ``fixed_step_share`` is the share of a decode step (dequantisation aside) that does
+    not grow with the batch (weight reads: decode is memory-bound); an assumption, not a
+    measurement, reported in the evidence. ``bit_widths`` mirror the ``kv.key_bits`` / ``kv.value_bits`` knob choices.
+    """
+
+    max_batch_size: int = 64
+    kv_budget_bytes: float | None = None
+    min_dequant_share: float = 0.02
+    min_gain: float = 0.0
+    tpot_slo_s: float | None = None
+    min_tokens: float = 100.0
+    fixed_step_share: float = 0.7
+    bit_widths: tuple[int, ...] = (2, 4, 6, 8, 16, 32)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.kv_budget_bytes is not None and not self.kv_budget_bytes > 0:
+            raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
+        if not 0 <= self.min_dequant_share < 1:
+            raise ValueError(f"min_dequant_share must be in [0, 1), got {self.min_dequant_share}")
+        if self.min_tokens <= 0:
+            raise ValueError(f"min_tokens must be > 0, got {self.min_tokens}")
+        if not 0 <= self.fixed_step_share < 1:
+            raise ValueError(f"fixed_step_share must be in [0, 1), got {self.fixed_step_share}")
+        if tuple(sorted(self.bit_widths)) != self.bit_widths or not self.bit_widths:
+            raise ValueError(f"bit_widths must be ascending and non-empty, got {self.bit_widths}")
+
+
+class KvDecompressionCostDetector(Detector):
+    """Flags KV compression whose dequantisation slows decode more than its freed memory helps.
+
+    Measured over the window: dequantise seconds per generated token (``dequantize.duration``
+    sum increase / tokens, tokens = mean tokens/s x span), the bit-width per part, bytes held and
+    the bytes the same cache would hold at 16 bits. :func:`kv_compression_tradeoff` then weighs
+    the batch the budget admits at 16 bits vs compressed (capped by demand) against the decode
+    step with dequantisation added (decode step = fixed part + per-sequence part, split by
+    ``fixed_step_share``).
+    """
+
+    def __init__(self, config: KvDecompressionConfig | None = None, *,
+                 name: str = "kv_decompression_cost") -> None:
+        self.config = config or KvDecompressionConfig()
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _next_width(self, bits: float) -> int:
+        return next((w for w in self.config.bit_widths if w > bits), self.config.bit_widths[-1])
+
+    def evaluate(self, window: StoreWindow) -> list[Finding]:
+        cfg = self.config
+        dequant = histogram_totals(window, DEQUANTIZE, [])
+        bits_frame = window.query(KV_BITS)
+        if dequant.empty or bits_frame.empty:
+            return []
+        tps, batch = _mean(window, TOKENS_PER_S), _mean(window, BATCH)
+        held = _mean(window, KV_BYTES)
+        tokens = tps * _span_s(window, TOKENS_PER_S)
+        if not (tokens >= cfg.min_tokens and batch > 0 and held > 0):
+            return []
+        parts = (bits_frame.groupby(KV_PART_ATTR)["value"].mean()
+                 if KV_PART_ATTR in bits_frame.columns
+                 else pd.Series({"kv": float(bits_frame["value"].mean())}))
+        mean_bits = float(parts.mean())
+        if mean_bits >= UNCOMPRESSED_BITS:
+            return []
+        usage = _mean(window, KV_USAGE)
+        budget = cfg.kv_budget_bytes or (held / usage if usage > 0 else math.nan)
+        if not budget > 0:
+            return []
+        dequant_per_token_s = float(dequant["sum"].sum()) / tokens
+        token_s = 1.0 / tps
+        share = dequant_per_token_s / token_s
+        if share < cfg.min_dequant_share:
+            return []
+        bytes_16 = held * UNCOMPRESSED_BITS / mean_bits
+        queue = _peak(window, QUEUE)
+        demand = min(cfg.max_batch_size,
+                     int(round(_peak(window, BATCH) + (0 if math.isnan(queue) else queue))))
+        plain_step_s = batch / tps - batch * dequant_per_token_s  # one token/sequence/step
+        verdict = kv_compression_tradeoff(
+            kv_budget_bytes=budget, kv_bytes_per_token=bytes_16 / batch, context_tokens=1,
+            compression_ratio=UNCOMPRESSED_BITS / mean_bits,
+            step_base_s=cfg.fixed_step_share * plain_step_s,
+            step_per_sequence_s=(1 - cfg.fixed_step_share) * plain_step_s / batch,
+            decompress_s_per_sequence=dequant_per_token_s, max_batch=max(demand, 1),
+            tpot_slo_s=cfg.tpot_slo_s, min_gain=cfg.min_gain)
+        if verdict.worth_it:
+            return []
+        changes = tuple(
+            SuggestedChange(knob=f"kv.{part}_bits", value=self._next_width(float(b)),
+                            expected_effect=(f"less dequantisation ({share:.0%} of a token's "
+                                             "decode time now); the memory it frees is unused"))
+            for part, b in parts.items() if part in ("key", "value") and b < UNCOMPRESSED_BITS)
+        return [Finding(
+            detector=self.name, job=window.job, severity="warning", resource={},
+            evidence=Evidence(
+                summary=(f"KV at {mean_bits:g} bits frees {(bytes_16 - held) / 2**20:.3g} MiB "
+                         f"but dequantising costs {dequant_per_token_s * 1e3:.3g} ms per token "
+                         f"({share:.0%} of decode); {verdict.reason}"),
+                model=("dequant s/token = increase(dequantize.duration.sum) / (mean tokens/s x "
+                       "span); bytes at 16 bits = bytes held x 16 / mean bits; "
+                       "kv_compression_tradeoff with batch capped by demand (peak batch + peak "
+                       "queue, <= max_batch_size); decode step = fixed + per-sequence parts "
+                       f"(fixed share {cfg.fixed_step_share:g}, assumed)"),
+                measurements=(
+                    Measurement(name="dequant_per_token", value=dequant_per_token_s, unit="s"),
+                    Measurement(name="dequant_share", value=share),
+                    Measurement(name="tokens_per_s", value=tps, unit="{token}/s"),
+                    Measurement(name="mean_bits", value=mean_bits, unit="bit"),
+                    Measurement(name="kv_bytes_held", value=held, unit="By"),
+                    Measurement(name="kv_bytes_saved", value=bytes_16 - held, unit="By"),
+                    Measurement(name="kv_budget", value=budget, unit="By"),
+                    Measurement(name="mean_batch", value=batch, unit="{request}"),
+                    Measurement(name="batch_demand", value=float(demand), unit="{request}"),
+                    Measurement(name="batch_uncompressed", value=float(verdict.batch_before),
+                                unit="{request}"),
+                    Measurement(name="batch_compressed", value=float(verdict.batch_after),
+                                unit="{request}"),
+                    Measurement(name="throughput_gain", value=verdict.throughput_gain)),
+                thresholds=(Threshold(measurement="dequant_share", comparison=">=",
+                                      value=cfg.min_dequant_share),
+                            Threshold(measurement="throughput_gain", comparison="<=",
+                                      value=cfg.min_gain))),
+            suggested_changes=changes,
+        )]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LowCacheHitConfig:
+    """Hit-rate floor, and when low hits count as hurting the tail.
+
+    The hit rate is hits / queries (counter increases) over the window. It hurts the tail when,
+    across export intervals, per-interval hit rate and per-interval p99 of
+    ``gen_ai.server.request.duration`` correlate at or below ``max_correlation`` (Pearson; at
+    least ``min_intervals`` intervals), or when ``p99_slo_s`` is set and the window's median
+    interval p99 exceeds it.
+    """
+
+    min_hit_rate: float = 0.7
+    min_queries: float = 20.0
+    max_correlation: float = -0.5
+    min_intervals: int = 4
+    p99_slo_s: float | None = None
+    prewarm_top_k: int = 8
+    capacity_entries: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_hit_rate <= 1:
+            raise ValueError(f"min_hit_rate must be in (0, 1], got {self.min_hit_rate}")
+        if not -1 <= self.max_correlation < 0:
+            raise ValueError(f"max_correlation must be in [-1, 0), got {self.max_correlation}")
+        if self.min_intervals < 3:
+            raise ValueError(f"min_intervals must be >= 3, got {self.min_intervals}")
+        if self.p99_slo_s is not None and not self.p99_slo_s > 0:
+            raise ValueError(f"p99_slo_s must be > 0, got {self.p99_slo_s}")
+        if self.prewarm_top_k < 1 or self.capacity_entries < 1:
+            raise ValueError("prewarm_top_k and capacity_entries must be >= 1, got "
+                             f"{self.prewarm_top_k} and {self.capacity_entries}")
+
+
+def _total_increase(frame: pd.DataFrame) -> float:
+    """Summed counter increase over every series of ``frame``."""
+    return sum(increase(rows) for _, rows in by(frame, attribute_columns(frame)))
+
+
+def _per_interval(window: StoreWindow, name: str) -> pd.Series:
+    frame = window.query(name)
+    if frame.empty:
+        return pd.Series(dtype=np.float64)
+    deltas = interval_increases(frame.groupby("time", as_index=False)["value"].sum())
+    return deltas.set_index("time")["delta"]
+
+
+class LowCacheHitRateDetector(Detector):
+    """Flags a prefix cache that misses often while the misses show in p99 latency."""
+
+    def __init__(self, config: LowCacheHitConfig | None = None, *,
+                 name: str = "low_cache_hit_rate") -> None:
+        self.config = config or LowCacheHitConfig()
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def evaluate(self, window: StoreWindow) -> list[Finding]:
+        cfg = self.config
+        hits_frame, queries_frame = window.query(HITS), window.query(QUERIES)
+        if hits_frame.empty or queries_frame.empty:
+            return []
+        queries, hits = _total_increase(queries_frame), _total_increase(hits_frame)
+        if queries < cfg.min_queries:
+            return []
+        rate = hits / queries
+        if rate >= cfg.min_hit_rate:
+            return []
+        per = pd.DataFrame({"hits": _per_interval(window, HITS),
+                            "queries": _per_interval(window, QUERIES),
+                            "p99": p99_per_interval(window.query(REQUEST_BUCKETS))}).dropna()
+        per = per[per["queries"] > 0]
+        if per.empty:
+            return []
+        per["rate"] = per["hits"] / per["queries"]
+        corr = (float(np.corrcoef(per["rate"], per["p99"])[0, 1])
+                if len(per) >= cfg.min_intervals and per["rate"].std() > 0
+                and per["p99"].std() > 0 else math.nan)
+        p99 = float(per["p99"].median())
+        tracks = corr <= cfg.max_correlation
+        over_slo = cfg.p99_slo_s is not None and p99 > cfg.p99_slo_s
+        if not (tracks or over_slo):
+            return []
+        thresholds = [Threshold(measurement="hit_rate", comparison="<", value=cfg.min_hit_rate),
+                      Threshold(measurement="rate_p99_correlation", comparison="<=",
+                                value=cfg.max_correlation)]
+        if cfg.p99_slo_s is not None:
+            thresholds.append(Threshold(measurement="p99", comparison=">", value=cfg.p99_slo_s,
+                                        unit="s"))
+        why = (f"p99 rises as hit rate falls (r = {corr:.2f} over {len(per)} intervals)"
+               if tracks else f"median p99 {p99:.3g} s exceeds the {cfg.p99_slo_s:g} s SLO")
+        return [Finding(
+            detector=self.name, job=window.job, severity="warning", resource={},
+            evidence=Evidence(
+                summary=(f"prefix-cache hit rate {rate:.0%} ({hits:.0f}/{queries:.0f}) is "
+                         f"below {cfg.min_hit_rate:.0%}; {why}"),
+                model=("hit rate = increase(hits) / increase(queries) over the window; per "
+                       "interval: Pearson r of hit rate vs p99 (histogram_quantile over "
+                       "gen_ai.server.request.duration buckets)"),
+                measurements=(Measurement(name="hit_rate", value=rate),
+                              Measurement(name="queries", value=float(queries),
+                                          unit="{request}"),
+                              Measurement(name="rate_p99_correlation", value=corr),
+                              Measurement(name="p99", value=p99, unit="s"),
+                              Measurement(name="intervals", value=float(len(per)))),
+                thresholds=tuple(thresholds)),
+            suggested_changes=(
+                SuggestedChange(knob="prefix_cache.policy", value="pinned",
+                                expected_effect="the hottest prefixes stay cached under churn"),
+                SuggestedChange(knob="prefix_cache.prewarm_top_k", value=cfg.prewarm_top_k,
+                                expected_effect="frequent prefixes computed before requests "
+                                "need them: fewer cold misses in the tail"),
+                SuggestedChange(knob="prefix_cache.capacity_entries",
+                                value=cfg.capacity_entries,
+                                expected_effect="more distinct prefixes held: fewer evictions")),
+        )]
