@@ -10,17 +10,20 @@ for ranks other than 0. The protocol is docs/lease-protocol.md.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from opentelemetry.trace import Span, Tracer
 
+from collectors._tracing import traceparent_context
 from tuner._knobs import Config, Knob, KnobValue
 
 log = logging.getLogger(__name__)
@@ -247,3 +250,26 @@ def _detail(r: httpx.Response) -> str:
 
 
 __all__ = ["DEFAULT_LEASE_TTL_S", "MAX_POLL_S", "KnobHandle"]
+
+
+@contextlib.contextmanager
+def apply_span(tracer: Tracer, update: _Update, *, job: str,
+               attributes: Mapping[str, Any]) -> Iterator[Span | None]:
+    """``job.apply``, a child of the update's traceparent; nothing when it has none.
+
+    Shared by the training and the serving client, so a change's trace shows the job switching
+    the same way whichever kind of job it is.
+    """
+    try:
+        context = traceparent_context(update.traceparent) if update.traceparent else None
+    except Exception as exc:
+        log.warning("job %s: ignoring the traceparent of v%d: %s", job, update.config.version,
+                    exc)
+        context = None
+    if context is None:
+        yield None
+        return
+    with tracer.start_as_current_span("job.apply", context=context, attributes={
+            "seedance.config.version": update.config.version, "seedance.job": job,
+            "seedance.change.id": update.change_id or "", **attributes}) as span:
+        yield span

@@ -58,7 +58,7 @@ from torch import nn
 
 from collectors._errors import SeedanceError
 from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
-from collectors._tracing import Tracing, setup_tracing, traceparent_context
+from collectors._tracing import Tracing, setup_tracing
 from collectors.torch_training import (
     NullTrainingInstrumentation,
     TrainingInstrumentation,
@@ -66,7 +66,7 @@ from collectors.torch_training import (
     assign_groups,
 )
 from tuner._knobs import SCHEDULER_KNOBS, Knob, KnobSpace, KnobValue
-from tuner._lease_client import KnobHandle, _Lease, _NoLease, _Update
+from tuner._lease_client import KnobHandle, _Lease, _NoLease, _Update, apply_span
 from tuner.checkpoint import Checkpointer, Snapshot
 from tuner.precision import PrecisionHandle, PrecisionPolicy, apply_precision
 
@@ -301,23 +301,10 @@ class Session:
         dist.broadcast_object_list(box, src=0)
         return box[0]  # type: ignore[no-any-return]
 
-    @contextlib.contextmanager
-    def _apply_span(self, update: _Update, step: int) -> Iterator[Span | None]:
-        """``job.apply``, a child of the update's traceparent; nothing when it has none."""
-        try:
-            context = traceparent_context(update.traceparent) if update.traceparent else None
-        except Exception as exc:
-            log.warning("job %s: ignoring the traceparent of v%d: %s", self.job,
-                        update.config.version, exc)
-            context = None
-        if context is None:
-            yield None
-            return
-        with self._tracer.start_as_current_span("job.apply", context=context, attributes={
-                "seedance.config.version": update.config.version, "seedance.step": step,
-                "seedance.rank": self.rank, "seedance.job": self.job,
-                "seedance.change.id": update.change_id or ""}) as span:
-            yield span
+    def _apply_span(self, update: _Update, step: int) -> contextlib.AbstractContextManager[
+            Span | None]:
+        return apply_span(self._tracer, update, job=self.job,
+                          attributes={"seedance.step": step, "seedance.rank": self.rank})
 
     def _apply(self, update: _Update) -> None:
         step, config = self.steps_done, update.config

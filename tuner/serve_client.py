@@ -34,16 +34,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from collectors._errors import SeedanceError
-from collectors._tracing import traceparent_context
 from tuner._knobs import Knob, KnobSpace, KnobValue
-from tuner._lease_client import _Lease, _NoLease, _Update
+from tuner._lease_client import _Lease, _NoLease, _Update, apply_span
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS
 from tuner.routing import ROUTING_KNOBS, SHARDING_KNOB
 
@@ -127,22 +126,9 @@ class ServeSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def _apply_span(self, update: _Update) -> Iterator[Span | None]:
-        try:
-            context = traceparent_context(update.traceparent) if update.traceparent else None
-        except Exception as exc:
-            log.warning("job %s: ignoring the traceparent of v%d: %s", self.job,
-                        update.config.version, exc)
-            context = None
-        if context is None:
-            yield None
-            return
-        with self._tracer.start_as_current_span("job.apply", context=context, attributes={
-                "seedance.config.version": update.config.version,
-                "seedance.step": self.batches_done, "seedance.job": self.job,
-                "seedance.change.id": update.change_id or ""}) as span:
-            yield span
+    def _apply_span(self, update: _Update) -> contextlib.AbstractContextManager[Span | None]:
+        return apply_span(self._tracer, update, job=self.job,
+                          attributes={"seedance.step": self.batches_done})
 
     def _apply(self, update: _Update) -> bool:
         config, batch = update.config, self.batches_done
