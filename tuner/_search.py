@@ -9,7 +9,14 @@ What makes it beat random search on small live spaces (each trial costs minutes 
   cached value, or pruned again if it was pruned, never re-run); a config that killed its job
   is unsafe and never proposed again; a failed trial is not retried unless its lease expired
   (its sidecar died: the config is not to blame);
-- pruning: each measurement window reports an intermediate value; a pruner stops hopeless ones.
+- pruning: each measured pair reports an intermediate value; a median pruner, from the second
+  pair on, stops trials doing worse than the median of earlier trials at the same pair.
+
+The objective is drift-cancelled tokens/s: the study's reference (the first baseline's measured
+tokens/s) times the config's level relative to it, and a candidate's level is its baseline's
+level times (1 + its paired gain over that baseline). A kept candidate's level becomes known, so
+later trials, measured against it, stay comparable with earlier ones; raw window means are not
+(a busier box or a warmer cache moves them all), and a pruner fed raw means prunes on drift.
 
 Optuna's heartbeat does not cover ask-and-tell, so trials hold our own lease (a trial system
 attribute, renewed by ``heartbeat``): ``reap`` fails (TrialState.FAIL) every RUNNING trial whose
@@ -51,6 +58,8 @@ LEASE_ATTR = "seedance:lease_until_s"
 UNSAFE_PREFIX = "seedance:unsafe:"
 ORIGIN_ATTR = "seedance:origin"
 RETRY_ATTR = "seedance:retryable"
+REFERENCE_ATTR = "seedance:reference"
+LEVEL_PREFIX = "seedance:level:"
 _ENUMERATE_LIMIT = 100_000
 
 
@@ -269,7 +278,7 @@ class SearchDriver:
                 fallback=TPESampler(seed=config.seed,
                                     n_startup_trials=config.tpe_startup_trials)),
             pruner=pruner or optuna.pruners.MedianPruner(
-                n_startup_trials=config.pruner_startup_trials, n_warmup_steps=0))
+                n_startup_trials=config.pruner_startup_trials, n_warmup_steps=2))
         self._mine: dict[int, Trial] = {}
 
     # ---- priors --------------------------------------------------------------------------------
@@ -404,16 +413,19 @@ class SearchDriver:
 
     def on_window(self, change: Change, comparison: Comparison) -> bool:
         number = self._number_of(change)
-        if number is None:
+        value = self._candidate_objective(change, comparison.gain)
+        if number is None or value is None:
             return False
-        candidate = [w.tokens_per_s for w in change.windows if w.arm == "candidate"]
-        return self.report(number, len(candidate), float(np.mean(candidate)))
+        return self.report(number, comparison.pairs, value)
 
     def on_finished(self, change: Change) -> None:
         number = self._number_of(change)
         if number is None:
             return
-        candidate = [w.tokens_per_s for w in change.windows if w.arm == "candidate"]
+        gain = float((change.comparison or {}).get("gain", math.nan))
+        value = self._candidate_objective(change, gain)
+        if change.state == "kept" and value is not None:
+            self._set_level(change.candidate, value / self._reference(change))
         self._record_baseline(change)
         last = self.study._storage.get_trial(self._trial_id(number))
         if last.state.is_finished():
@@ -424,8 +436,8 @@ class SearchDriver:
                       unsafe=True)
         elif change.state == "rolled_back" and change.plan.get("ended_because") == PRUNED:
             self.prune(number)
-        elif change.state in ("kept", "rolled_back") and candidate:
-            self.tell(number, float(np.mean(candidate)))
+        elif change.state in ("kept", "rolled_back") and value is not None:
+            self.tell(number, value)
         elif change.state == "failed":
             self.fail(number, reason=f"change {change.id} failed: the job died", unsafe=True)
         else:
@@ -462,16 +474,60 @@ class SearchDriver:
             return True
         return False
 
+    # ---- the drift-cancelled objective -------------------------------------------------------
+
+    def _baseline_tokens_per_s(self, change: Change) -> float | None:
+        measured = [w.tokens_per_s for w in change.windows if w.arm == "baseline"]
+        return float(np.mean(measured)) if measured else None
+
+    def _reference(self, change: Change) -> float:
+        """The study's reference tokens/s, set from the first change with a baseline window
+        (whose baseline is then level 1). Call only when that change has one."""
+        attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        if REFERENCE_ATTR not in attrs:
+            measured = self._baseline_tokens_per_s(change)
+            assert measured is not None
+            self._storage.set_study_system_attr(self.study._study_id, REFERENCE_ATTR, measured)
+            self._set_level(change.baseline, 1.0)
+            return measured
+        return float(attrs[REFERENCE_ATTR])
+
+    def _baseline_level(self, change: Change) -> float | None:
+        """The change's baseline relative to the reference: known when it is the first
+        baseline or a kept candidate; else (an operator moved it) its windows' raw ratio."""
+        measured = self._baseline_tokens_per_s(change)
+        if measured is None:
+            return None
+        reference = self._reference(change)
+        attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        level = attrs.get(LEVEL_PREFIX + self._key(change.baseline))
+        return float(level) if level is not None else measured / reference
+
+    def _candidate_objective(self, change: Change, gain: float) -> float | None:
+        """Drift-cancelled tokens/s of the candidate; None before a pair was measured."""
+        level = self._baseline_level(change)
+        if level is None or not math.isfinite(gain):
+            return None
+        return self._reference(change) * level * (1 + gain)
+
+    def _set_level(self, values: Mapping[str, Any], level: float) -> None:
+        self._storage.set_study_system_attr(self.study._study_id,
+                                            LEVEL_PREFIX + self._key(values), level)
+
+    def _key(self, values: Mapping[str, Any]) -> str:
+        return config_key({k: values[k] for k in self.distributions})
+
     def _record_baseline(self, change: Change) -> None:
         """The baseline windows measured the baseline config: add it as a complete trial."""
-        measured = [w.tokens_per_s for w in change.windows if w.arm == "baseline"]
+        level = self._baseline_level(change)
         params = {k: change.baseline[k] for k in self.distributions}
         key = config_key(params)
-        if not measured or any(config_key(t.params) == key for t in self.study.get_trials(
+        if level is None or any(config_key(t.params) == key for t in self.study.get_trials(
                 deepcopy=False, states=(TrialState.COMPLETE,))):
             return
         self.study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=self.distributions, value=float(np.mean(measured)),
+            params=params, distributions=self.distributions,
+            value=self._reference(change) * level,
             user_attrs={ORIGIN_ATTR: f"baseline windows of change {change.id}"}))
 
     def _lease(self, trial: Trial) -> Proposal:

@@ -8,8 +8,6 @@ take the CUDA-event timing path.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +23,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from collectors.torch_collective import CollectiveTimer, install  # noqa: E402
 from tests.collectors._otel_points import metric_points  # noqa: E402
+from tests.rendezvous import file_rendezvous  # noqa: E402
 
 STEPS = 4
 VERSION_SWITCH_STEP = 2  # steps before it run under config version 1, from it on version 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,11 +47,11 @@ JOBS = [
 ]
 
 
-def _rank(rank: int, port: int, out_dir: str, job: dict[str, Any]) -> None:
+def _rank(rank: int, out_dir: str, job: dict[str, Any]) -> None:
     backend, device, world_size = job["backend"], torch.device(job["device"]), job["world_size"]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            init_method=file_rendezvous(out_dir))
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(
@@ -128,7 +121,7 @@ def ranks(
     """One result per rank; the job's backend is in each result."""
     job: Job = request.param
     out_dir = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_rank, args=(_free_port(), str(out_dir), asdict(job)), nprocs=job.world_size,
+    mp.spawn(_rank, args=(str(out_dir), asdict(job)), nprocs=job.world_size,
              join=True)
     return [
         {**json.loads(Path(out_dir, f"rank{r}.json").read_text()), "backend": job.backend}

@@ -11,22 +11,15 @@ interval. Nothing is simulated except the optional ``sleep_s`` one rank adds ins
 from __future__ import annotations
 
 import json
-import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from collectors import Point
+from tests.rendezvous import file_rendezvous
 
 WORLD_SIZE = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,13 +33,13 @@ class Phase:
     sleep_s: float = 0.0
 
 
-def _rank(rank: int, port: int, out_dir: str, phases: list[Phase]) -> None:
+def _rank(rank: int, out_dir: str, phases: list[Phase]) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE,
+                            init_method=file_rendezvous(out_dir))
     points: list[Point] = []
     try:
         for phase in phases:
@@ -99,7 +92,7 @@ def run_ddp_jobs(phases: list[Phase]) -> list[Point]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_rank, args=(_free_port(), out_dir, phases), nprocs=WORLD_SIZE, join=True)
+        mp.spawn(_rank, args=(out_dir, phases), nprocs=WORLD_SIZE, join=True)
         rows = [r for rank in range(WORLD_SIZE)
                 for r in json.loads(Path(out_dir, f"rank{rank}.json").read_text())]
     return [Point(r["name"], r["value"], r["time_ns"], r["attributes"]) for r in rows]

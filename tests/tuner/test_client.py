@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from torch import nn
 
 from collectors._points import CONFIG_VERSION_ATTR
+from tests.rendezvous import file_rendezvous
 from tests.servers import free_port
 from tuner._lease import JobRegistry, lease_router
 from tuner.client import Session, attach
@@ -252,10 +252,10 @@ def test_snapshot_and_full_rollback_actions(server: LeaseServer) -> None:
 # ---- two ranks -----------------------------------------------------------------------------------
 
 
-def _rank(rank: int, world_size: int, url: str, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, world_size: int, url: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            init_method=file_rendezvous(out))
     try:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -300,7 +300,7 @@ def test_two_ranks_switch_on_the_same_step(server: LeaseServer, tmp_path: Path) 
 
     pusher = threading.Thread(target=push_when_attached, daemon=True)
     pusher.start()
-    mp.spawn(_rank, args=(2, server.url, free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(_rank, args=(2, server.url, str(tmp_path)), nprocs=2)
     pusher.join(5)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["switches"] == ranks[1]["switches"]

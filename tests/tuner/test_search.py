@@ -139,7 +139,8 @@ def test_hopeless_trials_are_pruned(tmp_path: Path) -> None:
         search.tell(p.number, value)
     slow = search.ask()
     assert slow is not None
-    assert search.report(slow.number, 1, 50.0)
+    assert not search.report(slow.number, 1, 50.0)  # one pair is no evidence yet
+    assert search.report(slow.number, 2, 50.0)
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def rollout(tmp_path: Path) -> Iterator[dict[str, Any]]:
         job = SimJob(registry, store, step_s=lambda v: 1.0 / throughput(v))
         url = sqlite_url(tmp_path / "state.db")
         ctl = RolloutController(registry, store.query, db_url=url, clock=clock, config=(
-            RolloutConfig(pairs=2, measure=MeasureConfig(warmup_steps=2, min_steps=4,
+            RolloutConfig(pairs=3, measure=MeasureConfig(warmup_steps=2, min_steps=4,
                                                          tokens_per_step=1.0))))
         ctl.set_mode(job.job, "auto", by="test")
         yield {"clock": clock, "registry": registry, "job": job, "ctl": ctl, "url": url}
@@ -227,4 +228,36 @@ def test_tuning_loop_runs_distinct_trials_and_learns_the_baseline(
     assert len(tried) == len(set(tried))  # never the same candidate twice
     origins = [t.user_attrs.get("seedance:origin", "") for t in search.study.trials]
     assert any(o.startswith("baseline windows") for o in origins)
-    assert registry.status(job.job).baseline.values["micro_batch"] == 4  # the fastest
+    assert registry.status(job.job).baseline.values["micro_batch"] == 4, [  # the fastest
+        (c.candidate["micro_batch"], c.state, c.plan.get("ended_because")) for c in ctl.changes(job=job.job)]
+
+
+def test_trial_values_cancel_a_box_that_keeps_slowing_down(rollout: dict[str, Any]) -> None:
+    # Every step is 0.4% slower than the one before (another job ramping up on the box): raw
+    # window means of a later trial would look ~30% worse than they are.
+    ctl, job = rollout["ctl"], rollout["job"]
+    steps = iter(range(10**6))
+    job.step_s = lambda v: (1 + 0.004 * next(steps)) / throughput(v)
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="drift", seed=0,
+                                              pruner_startup_trials=100),
+                          clock=rollout["clock"])
+    ctl.add_observer(search)
+    search.seed([{"micro_batch": 4}, {"micro_batch": 2}], origin="policy")
+    for _ in range(2):
+        change = search.propose_next(ctl, job.job)
+        assert change is not None
+        for _ in range(40):
+            ctl.tick()
+            if ctl.get(change.id).state not in ("approved", "applying", "observing"):
+                break
+            job.run(8)
+        assert ctl.get(change.id).state in ("kept", "rolled_back")
+    value = {t.params["micro_batch"]: t.value for t in search.study.trials
+             if t.state == TrialState.COMPLETE}
+    assert value[4] / value[8] == pytest.approx(260 / 240, rel=0.03)
+    assert value[2] / value[8] == pytest.approx(180 / 240, rel=0.03)
+    first, second = ctl.changes(job=job.job)
+    raw = [w.tokens_per_s for w in second.windows if w.arm == "candidate"]
+    base = [w.tokens_per_s for w in first.windows if w.arm == "baseline"]
+    assert sum(raw) / len(raw) / (sum(base) / len(base)) < 0.9 * 180 / 240  # drift is real
