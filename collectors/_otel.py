@@ -34,6 +34,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
+from collectors._changed_points import GAUGE_TEMPORALITY, ChangedPointsExporter
 from collectors._errors import SeedanceError
 from collectors._otlp_decode import DecodedMetrics, points_from_request
 from collectors._prometheus import MetricsServer, NullMetricsServer, serve_metrics
@@ -164,7 +165,7 @@ class StoreMetricExporter(MetricExporter):
     """
 
     def __init__(self, sink: Callable[[DecodedMetrics], None]) -> None:
-        super().__init__()
+        super().__init__(preferred_temporality=GAUGE_TEMPORALITY)
         self._sink = sink
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
@@ -192,13 +193,13 @@ def _otlp_exporter(config: TelemetryConfig) -> MetricExporter:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcExporter,
         )
-        return GrpcExporter(endpoint=endpoint)
+        return GrpcExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpExporter,
     )
     if endpoint is not None and not endpoint.rstrip("/").endswith(_METRICS_PATH):
         endpoint = endpoint.rstrip("/") + _METRICS_PATH
-    return HttpExporter(endpoint=endpoint)
+    return HttpExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY)
 
 
 def histogram_views() -> list[View]:
@@ -279,7 +280,8 @@ def setup_telemetry(config: TelemetryConfig, *,
             exporters.append(StoreMetricExporter(store_sink))
         if config.otlp_enabled():
             exporters.append(_otlp_exporter(config))
-        readers += [PeriodicExportingMetricReader(e, export_interval_millis=interval_ms)
+        readers += [PeriodicExportingMetricReader(ChangedPointsExporter(e),
+                                                  export_interval_millis=interval_ms)
                     for e in exporters]
         provider = MeterProvider(metric_readers=readers, resource=config.resource(),
                                  views=histogram_views(), shutdown_on_exit=False)

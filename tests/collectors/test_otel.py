@@ -116,19 +116,46 @@ def test_histograms_outside_our_patterns_keep_sdk_default_buckets() -> None:
     assert bounds.isdisjoint({floatToGoString(b) for b in STEP_BUCKETS_S[:3]})
 
 
-def test_failing_sink_reports_failure_and_the_next_export_still_runs() -> None:
-    calls: list[int] = []
+def test_failing_sink_reports_failure_and_the_next_export_sends_the_points_again() -> None:
+    calls: list[list[float]] = []
 
     def flaky(decoded: DecodedMetrics) -> None:
-        calls.append(len(decoded.points))
+        calls.append([p.value for p in decoded.points])
         if len(calls) == 1:
             raise OSError("disk full")
 
     with setup_telemetry(config(), store_sink=flaky) as telemetry:
-        telemetry.meter("tests.otel").create_gauge(TOKENS).set(1.0)
+        telemetry.meter("tests.otel").create_counter("seedance.test.steps").add(3)
+        telemetry.force_flush()  # fails
+        telemetry.force_flush()  # the unchanged counter is sent again: the last try failed
+        telemetry.force_flush()  # unchanged and delivered: nothing to send
+    assert calls == [[3.0], [3.0]]
+
+
+def test_frozen_streams_are_not_exported_again() -> None:
+    # A job that moved from config v1 to v2: v1's counter and gauge stop changing, and only
+    # v2's points (and every value the job set, repeats included) go out.
+    batches: list[list[tuple[str, str, float]]] = []
+
+    def sink(decoded: DecodedMetrics) -> None:
+        batches.append(sorted((p.name, p.attributes["v"], p.value) for p in decoded.points))
+
+    with setup_telemetry(config(), store_sink=sink) as telemetry:
+        meter = telemetry.meter("tests.otel")
+        steps, loss = meter.create_counter("seedance.test.steps"), meter.create_gauge(TOKENS)
+        steps.add(1, {"v": "1"})
+        loss.set(2.0, {"v": "1"})
         telemetry.force_flush()
+        for _ in range(2):
+            steps.add(1, {"v": "2"})
+            loss.set(1.0, {"v": "2"})
+            telemetry.force_flush()
         telemetry.force_flush()
-    assert len(calls) >= 2 and all(n > 0 for n in calls)
+    assert batches == [
+        [("seedance.test.steps", "1", 1.0), (TOKENS, "1", 2.0)],
+        [("seedance.test.steps", "2", 1.0), (TOKENS, "2", 1.0)],
+        [("seedance.test.steps", "2", 2.0), (TOKENS, "2", 1.0)],
+    ]
 
 
 def test_store_exporter_returns_failure_instead_of_raising() -> None:
