@@ -244,7 +244,7 @@ def summarise(run: DemoRun, *, report: Mapping[str, Any] | None) -> dict[str, An
                       "severity": f["severity"], "resource": f["resource"],
                       "summary": f["evidence"]["summary"], "opened_at_ns": f["opened_at_ns"],
                       "closed_at_ns": f["closed_at_ns"]} for f in findings],
-        "trials": study_trials(run.state_db_url, f"seedance:{TRAIN_JOB}", changes),
+        "trials": study_trials(run.state_db_url, run.session.config.study, changes),
         "changes": rows,
         "objective": objective_summary(changes),
         "incident": incident(changes, findings),

@@ -92,7 +92,7 @@ def summary_tables(summary: Mapping[str, Any]) -> list[Table]:
     incident = summary["incident"]
     head.add_row("incident", "none" if incident is None else
                  f"{_values(incident['values'])}: {incident['rollback']} rollback "
-                 f"({(incident['cause'] or '')[:60]})")
+                 f"({incident['cause'] or 'no cause recorded'})")
     launcher = serving.get("launcher") or {}
     head.add_row("serving", f"{serving['replicas']} replica(s), {launcher.get('requests', '-')} "
                             f"requests, p99 {_num(launcher.get('p99_s'), '{:.2f}')} s")

@@ -45,20 +45,20 @@ class SessionError(SeedanceError):
 
 @dataclass(frozen=True, kw_only=True)
 class SessionConfig:
-    """One session. The defaults fit a shared 2-core CPU: a demo-GPT step of ~0.2-0.4 s, short
-    windows (``warmup_steps`` dropped, ``min_steps`` measured, ``pairs`` of candidate and
-    baseline windows per trial), so 8 trials take a few minutes. ``precisions`` bounds what
-    the search (and auto-approval) may set a precision knob to: fp16 matmuls are emulated on
-    most CPUs (tens of times slower) and need a loss scale, so the search leaves it to an
-    operator. ``loss_scale`` / ``loss_scale_growth_interval`` (with ``grad_scaler``) give the
-    job a GradScaler whose scale has backed off and may not grow: the incident set-up.
+    """One session. The defaults fit a shared 2-core CPU: a demo-GPT step of ~0.1-0.4 s,
+    windows of ``warmup_steps`` dropped and ``min_steps`` measured, ``pairs`` candidate windows
+    each between two baseline windows, so 8 trials take a few minutes. Shorter windows than
+    ~15 steps make the per-window tokens/s swing by +-30% on a busy box and nothing is ever
+    significant. ``precisions`` bounds what the search (and auto-approval) may set a precision
+    knob to: fp16 matmuls are emulated on most CPUs (tens of times slower) and need a loss
+    scale, so the search leaves it to an operator. ``loss_scale`` /
+    ``loss_scale_growth_interval`` (with ``grad_scaler``) give the job a GradScaler whose scale
+    has backed off and may not grow: the incident set-up.
 
     No change starts before the job trained ``warm_steps`` steps (the search is paused until
-    then): the demo GPT's loss falls steeply at first, and a window measured earlier than its
-    neighbouring baseline would look worse for it. Even after that it falls by up to ~20%
-    between a trial's first candidate window and the baseline window after it (the controller
-    judges that first candidate against the later baseline alone) on a loaded box, hence the
-    ``loss_tolerance`` far above the controller's 5%."""
+    then): the demo GPT's loss falls steeply at first. After that the baseline windows on both
+    sides of a candidate window cancel the trend; ``loss_tolerance`` (relative) covers the
+    noise of a window's mean loss at this batch size."""
 
     out: Path
     job: str = "demo-train"
@@ -74,8 +74,8 @@ class SessionConfig:
     warm_steps: int = 60
     pairs: int = 3
     warmup_steps: int = 2
-    min_steps: int = 6
-    loss_tolerance: float = 0.3
+    min_steps: int = 15
+    loss_tolerance: float = 0.1
     export_interval_s: float = 0.5
     lease_ttl_s: float = 10.0
     policy_interval_s: float = 5.0
@@ -102,6 +102,11 @@ class SessionConfig:
                      "policy_window_s", "start_timeout_s", "loss_scale"):
             if not getattr(self, name) > 0:
                 raise SessionError(f"SessionConfig.{name} must be > 0")
+
+    @property
+    def study(self) -> str:
+        """The Optuna study the sidecar runs the search in (in its state database)."""
+        return f"seedance:{self.job}"
 
     @property
     def tokens_per_step(self) -> int:
@@ -133,7 +138,7 @@ class SessionConfig:
             "ack_timeout_s = 60.0", "window_timeout_s = 300.0",
             "", f"[jobs.{q(self.job)}]", f"tune = {str(self.tune).lower()}",
             f"mode = {q(self.mode)}", f"knobs = {json.dumps(list(self.knobs))}",
-            f"study = {q('session:' + self.job)}",
+            f"study = {q(self.study)}",
             *([f"seed = {self.seed}"] if self.seed is not None else []),
         ]
         return "\n".join(lines) + "\n"

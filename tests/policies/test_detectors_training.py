@@ -126,6 +126,7 @@ def test_locate_cause_order_then_precision_then_ambiguous() -> None:
     assert locate_cause(["a", "b"], precisions={"a": "fp32", "b": "fp16"})[0] == ["b"]
     causes, how = locate_cause(["b", "a"])
     assert causes == ["a", "b"] and how.startswith("ambiguous")
+    assert locate_cause(["b"]) == (["b"], "the only bad group")
 
 
 def test_underflow_cause_from_a_precision_attribute() -> None:

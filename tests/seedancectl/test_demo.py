@@ -91,7 +91,6 @@ def test_demo_exits_0_and_its_summary_validates_against_the_documented_schema(de
     assert "summary:" in demo.stdout and "seedance demo" in demo.stdout
 
 
-@pytest.mark.slow  # a 1-minute demo does not yet reach the incident's verdict on 2 cores
 def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(demo: Demo
                                                                              ) -> None:
     summary = demo.summary()

@@ -236,7 +236,7 @@ def test_job_killed_mid_trial_fails_the_trial_and_bars_its_config(tmp_path: Path
         failed = session.wait_change(change["id"], ["failed", "kept", "rolled_back"], 120)
         assert failed["state"] == "failed", failed
         assert "lapsed" in failed["events"][-1]["reason"]
-        study = optuna.load_study(study_name=f"session:{config.job}",
+        study = optuna.load_study(study_name=config.study,
                                   storage=f"sqlite:///{tmp_path / 'state.db'}")
         trial = study.trials[failed["meta"]["trial"]]
         assert trial.state == optuna.trial.TrialState.FAIL
