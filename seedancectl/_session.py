@@ -46,8 +46,8 @@ class SessionError(SeedanceError):
 @dataclass(frozen=True, kw_only=True)
 class SessionConfig:
     """One session. The defaults fit a shared 2-core CPU: a demo-GPT step of ~0.1-0.4 s,
-    windows of ``warmup_steps`` dropped and ``min_steps`` measured, ``pairs`` candidate windows
-    each between two baseline windows, so 8 trials take a few minutes. Shorter windows than
+    windows of ``warmup_steps`` dropped and ``min_steps`` measured, ``pairs`` of candidate and
+    baseline windows per trial, so 8 trials take a few minutes. Shorter windows than
     ~15 steps make the per-window tokens/s swing by +-30% on a busy box and nothing is ever
     significant. ``precisions`` bounds what the search (and auto-approval) may set a precision
     knob to: fp16 matmuls are emulated on most CPUs (tens of times slower) and need a loss
@@ -56,9 +56,9 @@ class SessionConfig:
     has backed off and may not grow: the incident set-up.
 
     No change starts before the job trained ``warm_steps`` steps (the search is paused until
-    then): the demo GPT's loss falls steeply at first. After that the baseline windows on both
-    sides of a candidate window cancel the trend; ``loss_tolerance`` (relative) covers the
-    noise of a window's mean loss at this batch size."""
+    then): the demo GPT's loss falls steeply at first. After that the controller judges each
+    candidate's loss against the line through the baseline windows (the trend cancels);
+    ``loss_tolerance`` (relative) covers the noise of a window's mean loss at this batch size."""
 
     out: Path
     job: str = "demo-train"

@@ -30,13 +30,18 @@ window, merged over replicas; quality is the mean ``seedance.serve.quality.token
 after the start. A serving window has no loss (NaN), so ``compare`` judges tokens/s alone; the
 p99 SLO and the quality bound are guardrails (``tuner.serving_guardrails``).
 
-Comparison (``compare``): windows alternate B C B C ... B, each a fresh version. Each candidate
+Comparison (``compare``): windows alternate C B C B ... (the controller sends the candidate
+first, so an approved change reaches the job at once), each a fresh version. Each candidate
 window is paired with the mean of its neighbouring baseline windows (drift cancels), giving
 relative gains d_i = C_i / B_i - 1; Student's t interval of mean(d) is the confidence interval
 (the percentile bootstrap, seeded, is an option; with 3-4 pairs it is too narrow: a test with no
 real change shows it excluding zero). A change is kept only when the interval excludes zero from
-above. Loss guardrail: each candidate's loss may exceed its neighbouring baselines' mean (the
-baseline trajectory at that time) by at most ``loss_tolerance`` (relative).
+above. Loss guardrail: a training job's loss falls while it is measured, so each candidate's
+mean loss is judged against the baseline's trajectory, the least-squares line through the
+baseline windows' (mid-time, mean loss), at the candidate window's mid-time; it may exceed it by
+at most ``loss_tolerance`` (relative). It is judged once two baseline windows give a line (a
+single later baseline window would make the first candidate look worse by the fall between
+them); a non-finite loss fails at once.
 """
 
 from __future__ import annotations
@@ -333,9 +338,10 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
     gains = np.array([c.tokens_per_s / np.mean([b.tokens_per_s for b in bs]) - 1
                       for c, bs in pairs])
     low, high = _interval(gains, config)
+    trajectory = _baseline_loss_trajectory(windows)
     excess = []
-    for c, bs in pairs:
-        base = float(np.mean([b.loss for b in bs]))
+    for c, _ in pairs:
+        base = trajectory(_mid_s(c)) if trajectory is not None else math.nan
         if math.isfinite(c.loss) and math.isfinite(base):
             excess.append((c.loss - base) / abs(base) if base else c.loss - base)
     worst = max(excess) if excess else math.nan
@@ -344,6 +350,23 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
     return Comparison(pairs=len(pairs), gain=float(gains.mean()), ci_low=float(low),
                       ci_high=float(high), confidence=config.confidence,
                       loss_excess=float(worst), loss_ok=loss_ok)
+
+
+def _mid_s(window: Window) -> float:
+    return (window.start_ns + window.end_ns) / 2e9
+
+
+def _baseline_loss_trajectory(windows: Sequence[Window]) -> Callable[[float], float] | None:
+    """The baseline's loss as a line in time through its windows' means; None with fewer than
+    two baseline windows of finite loss."""
+    points = [(_mid_s(w), w.loss) for w in windows
+              if w.arm == "baseline" and math.isfinite(w.loss)]
+    if len(points) < 2:
+        return None
+    t = np.array([p[0] for p in points])
+    t0 = float(t.mean())
+    slope, intercept = np.polyfit(t - t0, [p[1] for p in points], 1)
+    return lambda at_s: float(intercept + slope * (at_s - t0))
 
 
 def _interval(gains: np.ndarray, config: MeasureConfig) -> tuple[float, float]:

@@ -13,11 +13,10 @@ Life of a change (``tick()`` advances every active one; a sidecar thread calls i
   live, low risk and within the operator's per-knob bounds. Expires after ``proposal_ttl_s``.
 - ``approved``: waits until no other change of the job is in flight. A change that lowers a
   precision first pushes a ``{"kind": "snapshot"}`` action.
-- ``applying``: the first window's config was sent (``registry.set_desired``); waits for its ack.
-- ``observing``: windows alternate baseline, candidate, baseline, ..., baseline (each a fresh
-  version, see ``tuner._measure``), so every candidate window has a baseline window on each
-  side and a trend (loss falling, the box getting busier) cancels; after each pair guardrails
-  are checked and observers (the search driver) may stop it. Kept only when the gain's interval excludes zero and loss
+- ``applying``: the candidate was sent (``registry.set_desired``); waits for its ack.
+- ``observing``: windows alternate candidate, baseline, candidate, ... (each a fresh version, see
+  ``tuner._measure``), so an approved change reaches the job at once; after each pair
+  guardrails are checked and observers (the search driver) may stop it. Kept only when the gain's interval excludes zero and loss
   stays on the baseline's trajectory; then the candidate becomes the baseline.
 - Guardrails roll back at once: non-finite loss -> FULL rollback action; a gradient-collapse /
   underflow finding on group G -> LOCAL rollback action for G and precision.G back to fp32;
@@ -516,8 +515,8 @@ class RolloutController:
 
     def _start(self, change: Change) -> None:
         lowered = precision_lowered(change.baseline, change.values)
-        arms = ["baseline"] + ["candidate", "baseline"] * self.config.pairs
-        change = self._move(change, "applying", by="controller", reason="applying window 0",
+        arms = ["candidate", "baseline"] * self.config.pairs
+        change = self._move(change, "applying", by="controller", reason="applying candidate",
                             plan={"arms": arms, "index": 0, "risky": bool(lowered)})
         if lowered:
             self._event_only(change, "snapshot", "controller",

@@ -164,6 +164,27 @@ def test_loss_guardrail_against_the_baseline_trajectory() -> None:
     assert not worse.loss_ok and worse.loss_excess == pytest.approx(0.15)
 
 
+def falling(candidate_above: float, n: int = 6) -> list[Window]:
+    """C B C B ... windows one second apart while the loss falls 10% a window; candidates sit
+    ``candidate_above`` (relative) above the baseline's line at their own time."""
+    return [Window(version=i + 1, arm="candidate" if i % 2 == 0 else "baseline", steps=10,
+                   step_s=0.01, tokens_per_s=100.0, nonfinite_loss=False,
+                   loss=(4.0 - 0.4 * i) * (1 + candidate_above if i % 2 == 0 else 1),
+                   start_ns=i * 10**9, end_ns=(i + 1) * 10**9 - 1) for i in range(n)]
+
+
+def test_loss_is_judged_against_the_falling_baseline_line_not_the_window_after() -> None:
+    config = MeasureConfig(loss_tolerance=0.05)
+    on_track = compare(falling(0.0), config)
+    # against the next baseline window alone the first candidate would be 4.0/3.6 - 1 = +11%
+    assert on_track.loss_ok and on_track.loss_excess == pytest.approx(0.0, abs=1e-9)
+    worse = compare(falling(0.2), config)
+    assert not worse.loss_ok and worse.loss_excess == pytest.approx(0.2)
+    # one baseline window draws no line: the loss is not judged yet, only a non-finite one
+    early = compare(falling(0.2, n=2), config)
+    assert early.loss_ok and math.isnan(early.loss_excess)
+
+
 def test_config_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="min_steps"):
         MeasureConfig(min_steps=0)

@@ -102,8 +102,8 @@ def test_faster_config_is_kept_and_becomes_the_baseline(parts: dict[str, Any]) -
     assert done.comparison is not None and done.comparison["ci_low"] > 0
     assert registry.status(job.job).baseline.values["micro_batch"] == 4
     arms = [w.arm for w in done.windows]
-    assert arms == ["baseline"] + ["candidate", "baseline"] * 3  # B C B C B C B
-    assert len({w.version for w in done.windows}) == 7  # every window a fresh version
+    assert arms == ["candidate", "baseline"] * 3
+    assert len({w.version for w in done.windows}) == 6  # every window a fresh version
     events = ctl.events(change_id=change.id)
     states = [e["to_state"] for e in events if e["to_state"]]
     assert states == ["proposed", "approved", "applying", "observing", "kept"]
@@ -121,7 +121,7 @@ def test_slower_config_is_rolled_back_without_an_action(parts: dict[str, Any]) -
     assert done.state == "rolled_back"
     assert done.plan["rollback"] == "config"
     assert "regression" in done.plan["ended_because"]
-    assert len(done.windows) < 7  # stopped early after enough pairs
+    assert len(done.windows) < 6  # stopped early after enough pairs
     assert not [a for a in job.actions if a["kind"] == "rollback"]
     assert registry.status(job.job).desired.values["micro_batch"] == 8
 
@@ -246,16 +246,16 @@ def test_a_new_controller_rolls_back_changes_left_in_flight(parts: dict[str, Any
     change = first.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
     first.approve(change.id, "alice")
     first.tick()
-    assert registry.status(job.job).desired.values["micro_batch"] == 8  # window 0: baseline
+    assert registry.status(job.job).desired.values["micro_batch"] == 4  # window 0: candidate
     job.run(8)
     first.tick()
     assert first.get(change.id).state == "observing"
     for _ in range(10):  # until window 0 is measured and window 1 sent
         job.run(8)
         first.tick()
-        if registry.status(job.job).desired.values["micro_batch"] == 4:
+        if registry.status(job.job).desired.values["micro_batch"] == 8:
             break
-    assert registry.status(job.job).desired.values["micro_batch"] == 4  # window 1: candidate
+    assert registry.status(job.job).desired.values["micro_batch"] == 8  # window 1: baseline
     # the process dies here; a new controller opens the same database
     second = controller(parts)
     recovered = second.get(change.id)

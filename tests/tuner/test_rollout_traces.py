@@ -89,7 +89,7 @@ def test_a_kept_change_is_one_trace_from_proposal_to_verdict(parts: dict[str, An
     got = spans.all()
     assert_one_trace(done, got)
     names = sorted(s.name for s in got)
-    assert names == sorted(["change", "propose", "approve", "keep"] + ["apply", "observe"] * 7)
+    assert names == sorted(["change", "propose", "approve", "keep"] + ["apply", "observe"] * 6)
     root = spans.named("change")[0]
     assert root.attributes is not None
     assert root.attributes["seedance.change.state"] == "kept"
