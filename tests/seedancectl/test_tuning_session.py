@@ -58,7 +58,6 @@ def _relative_to_first(result: SessionResult) -> dict[str, tuple[float, float]]:
     return out
 
 
-@pytest.mark.slow  # ~18 min on 2 loaded cores: store query contention stretches windows
 def test_live_tuning_session_keeps_the_best_config_it_measured(tmp_path: Path) -> None:
     config = SessionConfig(out=tmp_path, trials=8, knobs=SEARCHED)
     result = run_training_session(config, timeout_s=1200)
