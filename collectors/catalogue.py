@@ -34,7 +34,9 @@ rules in `collectors/_scrape.py`; do not edit by hand (a test compares the two).
   attribute `le` = upper bound, `+Inf` last), `NAME.count` and `NAME.sum`. Summaries give
   `NAME.count`, `NAME.sum` and `NAME` with attribute `quantile`.
 - Every point a job emits carries `{CONFIG_VERSION_ATTR}`, the config version in force when it
-  was measured, so a measurement belongs to exactly one trial.
+  was measured, so a measurement belongs to exactly one trial. A version's streams freeze when
+  it ends; jobs send a gauge point only when a value was set and a cumulative point only when
+  it changed (`collectors/_changed_points.py`), so a frozen version costs nothing per export.
 - Points replayed from a recorded NVML trace carry `{REPLAYED_ATTR}="true"`; live hardware
   never sets it.
 - Scraped points carry `{SOURCE_ATTR}` (`dcgm-exporter`, `vllm`, or `prometheus` for an
