@@ -413,20 +413,21 @@ class SearchDriver:
 
     def on_window(self, change: Change, comparison: Comparison) -> bool:
         number = self._number_of(change)
-        value = self._candidate_objective(change, comparison.gain)
-        if number is None or value is None:
+        if number is None:
             return False
-        return self.report(number, comparison.pairs, value)
+        value = self._candidate_objective(change, comparison.gain)
+        return False if value is None else self.report(number, comparison.pairs, value)
 
     def on_finished(self, change: Change) -> None:
         number = self._number_of(change)
         if number is None:
             return
+        anchor = self._anchor(change)
         gain = float((change.comparison or {}).get("gain", math.nan))
-        value = self._candidate_objective(change, gain)
-        if change.state == "kept" and value is not None:
-            self._set_level(change.candidate, value / self._reference(change))
-        self._record_baseline(change)
+        value = self._candidate_objective(change, gain, anchor)
+        if change.state == "kept" and value is not None and anchor is not None:
+            self._set_level(change.candidate, value / anchor[0])
+        self._record_baseline(change, anchor)
         last = self.study._storage.get_trial(self._trial_id(number))
         if last.state.is_finished():
             return
@@ -480,35 +481,32 @@ class SearchDriver:
         measured = [w.tokens_per_s for w in change.windows if w.arm == "baseline"]
         return float(np.mean(measured)) if measured else None
 
-    def _reference(self, change: Change) -> float:
-        """The study's reference tokens/s, set from the first change with a baseline window
-        (whose baseline is then level 1). Call only when that change has one."""
-        attrs = self._storage.get_study_system_attrs(self.study._study_id)
-        if REFERENCE_ATTR not in attrs:
-            measured = self._baseline_tokens_per_s(change)
-            assert measured is not None
-            self._storage.set_study_system_attr(self.study._study_id, REFERENCE_ATTR, measured)
-            self._set_level(change.baseline, 1.0)
-            return measured
-        return float(attrs[REFERENCE_ATTR])
-
-    def _baseline_level(self, change: Change) -> float | None:
-        """The change's baseline relative to the reference: known when it is the first
-        baseline or a kept candidate; else (an operator moved it) its windows' raw ratio."""
+    def _anchor(self, change: Change) -> tuple[float, float] | None:
+        """(the study's reference tokens/s, the change's baseline level relative to it); None
+        before the change measured a baseline window. The first change with one sets the
+        reference (its baseline is level 1). A baseline's level is known when it is the first
+        baseline or a kept candidate; else (an operator moved it) it is its windows' raw
+        ratio to the reference."""
         measured = self._baseline_tokens_per_s(change)
         if measured is None:
             return None
-        reference = self._reference(change)
         attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        if REFERENCE_ATTR not in attrs:
+            self._storage.set_study_system_attr(self.study._study_id, REFERENCE_ATTR, measured)
+            self._set_level(change.baseline, 1.0)
+            return measured, 1.0
+        reference = float(attrs[REFERENCE_ATTR])
         level = attrs.get(LEVEL_PREFIX + self._key(change.baseline))
-        return float(level) if level is not None else measured / reference
+        return reference, float(level) if level is not None else measured / reference
 
-    def _candidate_objective(self, change: Change, gain: float) -> float | None:
+    def _candidate_objective(self, change: Change, gain: float,
+                             anchor: tuple[float, float] | None = None) -> float | None:
         """Drift-cancelled tokens/s of the candidate; None before a pair was measured."""
-        level = self._baseline_level(change)
-        if level is None or not math.isfinite(gain):
+        anchor = anchor or self._anchor(change)
+        if anchor is None or not math.isfinite(gain):
             return None
-        return self._reference(change) * level * (1 + gain)
+        reference, level = anchor
+        return reference * level * (1 + gain)
 
     def _set_level(self, values: Mapping[str, Any], level: float) -> None:
         self._storage.set_study_system_attr(self.study._study_id,
@@ -517,17 +515,16 @@ class SearchDriver:
     def _key(self, values: Mapping[str, Any]) -> str:
         return config_key({k: values[k] for k in self.distributions})
 
-    def _record_baseline(self, change: Change) -> None:
+    def _record_baseline(self, change: Change, anchor: tuple[float, float] | None) -> None:
         """The baseline windows measured the baseline config: add it as a complete trial."""
-        level = self._baseline_level(change)
         params = {k: change.baseline[k] for k in self.distributions}
         key = config_key(params)
-        if level is None or any(config_key(t.params) == key for t in self.study.get_trials(
+        if anchor is None or any(config_key(t.params) == key for t in self.study.get_trials(
                 deepcopy=False, states=(TrialState.COMPLETE,))):
             return
+        reference, level = anchor
         self.study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=self.distributions,
-            value=self._reference(change) * level,
+            params=params, distributions=self.distributions, value=reference * level,
             user_attrs={ORIGIN_ATTR: f"baseline windows of change {change.id}"}))
 
     def _lease(self, trial: Trial) -> Proposal:

@@ -172,9 +172,8 @@ def locate_cause(bad: Sequence[str], *, forward_order: Sequence[str] = (),
     Gradients flow from the loss back through the forward order, so a group that zeroes (or
     turns non-finite) its gradients does the same to every group upstream of it: the cause is
     the most downstream bad group in ``forward_order``. A single bad group is its own cause.
-    Without an order, a bad group computing
-    in reduced precision (``precisions``) while the others do not is the cause. Otherwise it is
-    ambiguous and every bad group is returned.
+    Without an order, a bad group computing in reduced precision (``precisions``) while the
+    others do not is the cause. Otherwise it is ambiguous and every bad group is returned.
     """
     if len(set(bad)) == 1:
         return sorted(set(bad)), "the only bad group"
