@@ -79,6 +79,11 @@ class ReasonBody(_Body):
     reason: str = Field(min_length=1)
 
 
+class RollbackBody(ReasonBody):
+    change: str | None = Field(default=None, description=(
+        "Roll back only this change, and only while it is in flight (409 otherwise)."))
+
+
 class TuningBody(_Body):
     action: Literal["pause", "resume"]
 
@@ -230,9 +235,10 @@ def api_router(sidecar: Sidecar) -> APIRouter:
             return change_json(controller().reject(change_id, body.by, body.reason))
 
     @write.post("/jobs/{job}/rollback")
-    def rollback(job: str, body: ReasonBody) -> dict[str, Any]:
+    def rollback(job: str, body: RollbackBody) -> dict[str, Any]:
         with _errors():
-            return change_json(controller().rollback(job, body.by, body.reason))
+            return change_json(controller().rollback(job, body.by, body.reason,
+                                                     change_id=body.change))
 
     @write.post("/jobs/{job}/tuning")
     def tuning(job: str, body: TuningBody) -> dict[str, Any]:

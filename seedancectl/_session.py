@@ -402,9 +402,10 @@ class TrainingSession:
         """Pause the search and roll back the change in flight (an operator's config rollback:
         the trial is told what its windows measured so far), then wait until none is active."""
         self.set_tuning("pause")
-        if [c for c in self.changes() if c["state"] in ACTIVE_STATES]:
+        for change in [c for c in self.changes() if c["state"] in ACTIVE_STATES]:
             reply = self.http.post(f"/v1/jobs/{self.config.job}/rollback",
-                                   json={"by": "session", "reason": "tuning session ends"},
+                                   json={"by": "session", "reason": "tuning session ends",
+                                         "change": change["id"]},
                                    headers={"Authorization": f"Bearer {TOKEN}"})
             if reply.status_code not in (200, 409):  # 409: it ended meanwhile
                 raise SessionError(f"rollback: {reply.status_code} {reply.text[:200]}")

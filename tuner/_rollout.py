@@ -401,10 +401,15 @@ class RolloutController:
         with self._lock:
             return self._move(self.get(change_id), "rejected", by=by, reason=reason)
 
-    def rollback(self, job: str, by: str, reason: str) -> Change:
-        """Roll back the job's change in flight, else its last kept change (config only)."""
+    def rollback(self, job: str, by: str, reason: str, *, change_id: str | None = None
+                 ) -> Change:
+        """Roll back the job's change in flight, else its last kept change (config only).
+        With ``change_id``, only that change and only while it is in flight: a caller who saw
+        it in flight must not undo a kept change if it ended meanwhile."""
         with self._lock:
             current = self._in_flight(job)
+            if change_id is not None and (current is None or current.id != change_id):
+                raise RolloutError(f"job {job}: change {change_id} is not in flight")
             if current is None:
                 kept = [c for c in self.changes(job=job) if c.state == "kept"]
                 if not kept:

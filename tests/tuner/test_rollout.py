@@ -239,6 +239,20 @@ def test_operator_rolls_back_a_kept_change(parts: dict[str, Any]) -> None:
     assert (last["from_state"], last["actor"]) == ("kept", "bob")
 
 
+def test_a_rollback_aimed_at_a_change_that_ended_leaves_the_kept_change_alone(
+        parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="operator")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "kept"
+    with pytest.raises(RolloutError, match="not in flight"):
+        ctl.rollback(job.job, "bob", "it was in flight a moment ago", change_id=change.id)
+    assert ctl.get(change.id).state == "kept"
+    assert registry.status(job.job).baseline.values["micro_batch"] == 4
+
+
 def test_a_new_controller_rolls_back_changes_left_in_flight(parts: dict[str, Any]) -> None:
     registry = parts["registry"]
     job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
