@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -29,6 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectors.torch_collective import CollectiveTimer, install  # noqa: E402
+from workloads.process_group import rank_process_group  # noqa: E402
 
 WORLD_SIZE = 2
 RESULT = Path(__file__).parent / "results" / "collective_hook.json"
@@ -50,8 +50,7 @@ def _step(ddp: torch.nn.Module, optimiser: torch.optim.Optimizer, batch: torch.T
 def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    try:
+    with rank_process_group("gloo", rank=rank, world_size=WORLD_SIZE):
         baseline = torch.nn.parallel.DistributedDataParallel(
             _model(args.width), bucket_cap_mb=args.bucket_cap_mb)
         baseline.register_comm_hook(None, allreduce_hook)
@@ -91,8 +90,6 @@ def _rank(rank: int, port: int, args: argparse.Namespace) -> None:
             RESULT.parent.mkdir(parents=True, exist_ok=True)
             RESULT.write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result, indent=2))
-    finally:
-        dist.destroy_process_group()
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
@@ -37,6 +36,7 @@ from collectors.torch_training import NullTrainingInstrumentation, TrainingInstr
 from tuner.client import Session, attach
 from workloads.corpus import Corpus, CorpusConfig
 from workloads.gpt import GPT, GPTConfig, count_parameters
+from workloads.process_group import rank_process_group
 
 log = logging.getLogger(__name__)
 
@@ -254,11 +254,8 @@ def _free_port() -> int:
 
 
 def _ddp_worker(rank: int, world_size: int, config: TrainConfig, kwargs: dict) -> None:
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with rank_process_group("gloo", rank=rank, world_size=world_size):
         run(config, rank=rank, **kwargs)
-    finally:
-        dist.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

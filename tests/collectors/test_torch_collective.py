@@ -16,7 +16,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
@@ -24,6 +23,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from collectors.torch_collective import CollectiveTimer, install  # noqa: E402
 from tests.collectors._otel_points import metric_points  # noqa: E402
 from tests.rendezvous import file_rendezvous  # noqa: E402
+from workloads.process_group import rank_process_group  # noqa: E402
 
 STEPS = 4
 VERSION_SWITCH_STEP = 2  # steps before it run under config version 1, from it on version 2
@@ -50,9 +50,8 @@ JOBS = [
 def _rank(rank: int, out_dir: str, job: dict[str, Any]) -> None:
     backend, device, world_size = job["backend"], torch.device(job["device"]), job["world_size"]
     torch.set_num_threads(1)
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            init_method=file_rendezvous(out_dir))
-    try:
+    with rank_process_group(backend, rank=rank, world_size=world_size,
+                            init_method=file_rendezvous(out_dir)):
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Embedding(50, 32),  # frozen below: its bytes must not be counted
@@ -110,8 +109,6 @@ def _rank(rank: int, out_dir: str, job: dict[str, Any]) -> None:
             "metrics": metric_points(reader),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module", params=JOBS)

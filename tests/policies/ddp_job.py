@@ -35,20 +35,18 @@ class Phase:
 
 def _rank(rank: int, out_dir: str, phases: list[Phase]) -> None:
     import torch
-    import torch.distributed as dist
+
+    from workloads.process_group import rank_process_group
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE,
-                            init_method=file_rendezvous(out_dir))
     points: list[Point] = []
-    try:
+    with rank_process_group("gloo", rank=rank, world_size=WORLD_SIZE,
+                            init_method=file_rendezvous(out_dir)):
         for phase in phases:
             _run_phase(rank, phase, points)
-    finally:
-        dist.destroy_process_group()
-    rows = [{"name": p.name, "value": p.value, "time_ns": p.time_ns,
-             "attributes": dict(p.attributes)} for p in points]
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(rows))
+        rows = [{"name": p.name, "value": p.value, "time_ns": p.time_ns,
+                 "attributes": dict(p.attributes)} for p in points]
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(rows))
 
 
 def _run_phase(rank: int, phase: Phase, points: list[Point]) -> None:

@@ -26,6 +26,7 @@ from tests.rendezvous import file_rendezvous
 from tests.servers import free_port
 from tuner._lease import JobRegistry, lease_router
 from tuner.client import Session, attach
+from workloads.process_group import rank_process_group
 
 TTL_S = 1.0
 STEP_PAUSE_S = 0.02
@@ -254,9 +255,8 @@ def test_snapshot_and_full_rollback_actions(server: LeaseServer) -> None:
 
 def _rank(rank: int, world_size: int, url: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            init_method=file_rendezvous(out))
-    try:
+    with rank_process_group("gloo", rank=rank, world_size=world_size,
+                            init_method=file_rendezvous(out)):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
         ddp = nn.parallel.DistributedDataParallel(model)
@@ -284,8 +284,6 @@ def _rank(rank: int, world_size: int, url: str, out: str) -> None:
         session.close()
         Path(out, f"rank{rank}.json").write_text(json.dumps(
             {"switches": session.switches, "values": values}))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_ranks_switch_on_the_same_step(server: LeaseServer, tmp_path: Path) -> None:
