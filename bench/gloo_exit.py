@@ -93,14 +93,14 @@ def main() -> None:
         "bench": "gloo_exit",
         "what": "two gloo ranks on CPU, DDP training then exit; runs whose rank died by signal",
         "torch": torch.__version__,
-        "args": vars(args),
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
         "runs_per_arm": args.runs,
         "aborted_runs": aborts,
         "failures": failures,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("aborted_runs", "wall_s")}))
 
 
