@@ -169,10 +169,23 @@ def test_the_logs_are_there_and_nothing_is_left_running(demo: Demo) -> None:
     assert processes_in(demo.out) == []
 
 
+def with_ctrl_c(command: list[str]) -> list[str]:
+    """``command`` (``python -m module args...``) with Ctrl-C's Python handler in place first.
+
+    A non-interactive shell starts its background jobs with SIGINT ignored, and a Python started
+    so ignores it too: the demo then ran to its end (seen with the suite run as ``pytest &``).
+    """
+    python, flag, module, *args = command
+    assert flag == "-m", command
+    start = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [python, "-c", start, *args]
+
+
 def test_ctrl_c_stops_every_process_and_says_where_the_logs_are(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(demo_command(out, "1"), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(with_ctrl_c(demo_command(out, "1")), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
         while not (out / "logs" / "train.log").exists():  # the sidecar is up, jobs starting
