@@ -10,12 +10,19 @@ parameters (``p.to(dtype)``, differentiable), and its floating inputs are cast t
 entry. Its outputs are cast back to the dtype of the enclosing module (fp32 at the top), so the
 next module sees either fp32 or casts again on its own entry. The optimizer keeps owning and
 updating the fp32 parameters; the backward of each cast hands it an fp32 gradient that was
-*computed* in the low dtype. Autocast would leave norms, softmax and any op off its lists in
-fp32, so "LayerNorm in fp16" could not be expressed and fp16 underflow would depend on op lists;
-explicit casts make every op inside the module run in the assigned dtype on any device, so a
-group in fp16 under a small loss scale genuinely flushes its gradients to zero (on CPU too).
-Buffers (BatchNorm running statistics) are not cast: they are updated in place and a copy would
-lose the update.
+*computed* in the low dtype. Autocast would leave softmax and any op off its lists in fp32,
+so fp16 underflow would depend on op lists; explicit casts make every op inside the module run
+in the assigned dtype on any device (norm layers aside, below), so a group in fp16 under a small
+loss scale genuinely flushes its gradients to zero (on CPU too).
+
+Norm layers compute in fp32, as under AMP: BatchNorm, SyncBatchNorm and InstanceNorm (anything
+with running statistics, ``_NormBase``), GroupNorm, LayerNorm, RMSNorm and LocalResponseNorm keep
+fp32 even when a rule matches them or they inherit a lower precision: their inputs are cast to
+fp32 on entry, their parameters are not swapped, and their outputs are cast back to the dtype of
+the enclosing module. Their statistics (a mean and variance over many elements) lose the most in
+a 16-bit dtype, and their buffers (running statistics) stay fp32, updated in place (a cast copy
+would lose the update), so a BatchNorm fed fp16 would fail on the dtype mismatch. A policy that
+puts only norm layers in a lower precision therefore changes nothing (``norm_only``).
 
 Resolution: each rule is an fnmatch pattern over qualified module names (``""`` is the root);
 the first matching rule gives a module its precision, and a module no rule matches inherits its
@@ -33,6 +40,7 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
@@ -47,6 +55,9 @@ DTYPES: Mapping[str, torch.dtype] = MappingProxyType({
     "fp8": torch.float8_e4m3fn,
 })
 ROOT_NAME = "<root>"
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    _NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm, nn.LocalResponseNorm)
+"""Layers that compute in fp32 whatever precision they are given (see the module docstring)."""
 
 
 class PrecisionError(SeedanceError):
@@ -88,6 +99,20 @@ def check_supported(precision: str, device: torch.device | str) -> None:
 
 def _display(name: str) -> str:
     return name or ROOT_NAME
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a norm layer, which computes in fp32 under any policy."""
+    return isinstance(module, NORM_TYPES)
+
+
+def norm_only(model: nn.Module, patterns: Iterable[str]) -> bool:
+    """Whether the modules ``patterns`` match are all norm layers (and there is one at least):
+    a precision for them would change nothing. Patterns that match nothing are ignored here."""
+    patterns = tuple(patterns)
+    hits = [m for n, m in model.named_modules()
+            if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    return bool(hits) and all(is_norm(m) for m in hits)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,9 +206,16 @@ class PrecisionHandle:
     # ---- queries -------------------------------------------------------------------------
 
     def precision_of(self, module_name: str) -> str:
-        """The precision ``module_name`` computes in (its own rule, else its parent's)."""
+        """The precision ``module_name`` computes in: fp32 for a norm layer, else its own rule's,
+        else its parent's."""
         if module_name not in self._modules:
             raise PrecisionError(f"no module named {module_name!r}")
+        if is_norm(self._modules[module_name]):
+            return "fp32"
+        return self._assigned(module_name)
+
+    def _assigned(self, module_name: str) -> str:
+        """The precision the rules give ``module_name`` (its own, else its parent's)."""
         name: str | None = module_name
         while name is not None:
             if name in self._explicit:
@@ -200,11 +232,16 @@ class PrecisionHandle:
         for group, hits in self.groups.items():
             lines.append(f"group {group!r}: {', '.join(_display(n) for n in hits)}")
         lines.append("modules not in fp32:")
-        for name in self._modules:
+        kept = []
+        for name, module in self._modules.items():
             precision = self.precision_of(name)
             if precision != "fp32":
                 why = self._why.get(name, "inherited")
                 lines.append(f"  {_display(name)}: {precision} ({why})")
+            elif is_norm(module) and self._assigned(name) != "fp32":
+                kept.append(_display(name))
+        if kept:
+            lines.append(f"norm layers kept in fp32: {', '.join(kept)}")
         return "\n".join(lines)
 
     # ---- changes -------------------------------------------------------------------------
