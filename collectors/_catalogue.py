@@ -96,6 +96,10 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.train.tokens_per_second", unit="{token}/s", kind=G,
                source="torch client", attributes=_JOB,
                description="Tokens per second over the step and the data wait before it"),
+    MetricSpec(name="seedance.train.tokens", unit="{token}", kind=S, source="torch client",
+               attributes=_JOB,
+               description="Tokens the job's steps processed (cumulative, per config version); "
+               "over the step-duration sum of the same version it is exact tokens/s"),
     MetricSpec(name="seedance.train.samples_per_second", unit="{sample}/s", kind=G,
                source="torch client", attributes=_JOB,
                description="Samples per second over the step and the data wait before it"),
@@ -126,6 +130,35 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
                description="GradScaler loss scale in force when the gradients were read"),
     MetricSpec(name="seedance.train.learning_rate", unit="1", kind=G, source="torch client",
                attributes=_JOB, description="Learning rate of the first param group"),
+)
+
+_GROUP = _JOB + ("seedance.module_group",)
+
+PROFILE_METRICS: tuple[MetricSpec, ...] = (
+    # collectors/torch_profile.py: set on sampled steps only (every every_n_steps and the first).
+    MetricSpec(name="seedance.train.group.time_share", unit="1", kind=G,
+               source="torch profiler", attributes=_GROUP,
+               description="Share of the forward time spent in one module group's modules "
+               "(modules of other groups nested in them excluded), on a sampled step"),
+    MetricSpec(name="seedance.train.group.forward_rank", unit="1", kind=G,
+               source="torch profiler", attributes=_GROUP,
+               description="Position of the group in the forward (0 = its modules run first)"),
+    MetricSpec(name="seedance.train.group.param_dtype", unit="1", kind=G,
+               source="torch profiler",
+               attributes=_GROUP + ("seedance.dtype", "seedance.dtype.source"),
+               description="Always 1; one series per dtype the group computes in: source "
+               "parameters (dtype of its floating parameters while its modules run, a "
+               "compute-dtype copy under tuner.precision) or autocast (the autocast dtype in "
+               "force when they run)"),
+    MetricSpec(name="seedance.train.block.time_share", unit="1", kind=G,
+               source="torch profiler", attributes=_JOB + ("seedance.block",),
+               description="Share of the forward time spent in one repeated block (blocks.N, "
+               "layers.N: numbered children of a ModuleList or Sequential), all groups "
+               "included"),
+    MetricSpec(name="seedance.device.matmul_speedup", unit="1", kind=G,
+               source="torch profiler", attributes=_JOB + ("seedance.dtype", "hw.model"),
+               description="Square-matmul speed in a dtype relative to float32 on the job's "
+               "device, measured at attach (cached per device model); above 1 is faster"),
 )
 
 _COMM = _JOB + ("seedance.comm.backend",)
@@ -288,7 +321,7 @@ TUNING_METRICS: tuple[MetricSpec, ...] = (
 )
 
 CATALOGUE: tuple[MetricSpec, ...] = (
-    GPU_METRICS + TRAINING_METRICS + COLLECTIVE_METRICS + SERVING_METRICS + SCRAPE_METRICS
-    + POLICY_METRICS + TUNING_METRICS
+    GPU_METRICS + TRAINING_METRICS + PROFILE_METRICS + COLLECTIVE_METRICS + SERVING_METRICS
+    + SCRAPE_METRICS + POLICY_METRICS + TUNING_METRICS
 )
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

@@ -195,6 +195,7 @@ class TrainingInstrumentation:
             "learning_rate")}
         self._g = g
         self._c_nonfinite = meter.create_counter(**spec("seedance.train.nonfinite_steps"))
+        self._c_tokens = meter.create_counter(**spec("seedance.train.tokens"))
 
     def _attrs(self, version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         cached = self._attr_cache.get(version)
@@ -236,6 +237,7 @@ class TrainingInstrumentation:
         wall_s = duration_s + self._wait_outside_s
         self._wait_outside_s = 0.0
         if tokens:
+            self._c_tokens.add(tokens, attrs)
             self._g["tokens_per_second"].set(tokens / wall_s, attrs)
         if samples:
             self._g["samples_per_second"].set(samples / wall_s, attrs)

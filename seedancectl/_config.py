@@ -83,20 +83,35 @@ class ApprovalConfig(_Section):
 
 
 class RolloutSection(_Section):
-    """How the controller observes a change: ``pairs`` of interleaved candidate and baseline
-    windows, each ``warmup_steps`` dropped then at least ``min_steps`` measured. With
-    ``tokens_per_step`` (the job's fixed tokens per optimizer step) tokens/s is exact from the
-    step-time histogram; without it, from the job's per-step tokens/s gauge."""
+    """How the controller observes a change (``tuner.RolloutConfig`` and ``MeasureConfig``):
+    interleaved candidate and baseline windows, each ``warmup_steps`` dropped then at least
+    ``min_steps`` steps and ``min_window_s`` seconds measured, pairs added until a sequential
+    test decides (from ``min_pairs`` on) or ``max_pairs`` / ``trial_budget_s`` run out.
+    Tokens/s comes from the job's own token count; ``tokens_per_step`` is only for senders
+    that do not count tokens. Every default is meant to work on any job."""
 
-    pairs: int = Field(default=3, ge=1)
+    min_pairs: int = Field(default=3, ge=1)
+    max_pairs: int = Field(default=16, ge=1)
+    trial_budget_s: float = Field(default=120.0, gt=0)
+    min_gain: float = Field(default=0.02, ge=0)
     early_stop_pairs: int = Field(default=2, ge=1)
     ack_timeout_s: float = Field(default=60.0, gt=0)
     window_timeout_s: float = Field(default=600.0, gt=0)
-    warmup_steps: int = Field(default=5, ge=0)
-    min_steps: int = Field(default=5, ge=1)
+    warmup_steps: int = Field(default=1, ge=0)
+    min_steps: int = Field(default=3, ge=1)
+    min_window_s: float = Field(default=3.0, gt=0)
+    max_window_s: float = Field(default=30.0, gt=0)
     tokens_per_step: float | None = Field(default=None, gt=0)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
     loss_tolerance: float = Field(default=0.05, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RolloutSection:
+        if self.min_pairs > self.max_pairs:
+            raise ValueError("min_pairs must be <= max_pairs")
+        if self.min_window_s > self.max_window_s:
+            raise ValueError("min_window_s must be <= max_window_s")
+        return self
 
 
 class JobConfig(_Section):

@@ -84,8 +84,10 @@ class _PausableSearch(SearchDriver):
         super().__init__(*args, **kwargs)
         self._paused = paused
 
-    def propose_next(self, controller: RolloutController, job: str) -> Change | None:
-        return None if self._paused() else super().propose_next(controller, job)
+    def propose_next(self, controller: RolloutController, job: str, *,
+                     low_risk_only: bool = False) -> Change | None:
+        return None if self._paused() else super().propose_next(
+            controller, job, low_risk_only=low_risk_only)
 
 
 class _SidecarLoop(TuningLoop):
@@ -205,13 +207,16 @@ class Sidecar:
         self.controller = RolloutController(
             self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,
             config=RolloutConfig(
-                pairs=rollout.pairs, early_stop_pairs=rollout.early_stop_pairs,
+                min_pairs=rollout.min_pairs, max_pairs=rollout.max_pairs,
+                trial_budget_s=rollout.trial_budget_s, min_gain=rollout.min_gain,
+                early_stop_pairs=rollout.early_stop_pairs,
                 ack_timeout_s=rollout.ack_timeout_s, window_timeout_s=rollout.window_timeout_s,
                 proposal_ttl_s=config.approval.proposal_ttl_s,
                 default_mode=config.approval.mode,
                 auto_bounds=self._auto_bounds(),
                 measure=MeasureConfig(
                     warmup_steps=rollout.warmup_steps, min_steps=rollout.min_steps,
+                    min_window_s=rollout.min_window_s, max_window_s=rollout.max_window_s,
                     tokens_per_step=rollout.tokens_per_step, confidence=rollout.confidence,
                     loss_tolerance=rollout.loss_tolerance)),
             tracing=self.traces.tracing)
@@ -283,8 +288,7 @@ class Sidecar:
         findings = [f for f in self.engine.active() if f.job == job]
         ids = frozenset(f.id for f in findings)
         if ids and self._seeded.get(job) != ids:
-            added = driver.seed(suggestions(findings, status.baseline.values, status.knobs),
-                                origin="findings")
+            added = driver.seed(suggestions(findings, status.baseline.values, status.knobs))
             self._seeded[job] = ids
             if added:
                 log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
@@ -292,15 +296,16 @@ class Sidecar:
     def _new_search(self, status: JobStatus) -> SearchDriver | None:
         job, job_config = status.job, self.config.job_config(status.job)
         space = status.knobs.knobs
+        searchable = status.knobs.searchable().knobs
         wanted = (list(job_config.knobs) if job_config.knobs is not None
-                  else [n for n, k in space.items() if k.scope == "live"])
+                  else list(searchable))
         unknown = [n for n in wanted if n not in space]
         if unknown:
             log.warning("job %s: knob(s) %s named in the config are not declared by the job; "
                         "not searched", job, ", ".join(unknown))
         # the search stays where the operator lets changes auto-approve
         bounded = within_bounds(status.knobs, self._auto_bounds())
-        names = [n for n in wanted if n in bounded.knobs]
+        names = [n for n in wanted if n in bounded.knobs and n in searchable]
         if not names:
             log.warning("job %s: no knobs to search; tuning stays off", job)
             return None

@@ -1,7 +1,9 @@
 """Knobs and configs: the vocabulary the tuner, the rollout controller and the job share.
 
 A knob is one setting with a domain, a scope (`live`: applied at a step boundary; `restart`:
-needs the job restarted, so it always waits for a person) and a risk. A config assigns every
+needs the job restarted, so it always waits for a person) and a risk (of the knob, or of some
+of its values only: fp16 is risky where bf16 of the same precision knob is not). A knob that
+only injects faults for drills is not ``searchable``: no search ever proposes it. A config assigns every
 knob of a job and carries a version; every apply of a config, the baseline included, gets a new
 version, so a measurement window selected by version never straddles a switch.
 """
@@ -37,6 +39,8 @@ class Knob:
     log: bool = False
     scope: Scope = "live"
     risk: Risk = "low"
+    risky_values: tuple[KnobValue, ...] = ()
+    searchable: bool = True
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -53,7 +57,14 @@ class Knob:
             raise KnobError(f"knob {self.name}: scope must be 'live' or 'restart'")
         if self.risk not in ("low", "high"):
             raise KnobError(f"knob {self.name}: risk must be 'low' or 'high'")
+        for value in self.risky_values:
+            self.validate(value)
         self.validate(self.default)
+
+    def risk_of(self, value: KnobValue) -> Risk:
+        """High when the knob is, or when ``value`` is one of its ``risky_values`` (fp16
+        without a loss scaler, say: one precision of a knob whose others are safe)."""
+        return "high" if self.risk == "high" or value in self.risky_values else "low"
 
     def validate(self, value: Any) -> KnobValue:
         """The value, normalised, or KnobError naming the knob and the domain."""
@@ -76,8 +87,9 @@ class Knob:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Knob:
         data = dict(data)
-        if data.get("choices") is not None:
-            data["choices"] = tuple(data["choices"])
+        for name in ("choices", "risky_values"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
         try:
             return cls(**data)
         except TypeError as exc:
@@ -116,8 +128,15 @@ class KnobSpace:
     def scope_of(self, changed: Sequence[str]) -> Scope:
         return "restart" if any(self.knobs[n].scope == "restart" for n in changed) else "live"
 
-    def risk_of(self, changed: Sequence[str]) -> Risk:
-        return "high" if any(self.knobs[n].risk == "high" for n in changed) else "low"
+    def risk_of(self, changed: Mapping[str, KnobValue]) -> Risk:
+        """High when any changed knob, at its new value, is high risk."""
+        return "high" if any(self.knobs[n].risk_of(v) == "high"
+                             for n, v in changed.items()) else "low"
+
+    def searchable(self) -> KnobSpace:
+        """The knobs a search may move: live, and not fault-injection switches."""
+        return KnobSpace({n: k for n, k in self.knobs.items()
+                          if k.searchable and k.scope == "live"})
 
 
 @dataclass(frozen=True)

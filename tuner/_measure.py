@@ -5,7 +5,8 @@ every apply gets a fresh version, so a window is selected by version alone and n
 a switch.
 
 Throughput of a window (``measure_window``): read the version's cumulative step-duration
-histogram (``seedance.train.step.duration.count`` / ``.sum``, one series per rank). Warm-up is
+histogram (``seedance.train.step.duration.count`` / ``.sum``) and token counter, one series
+per rank. Warm-up is
 excluded exactly so: on each rank, the export point at which the version's cumulative step
 count first reaches ``warmup_steps`` is the window's start; every step counted up to and
 including that export (at least ``warmup_steps``, a few more when exports are sparser than
@@ -30,13 +31,25 @@ window, merged over replicas; quality is the mean ``seedance.serve.quality.token
 after the start. A serving window has no loss (NaN), so ``compare`` judges tokens/s alone; the
 p99 SLO and the quality bound are guardrails (``tuner.serving_guardrails``).
 
+Tokens/s is exact and needs no configuration: the job counts the tokens of every step
+(``seedance.train.tokens``, cumulative per version, from ``session.step(tokens=...)``), so a
+window's tokens/s is its tokens over its step seconds. Older senders without the counter fall
+back to ``tokens_per_step`` or the per-step gauge. A window is ready once it has
+``min_steps`` steps AND ``min_window_s`` seconds of them after warm-up; the controller sizes
+``min_steps`` to the job (``window_config``): from the step-time noise the windows measured
+(each export is a block of steps, so the blocks' spread estimates one step's), enough steps
+that a window's mean has a coefficient of variation near ``window_cv``, at most
+``max_window_s``.
+
 Comparison (``compare``): windows alternate C B C B ... (the controller sends the candidate
 first, so an approved change reaches the job at once), each a fresh version. Each candidate
 window is paired with the mean of its neighbouring baseline windows (drift cancels), giving
-relative gains d_i = C_i / B_i - 1; Student's t interval of mean(d) is the confidence interval
-(the percentile bootstrap, seeded, is an option; with 3-4 pairs it is too narrow: a test with no
-real change shows it excluding zero). A change is kept only when the interval excludes zero from
-above. Loss guardrail: a training job's loss falls while it is measured, so each candidate's
+log gains d_i = log(C_i / B_i). The interval of mean(d) is an anytime-valid confidence
+sequence (``confidence_sequence``): the controller looks at it after every pair and stops as
+soon as it decides, so looking often does not inflate errors the way a t interval re-tested
+after each pair would (Student's t and the bootstrap stay as options for comparison). Gains
+are reported as exp(.) - 1. A change is kept only when the interval excludes zero from above.
+Loss guardrail: a training job's loss falls while it is measured, so each candidate's
 mean loss is judged against the baseline's trajectory, the least-squares line through the
 baseline windows' (mid-time, mean loss), at the candidate window's mid-time; it may exceed it by
 at most ``loss_tolerance`` (relative). It is judged once two baseline windows give a line (a
@@ -48,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -59,6 +72,7 @@ from collectors._points import CONFIG_VERSION_ATTR
 
 STEP_DURATION = "seedance.train.step.duration"
 TOKENS_PER_SECOND = "seedance.train.tokens_per_second"
+TOKENS = "seedance.train.tokens"
 LOSS = "seedance.train.loss"
 NONFINITE_STEPS = "seedance.train.nonfinite_steps"
 NONFINITE_WHAT = "seedance.nonfinite.what"
@@ -78,11 +92,16 @@ QueryFn = Callable[..., pd.DataFrame]
 class MeasureConfig:
     """How windows are measured and compared."""
 
-    warmup_steps: int = 5
-    min_steps: int = 5
+    warmup_steps: int = 1
+    min_steps: int = 3
+    min_window_s: float = 3.0
+    max_window_s: float = 30.0
+    window_cv: float = 0.03
     tokens_per_step: float | None = None
     confidence: float = 0.95
-    interval: Literal["t", "bootstrap"] = "t"
+    interval: Literal["sequential", "t", "bootstrap"] = "sequential"
+    planned_pairs: int = 8
+    noise_floor: float = 0.02
     n_bootstrap: int = 4000
     loss_tolerance: float = 0.05
     seed: int = 0
@@ -95,13 +114,23 @@ class MeasureConfig:
             raise ValueError(f"MeasureConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.min_steps < 1:
             raise ValueError(f"MeasureConfig.min_steps must be >= 1, got {self.min_steps}")
+        if not 0 < self.min_window_s <= self.max_window_s:
+            raise ValueError(f"MeasureConfig.min_window_s must be > 0 and <= max_window_s, "
+                             f"got {self.min_window_s} and {self.max_window_s}")
+        if not self.window_cv > 0:
+            raise ValueError(f"MeasureConfig.window_cv must be > 0, got {self.window_cv}")
+        if self.planned_pairs < 1:
+            raise ValueError(f"MeasureConfig.planned_pairs must be >= 1, "
+                             f"got {self.planned_pairs}")
+        if not self.noise_floor > 0:
+            raise ValueError(f"MeasureConfig.noise_floor must be > 0, got {self.noise_floor}")
         if self.tokens_per_step is not None and not self.tokens_per_step > 0:
             raise ValueError("MeasureConfig.tokens_per_step must be > 0")
         if not 0.5 < self.confidence < 1:
             raise ValueError(f"MeasureConfig.confidence must be in (0.5, 1), "
                              f"got {self.confidence}")
-        if self.interval not in ("t", "bootstrap"):
-            raise ValueError(f"MeasureConfig.interval must be t or bootstrap, "
+        if self.interval not in ("sequential", "t", "bootstrap"):
+            raise ValueError(f"MeasureConfig.interval must be sequential, t or bootstrap, "
                              f"got {self.interval!r}")
         if self.n_bootstrap < 100:
             raise ValueError("MeasureConfig.n_bootstrap must be >= 100")
@@ -135,6 +164,7 @@ class Window:
     end_ns: int
     p99_s: float = math.nan
     quality: float = math.nan
+    step_cv: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
         return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
@@ -165,7 +195,8 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         return {"pairs": self.pairs, "gain": self.gain, "ci_low": self.ci_low,
-                "ci_high": self.ci_high, "confidence": self.confidence,
+                "ci_high": self.ci_high, "width": self.ci_high - self.ci_low,
+                "confidence": self.confidence,
                 "loss_excess": self.loss_excess, "loss_ok": self.loss_ok}
 
 
@@ -189,18 +220,23 @@ def version_points(query: QueryFn, name: str, job: str, version: int) -> pd.Data
 
 def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
                    config: MeasureConfig, kind: JobKind = "train") -> Window | None:
-    """The version's window after warm-up, or None while it has fewer than ``min_steps``
-    (a serving job's: ``min_requests``)."""
+    """The version's window after warm-up, or None while it is not long enough yet: fewer
+    than ``min_steps`` steps or less than ``min_window_s`` of them (a serving job's: fewer
+    than ``min_requests``)."""
     if kind == "serve":
         return measure_serving_window(query, job, version, arm, config)
     counts = _by_rank(version_points(query, STEP_DURATION + ".count", job, version))
     sums = _by_rank(version_points(query, STEP_DURATION + ".sum", job, version))
+    tokens = _by_rank(version_points(query, TOKENS, job, version))
     if not counts or set(counts) != set(sums):
         return None
-    step_s, steps, starts, ends = [], [], [], []
+    step_s, steps, starts, ends, cvs, rates = [], [], [], [], [], []
     for rank, c in counts.items():
         both = pd.merge(c[["time", "value"]], sums[rank][["time", "value"]], on="time",
                         suffixes=("_count", "_sum")).sort_values("time")
+        if rank in tokens:
+            both = pd.merge(both, tokens[rank][["time", "value"]].rename(
+                columns={"value": "value_tokens"}), on="time", how="left")
         count = both["value_count"].to_numpy()
         total = both["value_sum"].to_numpy()
         reached = np.flatnonzero(count >= config.warmup_steps)
@@ -208,15 +244,23 @@ def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
             return None
         w = int(reached[0])
         n = count[-1] - count[w]
-        if n < config.min_steps:
+        seconds = total[-1] - total[w]
+        if n < config.min_steps or seconds < config.min_window_s:
             return None
         times = _ns(both)
-        step_s.append((total[-1] - total[w]) / n)
+        step_s.append(seconds / n)
         steps.append(int(n))
         starts.append(int(times[w]))
         ends.append(int(times[-1]))
+        cvs.append(_step_cv(np.diff(count[w:]), np.diff(total[w:])))
+        if "value_tokens" in both.columns:
+            counted = both["value_tokens"].to_numpy()
+            if np.isfinite(counted[w]) and np.isfinite(counted[-1]):
+                rates.append((counted[-1] - counted[w]) / seconds)
     start_ns, end_ns = max(starts), min(ends)
-    if config.tokens_per_step is not None:
+    if len(rates) == len(counts):
+        tokens_per_s = float(sum(rates))  # exact: the job's own tokens over its own seconds
+    elif config.tokens_per_step is not None:
         tokens_per_s = config.tokens_per_step / max(step_s)
     else:
         tokens_per_s = 0.0
@@ -234,7 +278,34 @@ def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
                   tokens_per_s=float(tokens_per_s),
                   loss=float(finite.mean()) if finite.size else math.nan,
                   nonfinite_loss=bool(np.any(~np.isfinite(loss_values))),
-                  start_ns=start_ns, end_ns=end_ns)
+                  start_ns=start_ns, end_ns=end_ns, step_cv=float(max(cvs)))
+
+
+def _step_cv(steps: np.ndarray, seconds: np.ndarray) -> float:
+    """Coefficient of variation of one step's time, from export blocks of ``steps`` steps
+    taking ``seconds``: a block of n steps has variance n sigma^2, so sigma^2 is estimated by
+    sum((t_i - n_i mu)^2 / n_i) / (blocks - 1). NaN with fewer than two blocks."""
+    keep = steps > 0
+    steps, seconds = steps[keep], seconds[keep]
+    if steps.size < 2 or seconds.sum() <= 0:
+        return math.nan
+    mu = seconds.sum() / steps.sum()
+    var = float(np.sum((seconds - steps * mu) ** 2 / steps) / (steps.size - 1))
+    return math.sqrt(var) / mu
+
+
+def window_config(windows: Sequence[Window], config: MeasureConfig) -> MeasureConfig:
+    """``config`` with ``min_steps`` sized to the job: enough steps that a window's mean step
+    time has a coefficient of variation near ``window_cv`` given the step-time noise the
+    windows so far measured, and at most ``max_window_s`` of them."""
+    measured = [w for w in windows if math.isfinite(w.step_cv) and w.step_s > 0]
+    if not measured:
+        return config
+    cv = float(np.median([w.step_cv for w in measured]))
+    step_s = float(np.median([w.step_s for w in measured]))
+    wanted = math.ceil((cv / config.window_cv) ** 2)
+    most = max(config.min_steps, math.floor(config.max_window_s / step_s))
+    return replace(config, min_steps=int(min(max(config.min_steps, wanted), most)))
 
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -330,14 +401,14 @@ def _neighbour_baselines(windows: Sequence[Window]) -> list[tuple[Window, list[W
 
 
 def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
-    """Paired relative gains of candidate windows over their neighbouring baseline windows."""
+    """Paired gains of candidate windows over their neighbouring baseline windows."""
     pairs = _neighbour_baselines(windows)
     if not pairs:
         return Comparison(pairs=0, gain=math.nan, ci_low=math.nan, ci_high=math.nan,
                           confidence=config.confidence, loss_excess=math.nan, loss_ok=True)
-    gains = np.array([c.tokens_per_s / np.mean([b.tokens_per_s for b in bs]) - 1
-                      for c, bs in pairs])
-    low, high = _interval(gains, config)
+    log_gains = np.array([math.log(c.tokens_per_s / np.mean([b.tokens_per_s for b in bs]))
+                          for c, bs in pairs])
+    low, high = _interval(log_gains, config)
     trajectory = _baseline_loss_trajectory(windows)
     excess = []
     for c, _ in pairs:
@@ -347,9 +418,9 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
     worst = max(excess) if excess else math.nan
     nonfinite = any(c.nonfinite_loss for c, _ in pairs)
     loss_ok = not nonfinite and (not excess or worst <= config.loss_tolerance)
-    return Comparison(pairs=len(pairs), gain=float(gains.mean()), ci_low=float(low),
-                      ci_high=float(high), confidence=config.confidence,
-                      loss_excess=float(worst), loss_ok=loss_ok)
+    return Comparison(pairs=len(pairs), gain=math.expm1(float(log_gains.mean())),
+                      ci_low=math.expm1(low), ci_high=math.expm1(high),
+                      confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok)
 
 
 def _mid_s(window: Window) -> float:
@@ -369,19 +440,55 @@ def _baseline_loss_trajectory(windows: Sequence[Window]) -> Callable[[float], fl
     return lambda at_s: float(intercept + slope * (at_s - t0))
 
 
-def _interval(gains: np.ndarray, config: MeasureConfig) -> tuple[float, float]:
-    """Two-sided interval of the mean gain: Student's t (default) or percentile bootstrap."""
+def _interval(log_gains: np.ndarray, config: MeasureConfig) -> tuple[float, float]:
+    """Two-sided interval of the mean log gain (module docstring): the anytime-valid
+    sequence (default), Student's t or the percentile bootstrap (fixed-sample, for
+    comparison in the bench)."""
     alpha = 1 - config.confidence
+    if config.interval == "sequential":
+        return confidence_sequence(log_gains, alpha=alpha, planned=config.planned_pairs,
+                                   noise_floor=config.noise_floor)
     if config.interval == "bootstrap":
         rng = np.random.default_rng(config.seed)
-        means = rng.choice(gains, size=(config.n_bootstrap, gains.size)).mean(axis=1)
+        means = rng.choice(log_gains, size=(config.n_bootstrap, log_gains.size)).mean(axis=1)
         low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
         return float(low), float(high)
-    if gains.size < 2:
+    if log_gains.size < 2:
         return -math.inf, math.inf
-    half = (float(stats.t.ppf(1 - alpha / 2, gains.size - 1))
-            * float(gains.std(ddof=1)) / math.sqrt(gains.size))
-    return float(gains.mean()) - half, float(gains.mean()) + half
+    half = (float(stats.t.ppf(1 - alpha / 2, log_gains.size - 1))
+            * float(log_gains.std(ddof=1)) / math.sqrt(log_gains.size))
+    return float(log_gains.mean()) - half, float(log_gains.mean()) + half
+
+
+def confidence_sequence(x: np.ndarray, *, alpha: float, planned: int,
+                        noise_floor: float) -> tuple[float, float]:
+    """A (1 - alpha) confidence sequence for the mean of ``x`` at its current length.
+
+    The Gaussian-mixture boundary of the asymptotic confidence sequence (Waudby-Smith,
+    Arbour, Sinha, Kennedy and Ramdas, "Time-uniform central limit theory and asymptotic
+    confidence sequences", 2021, Theorem 2.2): mean +- sqrt(2 (t s^2 rho^2 + 1) / (t^2 rho^2)
+    * log(sqrt(t s^2 rho^2 + 1) / alpha)), with rho^2 = c / (planned s^2) so the sequence is
+    tightest near ``planned`` samples (c = -2 log alpha + log(1 - 2 log alpha)). It may be
+    looked at after every sample and stopped at any time. The theorem's plug-in standard
+    deviation is only right for many samples; with a handful of pairs the sample one is often
+    far too small and a run of lucky pairs would decide. So s is the upper 80% confidence bound
+    of the standard deviation (chi-square, t - 1 degrees of freedom), never below
+    ``noise_floor``. Simulated with drift and heavy-tailed noise (tests/tuner/test_measure.py),
+    this keeps a null change in about 2-3% of trials.
+    """
+    t = x.size
+    if t == 0:
+        return -math.inf, math.inf
+    s = noise_floor
+    if t > 1:
+        upper = float(x.std(ddof=1)) * math.sqrt((t - 1) / float(stats.chi2.ppf(0.2, t - 1)))
+        s = max(upper, noise_floor)
+    c = -2 * math.log(alpha) + math.log(1 - 2 * math.log(alpha))
+    rho2 = c / (planned * s * s)
+    v = t * s * s * rho2
+    half = math.sqrt(2 * (v + 1) / (t * t * rho2) * math.log(math.sqrt(v + 1) / alpha))
+    mean = float(x.mean())
+    return mean - half, mean + half
 
 
 def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:
@@ -391,4 +498,5 @@ def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:
                    loss=float(r["loss"]), nonfinite_loss=bool(r["nonfinite_loss"]),
                    start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"]),
                    p99_s=float(r.get("p99_s", math.nan)),
-                   quality=float(r.get("quality", math.nan))) for r in rows]
+                   quality=float(r.get("quality", math.nan)),
+                   step_cv=float(r.get("step_cv", math.nan))) for r in rows]

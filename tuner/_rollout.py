@@ -16,8 +16,10 @@ Life of a change (``tick()`` advances every active one; a sidecar thread calls i
 - ``applying``: the candidate was sent (``registry.set_desired``); waits for its ack.
 - ``observing``: windows alternate candidate, baseline, candidate, ... (each a fresh version, see
   ``tuner._measure``), so an approved change reaches the job at once; after each pair
-  guardrails are checked and observers (the search driver) may stop it. Kept only when the gain's interval excludes zero and loss
-  stays on the baseline's trajectory; then the candidate becomes the baseline.
+  guardrails are checked, observers (the search driver) may stop it, and the sequential test
+  decides or asks for one more pair (``RolloutConfig``). Kept only when the confidence
+  sequence of the gain excludes zero and loss stays on the baseline's trajectory; then the
+  candidate becomes the baseline.
 - Guardrails roll back at once: non-finite loss -> FULL rollback action; a gradient-collapse /
   underflow finding on group G -> LOCAL rollback action for G and precision.G back to fp32;
   a measured regression -> config rollback only. A lapsed lease fails the change.
@@ -76,6 +78,7 @@ from tuner._measure import (
     compare,
     measure_window,
     nonfinite_loss,
+    window_config,
     windows_from_json,
 )
 
@@ -264,9 +267,19 @@ class ChangeObserver(Protocol):
 class RolloutConfig:
     """Timings and sizes of a rollout; ``auto_bounds`` are the operator's per-knob limits for
     auto-approval: a tuple (low, high) for numbers or a set of allowed values. A knob with no
-    entry may auto-approve anywhere in its domain."""
+    entry may auto-approve anywhere in its domain.
 
-    pairs: int = 3
+    A trial is a sequential test: pairs of windows are added until the confidence sequence
+    decides (kept from ``min_pairs`` on when it excludes zero from above; rolled back from
+    ``early_stop_pairs`` on when it excludes zero from below, and from ``min_pairs`` on when
+    its upper end is below ``min_gain``, a gain not worth having), or until ``max_pairs`` or
+    ``trial_budget_s`` of job time since the candidate was acked (then rolled back: no
+    measured gain)."""
+
+    min_pairs: int = 3
+    max_pairs: int = 16
+    trial_budget_s: float = 120.0
+    min_gain: float = 0.02
     proposal_ttl_s: float = 3600.0
     ack_timeout_s: float = 60.0
     window_timeout_s: float = 600.0
@@ -276,9 +289,15 @@ class RolloutConfig:
     measure: MeasureConfig = field(default_factory=MeasureConfig)
 
     def __post_init__(self) -> None:
-        if self.pairs < 1:
-            raise ValueError(f"RolloutConfig.pairs must be >= 1, got {self.pairs}")
-        for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s"):
+        if not 1 <= self.min_pairs <= self.max_pairs:
+            raise ValueError(f"RolloutConfig.min_pairs must be >= 1 and <= max_pairs, got "
+                             f"{self.min_pairs} and {self.max_pairs}")
+        if self.early_stop_pairs < 1:
+            raise ValueError(f"RolloutConfig.early_stop_pairs must be >= 1, "
+                             f"got {self.early_stop_pairs}")
+        if self.min_gain < 0:
+            raise ValueError(f"RolloutConfig.min_gain must be >= 0, got {self.min_gain}")
+        for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s", "trial_budget_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RolloutConfig.{name} must be > 0")
         if self.default_mode not in ("auto", "suggest", "off"):
@@ -362,7 +381,8 @@ class RolloutController:
         now = self._clock()
         change = Change(
             id=secrets.token_hex(8), job=job, state="proposed", source=source, reason=reason,
-            risk=space.risk_of(changed), scope=space.scope_of(changed),
+            risk=space.risk_of({k: checked[k] for k in changed}),
+            scope=space.scope_of(changed),
             values={k: checked[k] for k in changed}, baseline=baseline, created_at_s=now,
             expires_at_s=now + self.config.proposal_ttl_s,
             traceparent=new_traceparent(), meta=dict(meta or {}))
@@ -519,8 +539,18 @@ class RolloutController:
         self._observe(change, version, now)
 
     def _start(self, change: Change) -> None:
+        current = dict(self.registry.status(change.job).baseline.values)
+        if current != dict(change.baseline):
+            # approved after a wait: other changes were kept meanwhile; move from today's
+            values = {k: v for k, v in change.values.items() if current.get(k) != v}
+            if not values:
+                self._fail(change, "everything it sets is in force already")
+                return
+            change = self._save(change, baseline=current, values=values, event=(
+                "rebased", "rebased on the job's baseline of now",
+                self.registry.status(change.job).baseline.version))
         lowered = precision_lowered(change.baseline, change.values)
-        arms = ["candidate", "baseline"] * self.config.pairs
+        arms = ["candidate", "baseline"]
         change = self._move(change, "applying", by="controller", reason="applying candidate",
                             plan={"arms": arms, "index": 0, "risky": bool(lowered)})
         if lowered:
@@ -554,8 +584,10 @@ class RolloutController:
 
     def _observe(self, change: Change, version: int, now: float) -> None:
         index, arms = int(change.plan["index"]), change.plan["arms"]
-        window = measure_window(self.query, change.job, version, arms[index],
-                                self.config.measure, kind=self.registry.status(change.job).kind)
+        kind = self.registry.status(change.job).kind
+        measure = self.config.measure if kind == "serve" else window_config(
+            change.windows, self.config.measure)
+        window = measure_window(self.query, change.job, version, arms[index], measure, kind=kind)
         if window is None:
             if now - change.plan["acked_at_s"] > self.config.window_timeout_s:
                 self._roll_back(change, Trip(kind="config", reason=(
@@ -573,18 +605,35 @@ class RolloutController:
                             spans=spans, event=("window", f"window {index} ({arms[index]}): "
                                    f"{window.tokens_per_s:.1f} tokens/s", version))
         if arms[index] == "baseline" and comparison.pairs:
-            if self._stop_early(change, comparison):
+            if self._judge(change, comparison, now):
                 return
-        if index + 1 < len(arms):
-            self._send(change, index + 1)
-            return
-        if comparison.improves and comparison.loss_ok:
+            change = self._save(change, plan={**change.plan,
+                                              "arms": [*arms, "candidate", "baseline"]},
+                                event=("extend", f"pair {comparison.pairs + 1}: undecided, "
+                                       f"gain {_interval_text(comparison)}", version))
+        self._send(change, index + 1)
+
+    def _judge(self, change: Change, comparison: Comparison, now: float) -> bool:
+        """After each pair: keep, roll back, or (False) measure another pair."""
+        config, pairs = self.config, comparison.pairs
+        elapsed_s = now - float(change.plan.get("applied_at_s", now))
+        if self._stop_early(change, comparison):
+            return True
+        if pairs >= config.min_pairs and comparison.improves:
             self._keep(change, comparison)
-        else:
+            return True
+        if pairs >= config.min_pairs and comparison.ci_high < config.min_gain:
             self._roll_back(change, Trip(kind="config", reason=(
-                "no measured gain" if comparison.loss_ok else "loss off the baseline's "
-                "trajectory") + f": gain {comparison.gain:+.2%} "
-                f"[{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]"))
+                f"no gain worth having (below {config.min_gain:+.0%}): gain "
+                f"{_interval_text(comparison)}")))
+            return True
+        if pairs >= config.max_pairs or elapsed_s >= config.trial_budget_s:
+            spent = (f"{pairs} pairs" if pairs >= config.max_pairs
+                     else f"the trial's {config.trial_budget_s:g} s")
+            self._roll_back(change, Trip(kind="config", reason=(
+                f"no measured gain in {spent}: gain {_interval_text(comparison)}")))
+            return True
+        return False
 
     def _stop_early(self, change: Change, comparison: Comparison) -> bool:
         if not comparison.loss_ok:
@@ -593,8 +642,7 @@ class RolloutController:
             return True
         if comparison.pairs >= self.config.early_stop_pairs and comparison.regresses:
             self._roll_back(change, Trip(kind="config", reason=(
-                f"measured regression {comparison.gain:+.2%} "
-                f"[{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]")))
+                f"measured regression {_interval_text(comparison)}")))
             return True
         for observer in list(self._observers):
             try:
@@ -859,6 +907,11 @@ class RolloutController:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+def _interval_text(comparison: Comparison) -> str:
+    return (f"{comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}] "
+            f"after {comparison.pairs} pair(s)")
 
 
 _MOVE_SPANS: Mapping[str, str] = {"approved": "approve", "rejected": "reject",

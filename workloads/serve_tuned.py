@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 MODEL = GPTConfig(n_layer=4, n_head=4, n_embd=128)
 """Small enough for a shared 2-core box."""
 STEP_DELAY_KNOB = Knob(
-    name="serving.step_delay_s", default=0.0, low=0.0, high=1.0, risk="high",
+    name="serving.step_delay_s", default=0.0, low=0.0, high=1.0, risk="high", searchable=False,
     description="INJECTED sleep after every decode step: a slow replica on demand (demo/test)")
 KNOBS = (*KV_BITS_KNOBS, *PREFIX_CACHE_KNOBS, STEP_DELAY_KNOB)
 """What one in-process replica applies (a launcher with a router would add ROUTING_KNOBS)."""

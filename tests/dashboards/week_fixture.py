@@ -56,7 +56,7 @@ EFFECT: Mapping[tuple[str, Any], float] = {
 }
 """SIMULATED: step-time factor of a knob value (below 1 = faster)."""
 MEASURE = MeasureConfig(warmup_steps=2, min_steps=4)
-CONFIG = RolloutConfig(pairs=3, proposal_ttl_s=2 * 86_400.0, measure=MEASURE)
+CONFIG = RolloutConfig(min_pairs=3, max_pairs=3, proposal_ttl_s=2 * 86_400.0, measure=MEASURE)
 
 
 def week_start_ns() -> int:

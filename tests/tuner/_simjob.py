@@ -1,5 +1,6 @@
 """A SIMULATED training job for rollout tests: it holds a real lease in a real JobRegistry and
-writes the points the torch client would (cumulative step-duration histogram, loss) into a real
+writes the points the torch client would (cumulative step-duration histogram, token
+counter, loss) into a real
 TimeSeriesStore, tagged with the config version it runs. Step times come from a function of
 the config, with seeded noise, so tests decide which config is faster."""
 
@@ -33,9 +34,9 @@ class SimJob:
     def __init__(self, registry: JobRegistry, store: TimeSeriesStore, *, job: str = "train",
                  step_s: Callable[[Mapping[str, Any]], float],
                  loss: Callable[[Mapping[str, Any], int], float] | None = None,
-                 noise: float = 0.02, seed: int = 0) -> None:
+                 noise: float = 0.02, seed: int = 0, tokens_per_step: int = 512) -> None:
         self.registry, self.store, self.job = registry, store, job
-        self.step_s, self.noise = step_s, noise
+        self.step_s, self.noise, self.tokens_per_step = step_s, noise, tokens_per_step
         self.loss = loss or (lambda values, step: 5.0 * math.exp(-step / 500))
         self.rng = np.random.default_rng(seed)
         self.session, self.config = registry.attach(job, knobs=KNOBS, baseline={})
@@ -64,6 +65,8 @@ class SimJob:
                       self.time_ns, attrs),
                 Point("seedance.train.step.duration.sum", self.total[version], self.time_ns,
                       attrs),
+                Point("seedance.train.tokens", float(self.tokens_per_step * self.count[version]),
+                      self.time_ns, attrs),
                 Point("seedance.train.loss", self.loss(self.config.values, self.step),
                       self.time_ns, attrs)])
         self.store.flush()

@@ -26,8 +26,8 @@ from tuner._rollout import (
     RolloutError,
 )
 
-MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, tokens_per_step=512.0)
-CONFIG = RolloutConfig(pairs=3, proposal_ttl_s=100.0, measure=MEASURE)
+MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.3)
+CONFIG = RolloutConfig(min_pairs=3, max_pairs=8, proposal_ttl_s=100.0, measure=MEASURE)
 
 
 class Clock:

@@ -102,7 +102,7 @@ def test_knobs_routing_is_live_and_sharding_waits_for_a_person() -> None:
     assert space.defaults()["routing.tau_s"] == 45.0
     assert space.scope_of(["routing.alpha", "routing.tau_s"]) == "live"
     assert space.scope_of(["serving.sharding"]) == "restart"
-    assert space.risk_of(["serving.sharding"]) == "high"
+    assert space.risk_of({"serving.sharding": "autoscale"}) == "high"
 
 
 @pytest.mark.integration

@@ -15,7 +15,15 @@ from tuner._knobs import KnobSpace
 from tuner._lease import JobRegistry
 from tuner._measure import MeasureConfig
 from tuner._rollout import RolloutConfig, RolloutController
-from tuner._search import SearchConfig, SearchDriver, config_key, neighbours, search_space
+from tuner._search import (
+    Move,
+    SearchConfig,
+    SearchDriver,
+    config_key,
+    neighbours,
+    search_space,
+    single_moves,
+)
 
 SPACE = KnobSpace.of(KNOBS)
 TUNED = ("micro_batch", "precision")  # 4 x 2 = 8 configs
@@ -83,19 +91,57 @@ def test_repeats_are_answered_from_the_cache(tmp_path: Path) -> None:
     assert len(cached) == 1 and cached[0].value == 123.0
 
 
-def test_seeds_come_first_then_neighbours_of_the_best(tmp_path: Path) -> None:
+def test_priors_come_first_by_expected_gain_then_one_knob_moves(tmp_path: Path) -> None:
     search = driver(tmp_path)
     baseline = {"micro_batch": 8, "precision": "fp32"}
-    suggestion = {"micro_batch": 8, "precision": "bf16"}
-    assert search.seed([baseline, suggestion, baseline], origin="policy") == 2
+    assert search.seed([Move(values={"micro_batch": 4}, expected_gain=0.1),
+                        Move(values={"precision": "bf16"}, expected_gain=0.4),
+                        Move(values={"precision": "bf16"}, expected_gain=0.2)]) == 2
     asked = []
-    for _ in range(3):
-        proposal = search.ask()
-        assert proposal is not None
+    while (proposal := search.next_move(baseline, SPACE)) is not None:
         asked.append(proposal.values)
         search.tell(proposal.number, throughput(proposal.values))
-    assert asked[:2] == [baseline, suggestion]
-    assert asked[2] in list(neighbours(suggestion, search.distributions))  # best so far
+    # by expected gain; micro_batch 2 is not one step from 8, so it is never tried from here
+    assert asked == [{**baseline, "precision": "bf16"}, {**baseline, "micro_batch": 4}]
+    kept = {**baseline, "micro_batch": 4}  # once 4 is kept, 2 is one step away
+    proposal = search.next_move(kept, SPACE)
+    assert proposal is not None and proposal.values == {**kept, "precision": "bf16"}
+
+
+def test_single_moves_change_one_knob_and_try_what_usually_pays_first() -> None:
+    space = search_space(SPACE, ["micro_batch", "prefetch", "precision"])
+    baseline = {"micro_batch": 4, "prefetch": 4, "precision": "fp32"}
+    moves = [m.values for m in single_moves(baseline, space)]
+    assert all(len(m) == 1 for m in moves)
+    assert moves[0] == {"precision": "bf16"}  # a lower precision first
+    assert moves.index({"micro_batch": 8}) < moves.index({"micro_batch": 2})  # bigger first
+    assert {"micro_batch": 1} not in moves  # far from the current micro-batch: never a step
+
+
+def test_wide_numeric_knobs_move_by_doubling_not_by_a_tenth_of_the_range() -> None:
+    from tuner.prefix_cache import PREFIX_CACHE_KNOBS
+    space = search_space(KnobSpace.of(PREFIX_CACHE_KNOBS))
+    values = KnobSpace.of(PREFIX_CACHE_KNOBS).defaults()
+    moved = {k: v[k] for v in neighbours(values, space) for k in v if v[k] != values[k]}
+    assert moved["prefix_cache.capacity_mib"] in (512.0, 128.0)
+    assert moved["prefix_cache.prewarm_top_k"] == 1  # from 0, the smallest step up
+
+
+def test_a_high_risk_move_is_skipped_when_only_low_risk_ones_may_run(tmp_path: Path) -> None:
+    from tuner._knobs import Knob
+    space = KnobSpace.of((Knob(name="micro_batch", default=8, choices=(1, 2, 4, 8)),
+                          Knob(name="precision", default="fp32",
+                               choices=("fp32", "bf16", "fp16"), risky_values=("fp16",))))
+    search = SearchDriver(space, storage_url=sqlite_url(tmp_path / "state.db"),
+                          config=SearchConfig(study_name="risk", seed=0))
+    baseline = space.defaults()
+    seen = []
+    while (p := search.next_move(baseline, space, low_risk_only=True)) is not None:
+        seen.append(p.values["precision"])
+        search.tell(p.number, 1.0)
+    assert "fp16" not in seen and "bf16" in seen
+    assert space.risk_of({"precision": "fp16"}) == "high"
+    assert space.risk_of({"precision": "bf16"}) == "low"
 
 
 def test_dead_trials_are_failed_by_the_lease(tmp_path: Path) -> None:
@@ -134,13 +180,14 @@ def test_hopeless_trials_are_pruned(tmp_path: Path) -> None:
     for value in (200.0, 210.0):
         p = search.ask()
         assert p is not None
-        for step in (1, 2):
+        for step in (1, 2, 3):
             assert not search.report(p.number, step, value)
         search.tell(p.number, value)
     slow = search.ask()
     assert slow is not None
-    assert not search.report(slow.number, 1, 50.0)  # one pair is no evidence yet
-    assert search.report(slow.number, 2, 50.0)
+    assert not search.report(slow.number, 1, 50.0)  # two pairs are no evidence yet
+    assert not search.report(slow.number, 2, 50.0)
+    assert search.report(slow.number, 3, 50.0)
 
 
 @pytest.fixture
@@ -148,11 +195,11 @@ def rollout(tmp_path: Path) -> Iterator[dict[str, Any]]:
     clock = Clock()
     registry = JobRegistry(lease_ttl_s=30.0, clock=clock)
     with TimeSeriesStore(tmp_path / "metrics.db") as store:
-        job = SimJob(registry, store, step_s=lambda v: 1.0 / throughput(v))
+        job = SimJob(registry, store, step_s=lambda v: 1.0 / throughput(v), tokens_per_step=1)
         url = sqlite_url(tmp_path / "state.db")
         ctl = RolloutController(registry, store.query, db_url=url, clock=clock, config=(
-            RolloutConfig(pairs=3, measure=MeasureConfig(warmup_steps=2, min_steps=4,
-                                                         tokens_per_step=1.0))))
+            RolloutConfig(min_pairs=3, max_pairs=8, measure=MeasureConfig(
+                warmup_steps=2, min_steps=4, min_window_s=0.01))))
         ctl.set_mode(job.job, "auto", by="test")
         yield {"clock": clock, "registry": registry, "job": job, "ctl": ctl, "url": url}
 
@@ -163,7 +210,7 @@ def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, An
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
                           config=SearchConfig(study_name="live", seed=0), clock=rollout["clock"])
     ctl.add_observer(search)
-    search.seed([{"micro_batch": 4}], origin="policy")
+    search.seed([Move(values={"micro_batch": 4})])
     change = search.propose_next(ctl, job.job)
     assert change is not None and change.state == "approved"  # low risk, auto mode
     for _ in range(30):
@@ -188,7 +235,7 @@ def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
                           config=SearchConfig(study_name="lapse", seed=0), clock=clock)
     ctl.add_observer(search)
-    search.seed([{"micro_batch": 2}], origin="policy")
+    search.seed([Move(values={"micro_batch": 2})])
     change = search.propose_next(ctl, job.job)
     assert change is not None
     ctl.tick()
@@ -215,8 +262,8 @@ def test_tuning_loop_runs_distinct_trials_and_learns_the_baseline(
                           SuggestedChange(knob="nonexistent", value=1, expected_effect="e")))
     baseline = dict(registry.status(job.job).baseline.values)
     seeds = suggestions([finding], baseline, SPACE)
-    assert seeds == [{**baseline, "micro_batch": 4}]
-    search.seed([baseline, *seeds], origin="policy")
+    assert [m.values for m in seeds] == [{"micro_batch": 4}]
+    search.seed(seeds)
     loop = TuningLoop(ctl)
     loop.add_search(job.job, search)
     for _ in range(60):
@@ -243,7 +290,8 @@ def test_trial_values_cancel_a_box_that_keeps_slowing_down(rollout: dict[str, An
                                               pruner_startup_trials=100),
                           clock=rollout["clock"])
     ctl.add_observer(search)
-    search.seed([{"micro_batch": 4}, {"micro_batch": 2}], origin="policy")
+    search.seed([Move(values={"micro_batch": 4}, expected_gain=0.2),
+                 Move(values={"micro_batch": 2}, expected_gain=0.1)])
     for _ in range(2):
         change = search.propose_next(ctl, job.job)
         assert change is not None
