@@ -309,3 +309,51 @@ def test_trial_values_cancel_a_box_that_keeps_slowing_down(rollout: dict[str, An
     raw = [w.tokens_per_s for w in second.windows if w.arm == "candidate"]
     base = [w.tokens_per_s for w in first.windows if w.arm == "baseline"]
     assert sum(raw) / len(raw) / (sum(base) / len(base)) < 0.9 * 180 / 240  # drift is real
+
+
+def test_a_proposal_waiting_for_a_person_does_not_stall_the_low_risk_moves(
+        rollout: dict[str, Any]) -> None:
+    from tuner._search import TuningLoop
+    ctl, job = rollout["ctl"], rollout["job"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=TUNED,
+                          config=SearchConfig(study_name="stall", seed=0), clock=rollout["clock"])
+    loop = TuningLoop(ctl)
+    loop.add_search(job.job, search)
+    for _ in range(40):
+        loop.step()
+        job.run(8)
+    changes = ctl.changes(job=job.job)
+    waiting = [c for c in changes if c.state == "proposed"]
+    assert [c.values for c in waiting] == [{"precision": "bf16"}]  # high risk: a person's
+    ran = [c for c in changes if c.state in ("kept", "rolled_back")]
+    assert ran and all(set(c.values) == {"micro_batch"} for c in ran)  # went on meanwhile
+    # approved later, it runs on the baseline of then, not the one it was proposed over
+    ctl.approve(waiting[0].id, "alice")
+    for _ in range(40):
+        loop.step()
+        if ctl.get(waiting[0].id).state in ("kept", "rolled_back"):
+            break
+        job.run(8)
+    done = ctl.get(waiting[0].id)
+    assert done.state in ("kept", "rolled_back")
+    baseline_then = [c for c in ran if c.state == "kept"][-1].candidate
+    assert done.baseline == baseline_then  # rebased: the kept micro-batch stays
+    assert "rebased" in [e["kind"] for e in ctl.events(change_id=done.id)]
+
+
+def test_no_trial_is_proposed_to_a_job_that_is_gone(rollout: dict[str, Any]) -> None:
+    from tuner._search import TuningLoop
+    ctl, job, clock, registry = (rollout["ctl"], rollout["job"], rollout["clock"],
+                                 rollout["registry"])
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="gone", seed=0), clock=clock)
+    loop = TuningLoop(ctl)
+    loop.add_search(job.job, search)
+    clock.now += 31
+    registry.reap()  # the job stopped renewing its lease
+    for _ in range(5):
+        loop.step()
+    assert ctl.changes(job=job.job) == []
+    job.session, job.config = registry.attach(job.job, knobs=KNOBS, baseline={})  # back
+    loop.step()
+    assert len(ctl.changes(job=job.job)) == 1
