@@ -27,6 +27,12 @@ from policies.detectors._gradients import (
 )
 from policies.detectors._input import InputBoundConfig, InputBoundDetector
 from policies.detectors._precision import SmallBatchPrecisionConfig, SmallBatchPrecisionDetector
+from policies.detectors._priors import (
+    EXPECTED_GAIN,
+    ComputePriorsConfig,
+    ComputePriorsDetector,
+    amdahl_speedup,
+)
 from policies.detectors._serving import (
     KvDecompressionConfig,
     KvDecompressionCostDetector,
@@ -43,6 +49,9 @@ __all__ = [
     "CollapseConfig",
     "CommunicationConfig",
     "CommunicationDegradationDetector",
+    "ComputePriorsConfig",
+    "ComputePriorsDetector",
+    "EXPECTED_GAIN",
     "GradientCollapseDetector",
     "GradientUnderflowDetector",
     "ImbalanceConfig",
@@ -62,6 +71,7 @@ __all__ = [
     "TinyBucketConfig",
     "TinyBucketDetector",
     "UnderflowConfig",
+    "amdahl_speedup",
     "locate_cause",
     "nvlink_peak_bytes_per_s",
     "rebalance_weight",
