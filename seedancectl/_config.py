@@ -127,9 +127,11 @@ class JobConfig(_Section):
 
 
 class ServingSLOConfig(_Section):
-    """The serving guardrail: roll back when p99 latency or token agreement breaks its bound."""
+    """The serving guardrail: roll back when p99 latency or token agreement breaks its bound.
+    It is on for every serving job: without this section, with no absolute p99 SLO and the
+    default token-agreement bound."""
 
-    p99_slo_s: float = Field(gt=0)
+    p99_slo_s: float | None = Field(default=None, gt=0)
     quantile: float = Field(default=0.99, gt=0, lt=1)
     min_token_agreement: float = Field(default=0.98, ge=0, le=1)
     min_requests: int = Field(default=20, ge=1)
@@ -161,7 +163,7 @@ class SidecarConfig(_Section):
     approval: ApprovalConfig = ApprovalConfig()
     rollout: RolloutSection = RolloutSection()
     jobs: dict[str, JobConfig] = Field(default_factory=dict)
-    serving_slo: ServingSLOConfig | None = None
+    serving_slo: ServingSLOConfig = ServingSLOConfig()
 
     @field_validator("webhook_url")
     @classmethod

@@ -200,9 +200,8 @@ class Sidecar:
             meter_provider=self._telemetry.provider)
         guardrails: list[Guardrail] = [NonFiniteLoss(),
                                        GradientCollapseFindings(self.engine.active)]
-        if config.serving_slo is not None:
-            guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(
-                **config.serving_slo.model_dump())))
+        guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(
+            **config.serving_slo.model_dump())))
         rollout = config.rollout
         self.controller = RolloutController(
             self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,

@@ -28,8 +28,10 @@ warm-up is longer than a training one). Throughput is generated tokens/s, (token
 tokens_start) / (export time_end - time_start) summed over replicas; the latency quantile
 (``latency_quantile``, p99) is ``histogram_quantile`` over the bucket counts finished inside the
 window, merged over replicas; quality is the mean ``seedance.serve.quality.token_agreement``
-after the start. A serving window has no loss (NaN), so ``compare`` judges tokens/s alone; the
-p99 SLO and the quality bound are guardrails (``tuner.serving_guardrails``).
+after the start. A serving window has no loss (NaN): ``compare`` judges tokens/s, and a
+candidate whose mean p99 is more than ``latency_tolerance`` above its baselines' is not kept
+(tokens/s bought with tail latency is no gain). The absolute p99 SLO and the quality bound are
+guardrails (``tuner.serving_guardrails``); the quality bound is on by default.
 
 Tokens/s is exact and needs no configuration: the job counts the tokens of every step
 (``seedance.train.tokens``, cumulative per version, from ``session.step(tokens=...)``), so a
@@ -104,6 +106,7 @@ class MeasureConfig:
     noise_floor: float = 0.02
     n_bootstrap: int = 4000
     loss_tolerance: float = 0.05
+    latency_tolerance: float = 0.10
     seed: int = 0
     warmup_requests: int = 30
     min_requests: int = 60
@@ -136,6 +139,8 @@ class MeasureConfig:
             raise ValueError("MeasureConfig.n_bootstrap must be >= 100")
         if self.loss_tolerance < 0:
             raise ValueError("MeasureConfig.loss_tolerance must be >= 0")
+        if self.latency_tolerance < 0:
+            raise ValueError("MeasureConfig.latency_tolerance must be >= 0")
         if self.warmup_requests < 0:
             raise ValueError(f"MeasureConfig.warmup_requests must be >= 0, "
                              f"got {self.warmup_requests}")
@@ -182,6 +187,8 @@ class Comparison:
     confidence: float
     loss_excess: float
     loss_ok: bool
+    latency_excess: float = math.nan
+    latency_ok: bool = True
 
     @property
     def improves(self) -> bool:
@@ -197,7 +204,8 @@ class Comparison:
         return {"pairs": self.pairs, "gain": self.gain, "ci_low": self.ci_low,
                 "ci_high": self.ci_high, "width": self.ci_high - self.ci_low,
                 "confidence": self.confidence,
-                "loss_excess": self.loss_excess, "loss_ok": self.loss_ok}
+                "loss_excess": self.loss_excess, "loss_ok": self.loss_ok,
+                "latency_excess": self.latency_excess, "latency_ok": self.latency_ok}
 
 
 def _by_rank(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -418,9 +426,24 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
     worst = max(excess) if excess else math.nan
     nonfinite = any(c.nonfinite_loss for c, _ in pairs)
     loss_ok = not nonfinite and (not excess or worst <= config.loss_tolerance)
+    latency = _latency_excess(pairs)
     return Comparison(pairs=len(pairs), gain=math.expm1(float(log_gains.mean())),
                       ci_low=math.expm1(low), ci_high=math.expm1(high),
-                      confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok)
+                      confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok,
+                      latency_excess=latency,
+                      latency_ok=not latency > config.latency_tolerance)
+
+
+def _latency_excess(pairs: Sequence[tuple[Window, list[Window]]]) -> float:
+    """How much higher the candidates' mean latency quantile is than their baselines'
+    (relative); NaN without serving windows. Tokens/s is what the search maximises, so
+    without this a change that trades tail latency for throughput could be kept."""
+    ratios = []
+    for c, bs in pairs:
+        base = [b.p99_s for b in bs if math.isfinite(b.p99_s) and b.p99_s > 0]
+        if math.isfinite(c.p99_s) and base:
+            ratios.append(c.p99_s / float(np.mean(base)))
+    return float(np.mean(ratios)) - 1 if ratios else math.nan
 
 
 def _mid_s(window: Window) -> float:

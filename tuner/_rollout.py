@@ -640,6 +640,10 @@ class RolloutController:
             self._roll_back(change, Trip(kind="config", reason=(
                 f"loss {comparison.loss_excess:+.2%} above the baseline's trajectory")))
             return True
+        if not comparison.latency_ok:
+            self._roll_back(change, Trip(kind="config", reason=(
+                f"p99 latency {comparison.latency_excess:+.2%} above the baseline's")))
+            return True
         if comparison.pairs >= self.config.early_stop_pairs and comparison.regresses:
             self._roll_back(change, Trip(kind="config", reason=(
                 f"measured regression {_interval_text(comparison)}")))

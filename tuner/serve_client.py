@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -69,6 +70,27 @@ class ServeClientError(SeedanceError):
     """The serving session is used in a way it cannot honour."""
 
 
+def available_memory_mib() -> float:
+    """Memory the host could give now (MiB), as the kernel counts it (MemAvailable)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _within_memory(knob: Knob) -> Knob:
+    """A cache-size knob bounded by what the host has free at attach (half of it, never
+    below the job's own setting), so no search asks for a cache the machine cannot hold."""
+    if knob.name != "prefix_cache.capacity_mib" or knob.high is None:
+        return knob
+    high = max(float(knob.default), min(knob.high, available_memory_mib() / 2))
+    return knob if high >= knob.high else dataclasses.replace(knob, high=high)
+
+
 class ServeSession:
     """One serving job's live config; made by ``attach_serving``. Call ``boundary`` from the
     decode loop's thread only."""
@@ -86,8 +108,9 @@ class ServeSession:
         if unknown:
             raise ServeClientError(f"defaults for undeclared knob(s) {', '.join(unknown)}")
         self.job = job
-        self.knobs = KnobSpace.of(dataclasses.replace(k, default=defaults[k.name])
-                                  if k.name in defaults else k for k in knobs)
+        self.knobs = KnobSpace.of(_within_memory(
+            dataclasses.replace(k, default=defaults[k.name]) if k.name in defaults else k)
+            for k in knobs)
         self.values: dict[str, KnobValue] = self.knobs.defaults()
         """The config values in force (the job's launch values until the first switch)."""
         self.version = 0

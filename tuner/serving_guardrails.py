@@ -46,16 +46,17 @@ class Queryable(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class ServingGuardrailConfig:
-    """The bounds: p99 end-to-end latency SLO (s) and least token agreement (0..1)."""
+    """The bounds: p99 end-to-end latency SLO (s; None: no absolute SLO, as by default, the
+    rollout still refuses a p99 worse than the baseline's) and least token agreement (0..1)."""
 
-    p99_slo_s: float = 1.0
+    p99_slo_s: float | None = None
     quantile: float = 0.99
     min_token_agreement: float = 0.98
     min_requests: int = 20
     series_start_in_window: bool = False
 
     def __post_init__(self) -> None:
-        if not self.p99_slo_s > 0:
+        if self.p99_slo_s is not None and not self.p99_slo_s > 0:
             raise SeedanceError(f"ServingGuardrailConfig.p99_slo_s must be > 0, "
                                 f"got {self.p99_slo_s}")
         if not 0 < self.quantile < 1:
@@ -90,8 +91,10 @@ def check_guardrails(window: Queryable, config: ServingGuardrailConfig | None = 
     """Breached guardrails, one sentence each; empty when the window is within bounds."""
     config = config or ServingGuardrailConfig()
     breaches: list[str] = []
-    latency_s, requests = window_latency_quantile(window, config, where)
-    if requests >= config.min_requests and not latency_s <= config.p99_slo_s:
+    latency_s, requests = (window_latency_quantile(window, config, where)
+                           if config.p99_slo_s is not None else (math.nan, 0))
+    if (config.p99_slo_s is not None and requests >= config.min_requests
+            and not latency_s <= config.p99_slo_s):
         breaches.append(f"p{config.quantile * 100:g} latency {latency_s:.3f} s over "
                         f"{requests} requests exceeds the SLO {config.p99_slo_s:.3f} s")
     quality = window.query(QUALITY_METRIC, where=where)

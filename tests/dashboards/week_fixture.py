@@ -55,8 +55,9 @@ EFFECT: Mapping[tuple[str, Any], float] = {
     ("prefetch", 3): 0.75,
 }
 """SIMULATED: step-time factor of a knob value (below 1 = faster)."""
-MEASURE = MeasureConfig(warmup_steps=2, min_steps=4)
-CONFIG = RolloutConfig(min_pairs=3, max_pairs=3, proposal_ttl_s=2 * 86_400.0, measure=MEASURE)
+MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.5)
+CONFIG = RolloutConfig(min_pairs=3, max_pairs=8, trial_budget_s=3600.0,
+                       proposal_ttl_s=2 * 86_400.0, measure=MEASURE)
 
 
 def week_start_ns() -> int:

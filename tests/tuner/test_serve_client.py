@@ -115,3 +115,11 @@ def test_without_a_sidecar_the_session_keeps_its_defaults() -> None:
     assert session.values["prefix_cache.policy"] == "pinned"
     with pytest.raises(Exception, match="undeclared"):
         attach_serving(job="srv", sidecar=None, apply=replica.apply, defaults={"nope": 1})
+
+
+def test_the_cache_size_a_search_may_ask_for_fits_in_the_memory_free_now() -> None:
+    from tuner.serve_client import available_memory_mib
+    session = ServeSession(job="serve", sidecar=None, apply=lambda values: None)
+    capacity = session.knobs.knobs["prefix_cache.capacity_mib"]
+    assert capacity.high is not None
+    assert capacity.high <= max(capacity.default, available_memory_mib() / 2) * 1.01

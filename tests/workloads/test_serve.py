@@ -179,3 +179,17 @@ def test_replica_processes_export_to_the_sidecar_over_otlp(
     assert {"gen_ai.server.request.duration", "gen_ai.server.time_to_first_token",
             "seedance.serve.prefix_cache.queries", "seedance.serve.kv_cache.bytes",
             QUALITY_METRIC} <= names
+
+
+
+def test_without_an_slo_only_the_quality_bound_is_checked() -> None:
+    """Synthetic points (labelled so): the default guardrail every serving job gets."""
+    now = 10**18
+    slow = {"service.name": "serve", "le": "+Inf"}
+    store = FrameStore.from_points([
+        Point("seedance.serve.quality.token_agreement", 0.9, now, {"service.name": "serve"}),
+        Point("gen_ai.server.request.duration.bucket", 100.0, now, slow)])
+    window = StoreWindow(store, job="serve", since_ns=now - 1, until_ns=now + 1)
+    whole = dict(series_start_in_window=True, min_requests=10)
+    (breach,) = check_guardrails(window, ServingGuardrailConfig(**whole))
+    assert "token agreement" in breach  # and no latency verdict: no SLO was set
