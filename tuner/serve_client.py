@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
