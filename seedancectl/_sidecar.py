@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -37,7 +38,8 @@ from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats,
 from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
 from collectors._store import TimeSeriesStore
 from dashboards.web import web_router
-from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
+from policies import Detector, EngineConfig, Finding, PolicyEngine, StoreWindow, WindowSource
+from policies.detectors import ComputePriorsDetector
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
 from seedancectl._sources import build_gpu_sampler, build_scrapers
@@ -70,6 +72,10 @@ def all_detectors() -> list[Detector]:
     found = (getattr(policies.detectors, name) for name in policies.detectors.__all__)
     return [cls() for cls in found if isinstance(cls, type) and issubclass(cls, Detector)
             and not inspect.isabstract(cls)]
+
+
+PRIORS_EVERY_S = 5.0
+"""How often the sidecar reads a tuned job's compute priors from the store."""
 
 
 class TuningOffError(SeedanceError):
@@ -143,6 +149,10 @@ class Sidecar:
         self._audit: Engine | None = None
         self._searches: dict[str, SearchDriver | None] = {}
         self._seeded: dict[str, frozenset[str]] = {}
+        self._first_seen_s: dict[str, float] = {}
+        self._priors_at_s: dict[str, float] = {}
+        self._has_priors: set[str] = set()
+        self._priors = ComputePriorsDetector()
         self._paused: dict[str, bool] = {}
         self._notified: set[str] = set()
         self._notify_lock = threading.Lock()
@@ -278,12 +288,14 @@ class Sidecar:
         assert self.tuning is not None and self.engine is not None
         job = status.job
         if job not in self._searches:
+            self._first_seen_s[job] = time.monotonic()
             self._searches[job] = driver = self._new_search(status)
             if driver is not None:
                 self.tuning.add_search(job, driver)
         driver = self._searches[job]
         if driver is None:
             return
+        self._seed_priors(status, driver)
         findings = [f for f in self.engine.active() if f.job == job]
         ids = frozenset(f.id for f in findings)
         if ids and self._seeded.get(job) != ids:
@@ -291,6 +303,34 @@ class Sidecar:
             self._seeded[job] = ids
             if added:
                 log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
+
+    def _seed_priors(self, status: JobStatus, driver: SearchDriver) -> None:
+        """The compute priors of the job's profile, read straight from the store every
+        ``PRIORS_EVERY_S`` (the engine opens them as findings too, but only after its
+        hysteresis, and the first trials should already follow them)."""
+        job, now = status.job, time.monotonic()
+        if now - self._priors_at_s.get(job, -math.inf) < PRIORS_EVERY_S:
+            return
+        self._priors_at_s[job] = now
+        assert self.store is not None
+        until_ns = time.time_ns()
+        window = StoreWindow(self.store, job=job, since_ns=until_ns - int(
+            self.config.policy_window_s * 1e9), until_ns=until_ns)
+        moves = suggestions(self._priors.evaluate(window), status.baseline.values, status.knobs)
+        if moves:
+            self._has_priors.add(job)
+            if driver.seed(moves):
+                log.info("job %s: compute priors: %s", job, "; ".join(
+                    f"{m.values} expects {m.expected_gain:+.0%}" for m in moves
+                    if m.expected_gain is not None))
+
+    def _settled(self, job: str) -> bool:
+        """The first trial waits ``tuning_start_after_s`` after the job attached (its first
+        steps are warm-up: allocator, caches, a steep loss), or less once its compute priors
+        are in: then the search knows which move to try first."""
+        waited = time.monotonic() - self._first_seen_s.get(job, time.monotonic())
+        start_after = self.config.tuning_start_after_s
+        return waited >= start_after or (job in self._has_priors and waited >= start_after / 3)
 
     def _new_search(self, status: JobStatus) -> SearchDriver | None:
         job, job_config = status.job, self.config.job_config(status.job)
@@ -312,7 +352,7 @@ class Sidecar:
             bounded, storage_url=self.config.state_db, knobs=names,
             config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
                                 seed=job_config.seed),
-            paused=lambda: self.tuning_state(job) == "paused")
+            paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
 
     def _auto_bounds(self) -> dict[str, Any]:
         return {k: b.for_controller() for k, b in self.config.approval.bounds.items()}
