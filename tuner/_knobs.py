@@ -3,7 +3,9 @@
 A knob is one setting with a domain, a scope (`live`: applied at a step boundary; `restart`:
 needs the job restarted, so it always waits for a person) and a risk (of the knob, or of some
 of its values only: fp16 is risky where bf16 of the same precision knob is not). A knob that
-only injects faults for drills is not ``searchable``: no search ever proposes it. A config assigns every
+only injects faults for drills is not ``searchable``: no search ever proposes it; a value in a
+knob's ``search_excludes`` (a precision measured slower than fp32 on the job's device) is never
+proposed by a search either, though an operator may still set it. A config assigns every
 knob of a job and carries a version; every apply of a config, the baseline included, gets a new
 version, so a measurement window selected by version never straddles a switch.
 """
@@ -40,6 +42,7 @@ class Knob:
     scope: Scope = "live"
     risk: Risk = "low"
     risky_values: tuple[KnobValue, ...] = ()
+    search_excludes: tuple[KnobValue, ...] = ()
     searchable: bool = True
     description: str = ""
 
@@ -57,7 +60,7 @@ class Knob:
             raise KnobError(f"knob {self.name}: scope must be 'live' or 'restart'")
         if self.risk not in ("low", "high"):
             raise KnobError(f"knob {self.name}: risk must be 'low' or 'high'")
-        for value in self.risky_values:
+        for value in (*self.risky_values, *self.search_excludes):
             self.validate(value)
         self.validate(self.default)
 
@@ -87,7 +90,7 @@ class Knob:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Knob:
         data = dict(data)
-        for name in ("choices", "risky_values"):
+        for name in ("choices", "risky_values", "search_excludes"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         try:

@@ -76,9 +76,11 @@ def config_key(values: Mapping[str, Any]) -> str:
 
 
 def distribution(knob: Knob) -> BaseDistribution:
-    """The Optuna distribution of a knob's domain."""
+    """The Optuna distribution of the part of a knob's domain a search may propose (its
+    ``search_excludes`` left out, its default always in)."""
     if knob.choices is not None:
-        return CategoricalDistribution(knob.choices)
+        return CategoricalDistribution(tuple(
+            c for c in knob.choices if c == knob.default or c not in knob.search_excludes))
     assert knob.low is not None and knob.high is not None
     if knob.integer:
         return IntDistribution(int(knob.low), int(knob.high), log=knob.log)

@@ -357,3 +357,18 @@ def test_no_trial_is_proposed_to_a_job_that_is_gone(rollout: dict[str, Any]) -> 
     job.session, job.config = registry.attach(job.job, knobs=KNOBS, baseline={})  # back
     loop.step()
     assert len(ctl.changes(job=job.job)) == 1
+
+
+def test_a_precision_slower_than_fp32_here_is_never_proposed(tmp_path: Path) -> None:
+    from tuner._knobs import Knob
+    space = KnobSpace.of((Knob(name="precision.ffn", default="fp32",
+                               choices=("fp32", "bf16", "fp16"), search_excludes=("fp16",)),))
+    search = SearchDriver(space, storage_url=sqlite_url(tmp_path / "state.db"),
+                          config=SearchConfig(study_name="slow", seed=0))
+    proposed = []
+    while (p := search.next_move(space.defaults(), space)) is not None \
+            or (p := search.ask()) is not None:
+        proposed.append(p.values["precision.ffn"])
+        search.tell(p.number, 1.0)
+    assert "fp16" not in proposed and "bf16" in proposed
+    assert space.validate({"precision.ffn": "fp16"})  # an operator may still set it
