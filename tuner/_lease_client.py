@@ -45,10 +45,15 @@ class KnobHandle:
 
 @dataclass(frozen=True, kw_only=True)
 class _Update:
-    """A config to apply at the next boundary; `seq` orders updates within this job."""
+    """A config to apply at the next boundary; `seq` orders updates within this job.
+
+    `baseline` is the sidecar's baseline as of this update: the config a job reverts to when a
+    step fails under an experimental one (it travels with the update to every rank).
+    """
 
     seq: int
     config: Config
+    baseline: Config | None = None
     actions: tuple[Mapping[str, Any], ...] = ()
     change_id: str | None = None
     traceparent: str | None = None
@@ -133,7 +138,8 @@ class _Lease:
     # ---- background ------------------------------------------------------------------------
 
     def _publish(self, config: Config, **fields: Any) -> None:
-        self.latest = _Update(seq=next(self._seq), config=config, **fields)
+        self.latest = _Update(seq=next(self._seq), config=config, baseline=self._baseline,
+                              **fields)
 
     def _lapse(self) -> None:
         with self._lock:

@@ -38,6 +38,35 @@ Fail open: if the lease cannot be renewed for ``lease_ttl_s`` (sidecar gone), th
 to the last baseline it was sent at the next boundary, logs it once, trains on, and re-attaches
 when the sidecar answers again. With ``sidecar=None`` the session is a null object: knobs keep
 their defaults and nothing talks to the network.
+
+A trial never kills the job:
+
+- Shadow step: a config not run before in this process is first tried on the last batch the
+  model saw (its root forward's arguments, kept by reference through a forward pre-hook): one
+  forward and one backward of the sum of the floating outputs (in fp32), no optimizer step.
+  Everything it touches is put back: every ``.grad`` (``None`` included), the buffers (BatchNorm
+  running statistics and ``num_batches_tracked``) and the CPU and CUDA RNG states. A config that
+  raises there is acked ``failed`` with the error, the config in force stays, and the session
+  refuses it for the rest of the process (acked ``failed`` again, not tried again). The cost is
+  one forward and backward per new config; restart-scope knobs do not make a config new.
+  Before the first forward there is no batch, so no shadow step: the config takes effect
+  untried (a step that then raises is handled as below). The model's other state (a counter
+  of its own, say) is not restored.
+- An exception inside ``with session.step()`` under an experimental config (its live knobs
+  differ from the baseline the sidecar last sent) is treated like an inf step under a
+  GradScaler: the baseline is put back in force, the step is skipped (gradients set to None, the
+  grad scaler's record of an ``unscale_`` dropped), the exception is logged and swallowed
+  (``skipped_steps`` counts them), the config is refused from then on and the failure is acked
+  to the sidecar (a ``failed`` ack of the version in force, after its ``applied`` one). Unless
+  the same batch fails under the baseline too: then the shadow step of the last batch under
+  the baseline raises as well, the experimental config stays in force and the original
+  exception propagates. Exceptions under the baseline, and ``KeyboardInterrupt`` /
+  ``SystemExit`` anywhere, propagate as before. An exception raised outside the model (the
+  user's own code) is judged the same way, so a bug of the job that happens to strike first
+  under a trial costs that trial and surfaces one step later. Multi-rank: the shadow verdict
+  is agreed by all ranks (one all-reduce per new config); a step skip is taken by each rank
+  that raised, which keeps the ranks in step when the config fails the same way on all of them
+  (the usual case) and cannot when one rank fails alone (its peers wait in a collective).
 """
 
 from __future__ import annotations
@@ -55,6 +84,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import Meter
 from opentelemetry.trace import Span, Status, StatusCode
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from collectors._errors import SeedanceError
 from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
@@ -65,18 +95,26 @@ from collectors.torch_training import (
     _unwrap,
     assign_groups,
 )
-from tuner._knobs import SCHEDULER_KNOBS, Knob, KnobSpace, KnobValue
+from tuner._knobs import SCHEDULER_KNOBS, Config, Knob, KnobSpace, KnobValue
 from tuner._lease_client import KnobHandle, _Lease, _NoLease, _Update, apply_span
 from tuner.checkpoint import Checkpointer, Snapshot
-from tuner.precision import PrecisionHandle, PrecisionPolicy, apply_precision
+from tuner.precision import PrecisionHandle, PrecisionPolicy, apply_precision, norm_only
 
 log = logging.getLogger(__name__)
 
 PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+ConfigKey = tuple[tuple[str, KnobValue], ...]
+"""The live knob values of a config, sorted: what the shadow step and the refusals go by."""
+Batch = tuple[tuple[Any, ...], dict[str, Any]]
+"""A root forward's positional and keyword arguments."""
 
 
 class ClientError(SeedanceError):
     """The session is used in a way it cannot honour (a knob declared too late, say)."""
+
+
+class ConfigRefusedError(ClientError):
+    """The config failed before in this process (shadow step or a step under it)."""
 
 
 def _knob_group_name(group: str) -> str:
@@ -131,6 +169,9 @@ class Session:
         self.steps_done = 0
         self.switches: list[tuple[int, int]] = []
         """(step, version) of every config that took effect, for logs and tests."""
+        self.skipped_steps = 0
+        """Steps skipped because they raised under an experimental config."""
+        self._grad_scaler = grad_scaler
         self._snapshot_max_bytes = snapshot_max_bytes
         self._checkpointer: Checkpointer | None = None
         self._snapshots: dict[str, Snapshot] = {}
@@ -154,10 +195,14 @@ class Session:
         groups = (dict(precision_groups) if precision_groups is not None
                   else default_precision_groups(model, module_groups))
         self._precision_groups = {_knob_group_name(g): tuple(p) for g, p in groups.items()}
+        # Norm layers compute in fp32 whatever they are given, so a group of norms only would be
+        # a knob that changes nothing: the group stays (local rollback), its knob does not.
+        self._precision_knobs = tuple(g for g, p in self._precision_groups.items()
+                                      if not norm_only(self.model, p))
         self._knobs: dict[str, Knob] = {}
         self._handles: dict[str, KnobHandle] = {}
         self._started = False
-        for group in self._precision_groups:
+        for group in self._precision_knobs:
             self._declare(Knob(name=f"precision.{group}", default="fp32",
                                choices=PRECISION_CHOICES,
                                description=f"compute precision of module group {group}"))
@@ -178,7 +223,22 @@ class Session:
             self._declare(Knob(name="micro_batch", default=micro_batch or per_rank,
                                choices=sizes, description="samples per micro-batch and rank"))
         self._values: dict[str, KnobValue] = {}
+        self._key: ConfigKey = ()
         self._applied_seq = 0
+        self._update: _Update | None = None  # the update in force: a later failure is acked to it
+        self._baseline: Config | None = None  # the sidecar's, as of the last update applied
+        self._passed: set[ConfigKey] = set()
+        self._failed: dict[ConfigKey, str] = {}
+        self._started_batch: Batch | None = None  # the root forward's last input
+        self._last_batch: Batch | None = None  # the last input its forward got through
+        self._shadowing = False
+        # DataParallel's replicas share the model's hooks and see one chunk each, on their own
+        # device: record and replay the whole batch through the wrapper there.
+        self._replay = model if isinstance(model, nn.DataParallel) else self.model
+        self._batch_hooks = [] if sidecar is None else [
+            self._replay.register_forward_pre_hook(self._start_batch, with_kwargs=True,
+                                                   prepend=True),
+            self._replay.register_forward_hook(self._end_batch)]
         self._lease: _Lease | _NoLease = (
             _Lease(sidecar, job=job, kind=kind, world_size=self.world_size,
                    lease_ttl_s=lease_ttl_s, applied_version=lambda: self.version)
@@ -237,11 +297,16 @@ class Session:
 
     @contextlib.contextmanager
     def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
-        """One optimizer step; the newest config takes effect as it begins."""
+        """One optimizer step; the newest config takes effect as it begins. An exception under
+        an experimental config skips the step instead of ending the job (module docstring)."""
         self._boundary()
         try:
             with self.instrumentation.step(tokens=tokens, samples=samples):
                 yield
+        except Exception as exc:
+            self._skip_or_raise(exc)
+        else:
+            self._passed.add(self._key)
         finally:
             self.steps_done += 1
 
@@ -258,7 +323,7 @@ class Session:
         self.instrumentation.flush()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop talking to the sidecar, flush metrics, remove precision hooks (idempotent)."""
+        """Stop talking to the sidecar, flush metrics, remove hooks (idempotent)."""
         self._lease.shutdown(timeout_s)
         self._lease = _NoLease()
         self.instrumentation.flush()
@@ -271,6 +336,10 @@ class Session:
         if self._precision is not None:
             self._precision.remove()
             self._precision = None
+        for hook in self._batch_hooks:
+            hook.remove()
+        self._batch_hooks.clear()
+        self._started_batch = self._last_batch = None
 
     def __enter__(self) -> Session:
         return self
@@ -284,6 +353,7 @@ class Session:
         if not self._started:
             self._started = True
             self._values = self.knobs.defaults()
+            self._key = self._config_key(self._values)
             self._lease.start(list(self._knobs.values()), self._values)
         update = self._lease.poll()
         if self._sync:
@@ -308,21 +378,21 @@ class Session:
 
     def _apply(self, update: _Update) -> None:
         step, config = self.steps_done, update.config
+        if update.baseline is not None:
+            self._baseline = update.baseline
         with self._apply_span(update, step) as span:
             results = [self._run_action(action) for action in update.actions]
             previous = dict(self._values)
-            try:
-                self._set_values(config.values)
-                status, error = "applied", None
-            except Exception as exc:
-                status, error = "failed", f"{type(exc).__name__}: {exc}"
+            error = self._switch(config.values)
+            status = "applied" if error is None else "failed"
+            if error is not None:
                 log.warning("job %s: config v%d failed at step %d (%s); keeping v%d", self.job,
                             config.version, step, error, self.version)
-                with contextlib.suppress(Exception):
-                    self._set_values(previous)
                 if span is not None:
                     span.set_status(Status(StatusCode.ERROR, error))
         self._applied_seq = update.seq
+        if status == "applied":
+            self._update = update
         if status == "applied" and config.version != self.version:
             self.version = config.version  # the instrumentation reads it at each step start
             self.switches.append((step, config.version))
@@ -332,17 +402,138 @@ class Session:
         self._lease.ack(update, {"version": config.version, "step": step, "status": status,
                                  "error": error, "actions": results})
 
+    def _switch(self, values: Mapping[str, KnobValue]) -> str | None:
+        """Put ``values`` in force, on a shadow step first when they are new; the error when
+        they fail (then the values in force before stay, and these are refused from now on)."""
+        previous = dict(self._values)
+        key: ConfigKey | None = None
+        tried: ConfigKey | None = None
+        error = None
+        try:
+            values = self.knobs.validate(values)
+            key = self._config_key(values)
+            if key in self._failed:
+                raise ConfigRefusedError(f"it failed before in this process ({self._failed[key]})")
+            self._set_values(values)
+            if key not in self._passed and self._last_batch is not None:
+                self._shadow_step(self._last_batch)
+                tried = key
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if self._sync:
+            error = self._agree(error)
+        if error is None:
+            if tried is not None:
+                self._passed.add(tried)
+            return None
+        if key is not None:
+            self._failed.setdefault(key, error)
+        with contextlib.suppress(Exception):
+            self._set_values(previous)
+        return error
+
+    def _agree(self, error: str | None) -> str | None:
+        """A new config fails on every rank when it fails on one (ranks run one config)."""
+        flag = torch.tensor([error is not None], dtype=torch.int64, device=self._flag_device)
+        dist.all_reduce(flag)
+        if error is None and int(flag.item()):
+            return "failed on another rank"
+        return error
+
+    def _skip_or_raise(self, exc: Exception) -> None:
+        """``exc`` ended a step: skip the step under the baseline, unless the config in force is
+        the baseline or the batch fails under the baseline too (then raise ``exc``)."""
+        baseline = self._baseline
+        if baseline is None or self._config_key(baseline.values) == self._key:
+            raise exc
+        step, version, trial, key = self.steps_done, self.version, dict(self._values), self._key
+        try:
+            self._set_values(baseline.values)
+            if self._started_batch is not None:  # the step's own batch, if its forward began
+                self._shadow_step(self._started_batch)
+            baseline_fails = False
+        except Exception:
+            baseline_fails = True
+        if baseline_fails:  # not the config's fault: it stays, and the job sees its exception
+            with contextlib.suppress(Exception):
+                self._set_values(trial)
+            raise exc
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._grad_scaler is not None:
+            # unscale_ may have run before the failure and no update() will follow it; the
+            # scaler would refuse the next unscale_, and it has no public reset for one optimizer
+            self._grad_scaler._per_optimizer_states.pop(id(self.optimizer), None)
+        error = f"{type(exc).__name__}: {exc}"
+        self._failed[key] = error
+        self._passed.discard(key)
+        self.skipped_steps += 1
+        self.version = baseline.version
+        self.switches.append((step, baseline.version))
+        log.warning("job %s: step %d raised under config v%d (%s); step skipped, back to the "
+                    "baseline v%d", self.job, step, version, error, baseline.version)
+        if self._update is not None:
+            self._lease.ack(self._update, {
+                "version": version, "step": step, "status": "failed", "actions": [],
+                "error": f"step {step} raised {error}; skipped, back to the baseline "
+                         f"v{baseline.version}"})
+
+    def _shadow_step(self, batch: Batch) -> None:
+        """Forward and backward of ``batch`` under the config in force, no optimizer step;
+        raises what the model raises, and puts back the gradients, buffers and RNG states."""
+        args, kwargs = batch
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params]
+        buffers = [(b, b.clone()) for b in self.model.buffers()]
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self._shadowing = True
+        try:
+            for p in params:
+                p.grad = None
+            with torch.enable_grad():
+                total = _float_sum(self._replay(*args, **kwargs))
+                if total.requires_grad:
+                    total.backward()
+        finally:
+            self._shadowing = False
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
+            torch.set_rng_state(cpu_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+
+    def _start_batch(self, module: nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of the root model: keep its input (references, detached)."""
+        if not self._shadowing:
+            self._started_batch = (_detached(args), _detached(kwargs))
+
+    def _end_batch(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook of the root model (not called when the forward raises): a new config's
+        shadow step replays a batch that got through, never one that broke the job's code."""
+        if not self._shadowing:
+            self._last_batch = self._started_batch
+
+    def _config_key(self, values: Mapping[str, KnobValue]) -> ConfigKey:
+        return tuple(sorted((k, v) for k, v in values.items()
+                            if (knob := self._knobs.get(k)) is None or knob.scope == "live"))
+
     def _set_values(self, values: Mapping[str, KnobValue]) -> None:
         values = self.knobs.validate(values)
         changed = {k: v for k, v in values.items() if self._values.get(k) != v}
         if any(k.startswith("precision.") for k in changed):
             self._set_precision({g: str(values[f"precision.{g}"])
-                                 for g in self._precision_groups})
+                                 for g in self._precision_knobs})
         if "threads" in changed:
             torch.set_num_threads(int(values["threads"]))
         for name, value in values.items():
             self._handles[name].value = value
         self._values = dict(values)
+        self._key = self._config_key(values)
 
     def _set_precision(self, precisions: Mapping[str, str]) -> None:
         if self._precision is not None:
@@ -386,6 +577,17 @@ class Session:
         return self._checkpointer
 
 
+def _detached(tree: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, tree)
+
+
+def _float_sum(output: Any) -> torch.Tensor:
+    """One fp32 scalar from every floating tensor of a model's output (a loss, logits, a dict)."""
+    sums = [t.float().sum() for t in pytree.tree_leaves(output)
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return sum(sums[1:], sums[0]) if sums else torch.zeros(())
+
+
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Parameters, buffers and optimizer state now, with Adam-like state assumed if none yet."""
     tensors = [*model.parameters(), *model.buffers()]
@@ -409,7 +611,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, job: str,
     ``sidecar``: the sidecar's base URL (lease API and OTLP), None for a null session.
     ``module_groups``: fnmatch patterns over parameter names for the gradient groups;
     ``precision_groups``: patterns over module names for ``precision.<group>`` (default: the
-    modules owning each gradient group's parameters). ``global_batch`` declares the
+    modules owning each gradient group's parameters; a group of norm layers only gets no knob,
+    norms compute in fp32 anyway: ``tuner.precision``). ``global_batch`` declares the
     ``micro_batch`` knob (divisors of the per-rank batch, default ``micro_batch`` or one
     micro-batch). ``lease_ttl_s``: asked of the sidecar (None: its default). ``meter``: record
     metrics there instead of exporting OTLP to the sidecar. Call in every rank, after
@@ -422,4 +625,4 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, job: str,
                    snapshot_max_bytes=snapshot_max_bytes, export_interval_s=export_interval_s)
 
 
-__all__ = ["ClientError", "KnobHandle", "Session", "attach", "default_precision_groups"]
+__all__ = ["ClientError", "ConfigRefusedError", "KnobHandle", "Session", "attach", "default_precision_groups"]
