@@ -154,10 +154,10 @@ class SidecarConfig(_Section):
     token_file: Path | None = None
     webhook_url: str | None = None
     webhook_timeout_s: float = Field(default=5.0, gt=0)
-    policy_interval_s: float = Field(default=15.0, gt=0)
+    policy_interval_s: float = Field(default=5.0, gt=0)
     policy_window_s: float = Field(default=300.0, gt=0)
-    policy_open_after: int = Field(default=3, ge=1)
-    policy_close_after: int = Field(default=3, ge=1)
+    policy_open_after: int = Field(default=2, ge=1)
+    policy_close_after: int = Field(default=2, ge=1)
     tuning_interval_s: float = Field(default=1.0, gt=0)
     tuning_start_after_s: float = Field(default=15.0, ge=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)
