@@ -113,27 +113,14 @@ def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float, *,
         send(signal.SIGKILL)
 
 
-@dataclass(frozen=True, kw_only=True)
-class DemoSessionConfig(SessionConfig):
-    """The tuning session's configuration plus the GPU counters to replay (``nvml``)."""
-
-    nvml: str = "off"
-
-    def sidecar_toml(self, *, listen: str, token_file: Path) -> str:
-        text = super().sidecar_toml(listen=listen, token_file=token_file)
-        if 'nvml = "off"' not in text:
-            raise DemoError("the session's sidecar configuration has no nvml line to set")
-        return text.replace('nvml = "off"', f"nvml = {json.dumps(self.nvml)}", 1)
-
-
-def session_config(config: DemoConfig) -> DemoSessionConfig:
-    """The demo's tuning session: approval auto over precision x micro_batch x threads, and a
-    GradScaler whose scale has backed off and may not grow (harmless in fp32 and bf16; the
-    staged fp16 change underflows under it)."""
-    return DemoSessionConfig(
+def session_config(config: DemoConfig) -> SessionConfig:
+    """The demo's tuning session: the sidecar on its default settings (approval mode auto,
+    tune on, nothing else), and a GradScaler whose scale has backed off and may not grow
+    (harmless in fp32 and bf16; the staged fp16 change underflows under it)."""
+    return SessionConfig(
         out=config.out.resolve(), job=TRAIN_JOB, trials=INCIDENT_TRIALS,
-        nvml=f"replay:{config.nvml_trace}" if config.nvml_trace else "off",
-        warm_steps=30 if config.minutes < 2 else 60, grad_scaler=True, policy_interval_s=2.0,
+        sidecar_settings={"nvml": f"replay:{config.nvml_trace}"} if config.nvml_trace else {},
+        warm_steps=30 if config.minutes < 2 else 60, grad_scaler=True,
         loss_scale=INCIDENT_LOSS_SCALE, loss_scale_growth_interval=10**6)
 
 

@@ -45,102 +45,70 @@ class SessionError(SeedanceError):
 
 @dataclass(frozen=True, kw_only=True)
 class SessionConfig:
-    """One session. The defaults fit a shared 2-core CPU: a demo-GPT step of ~0.1-0.4 s,
-    windows of ``warmup_steps`` dropped and ``min_steps`` measured, ``pairs`` of candidate and
-    baseline windows per trial, so 8 trials take a few minutes. Shorter windows than
-    ~15 steps make the per-window tokens/s swing by +-30% on a busy box and nothing is ever
-    significant. ``precisions`` bounds what the search (and auto-approval) may set a precision
-    knob to: fp16 matmuls are emulated on most CPUs (tens of times slower) and need a loss
-    scale, so the search leaves it to an operator. ``loss_scale`` /
-    ``loss_scale_growth_interval`` (with ``grad_scaler``) give the job a GradScaler whose scale
-    has backed off and may not grow: the incident set-up.
+    """One session: the demo job's own settings and a sidecar on its DEFAULT tuning settings.
+
+    The sidecar's configuration file says where it listens and keeps its files, the approval
+    ``mode`` and ``tune``, nothing else: the measurement, the knobs searched and their bounds
+    are the sidecar's defaults, as a new user would have them. A test that drills a failure
+    may add top-level sidecar settings (``sidecar_settings``, e.g. a short ``lease_ttl_s``) or
+    rollout settings (``rollout_settings``); the demo adds none.
 
     No change starts before the job trained ``warm_steps`` steps (the search is paused until
-    then): the demo GPT's loss falls steeply at first. After that the controller judges each
-    candidate's loss against the line through the baseline windows (the trend cancels);
-    ``loss_tolerance`` (relative) covers the noise of a window's mean loss at this batch size."""
+    then). ``loss_scale`` / ``loss_scale_growth_interval`` (with ``grad_scaler``) give the job a
+    GradScaler whose scale has backed off and may not grow: the incident set-up."""
 
     out: Path
     job: str = "demo-train"
     tune: bool = True
     mode: str = "auto"
     trials: int = 8
-    knobs: tuple[str, ...] = ("precision.attention", "precision.ffn", "micro_batch", "threads")
-    precisions: tuple[str, ...] = ("fp32", "bf16")
     global_batch: int = 8
     micro_batch: int = 8
     seq_len: int = 32
     threads: int = 1
-    warm_steps: int = 60
-    pairs: int = 3
-    warmup_steps: int = 2
-    min_steps: int = 15
-    loss_tolerance: float = 0.1
-    export_interval_s: float = 0.5
-    lease_ttl_s: float = 10.0
-    policy_interval_s: float = 5.0
-    policy_window_s: float = 30.0
-    policy_open_after: int = 2
-    policy_close_after: int = 2
+    warm_steps: int = 30
+    lease_ttl_s: float | None = None
+    sidecar_settings: Mapping[str, Any] = field(default_factory=dict)
+    rollout_settings: Mapping[str, Any] = field(default_factory=dict)
     grad_scaler: bool = False
     loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
-    seed: int | None = 0
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "suggest", "off"):
             raise SessionError(f"SessionConfig.mode must be auto, suggest or off, "
                                f"got {self.mode!r}")
-        for name in ("trials", "global_batch", "micro_batch", "seq_len", "threads", "pairs",
-                     "min_steps"):
+        for name in ("trials", "global_batch", "micro_batch", "seq_len", "threads"):
             if getattr(self, name) < 1:
                 raise SessionError(f"SessionConfig.{name} must be >= 1")
         if self.global_batch % self.micro_batch:
             raise SessionError("SessionConfig.global_batch must be a multiple of micro_batch")
-        for name in ("export_interval_s", "lease_ttl_s", "policy_interval_s",
-                     "policy_window_s", "start_timeout_s", "loss_scale"):
+        for name in ("start_timeout_s", "loss_scale"):
             if not getattr(self, name) > 0:
                 raise SessionError(f"SessionConfig.{name} must be > 0")
+        if self.lease_ttl_s is not None and not self.lease_ttl_s > 0:
+            raise SessionError("SessionConfig.lease_ttl_s must be > 0")
 
     @property
     def study(self) -> str:
-        """The Optuna study the sidecar runs the search in (in its state database)."""
+        """The Optuna study the sidecar runs the search in (the sidecar's default name)."""
         return f"seedance:{self.job}"
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Fixed whatever the micro-batch: the job keeps its global batch."""
-        return self.global_batch * self.seq_len
 
     def sidecar_toml(self, *, listen: str, token_file: Path) -> str:
         """The sidecar's configuration file for this session."""
-        def q(value: object) -> str:
-            return json.dumps(str(value))  # a TOML basic string
-        lines = [
-            f"job = {q(self.job + '-sidecar')}", f"listen = {q(listen)}",
-            f"store = {q(self.out / 'metrics.db')}",
-            f"state_db = {q('sqlite:///' + str(self.out / 'state.db'))}",
-            'nvml = "off"', f"token_file = {q(token_file)}",
-            f"export_interval_s = {self.export_interval_s}",
-            f"policy_interval_s = {self.policy_interval_s}",
-            f"policy_window_s = {self.policy_window_s}",
-            f"policy_open_after = {self.policy_open_after}",
-            f"policy_close_after = {self.policy_close_after}",
-            "tuning_interval_s = 0.5", f"lease_ttl_s = {self.lease_ttl_s}",
-            "", "[approval]", f"mode = {q(self.mode)}",
-            "", "[approval.bounds]",
-            *(f'"{k}" = {{ allowed = {json.dumps(list(self.precisions))} }}'
-              for k in self.knobs if k.startswith("precision.")),
-            "", "[rollout]", f"pairs = {self.pairs}", f"warmup_steps = {self.warmup_steps}",
-            f"min_steps = {self.min_steps}", f"tokens_per_step = {self.tokens_per_step}",
-            f"loss_tolerance = {self.loss_tolerance}",
-            "ack_timeout_s = 60.0", "window_timeout_s = 300.0",
-            "", f"[jobs.{q(self.job)}]", f"tune = {str(self.tune).lower()}",
-            f"mode = {q(self.mode)}", f"knobs = {json.dumps(list(self.knobs))}",
-            f"study = {q(self.study)}",
-            *([f"seed = {self.seed}"] if self.seed is not None else []),
-        ]
+        settings: dict[str, Any] = {
+            "job": self.job + "-sidecar", "listen": listen,
+            "store": str(self.out / "metrics.db"),
+            "state_db": "sqlite:///" + str(self.out / "state.db"),
+            "nvml": "off", "token_file": str(token_file), **self.sidecar_settings}
+        lines = [f"{k} = {_toml(v)}" for k, v in settings.items()]
+        lines += ["", "[approval]", f"mode = {_toml(self.mode)}"]
+        if self.rollout_settings:
+            lines += ["", "[rollout]", *(f"{k} = {_toml(v)}"
+                                          for k, v in self.rollout_settings.items())]
+        lines += ["", f"[jobs.{_toml(self.job)}]", f"tune = {_toml(self.tune)}",
+                  f"mode = {_toml(self.mode)}"]
         return "\n".join(lines) + "\n"
 
     def train_args(self, url: str) -> list[str]:
@@ -148,13 +116,18 @@ class SessionConfig:
         args = ["-m", "workloads.train", "--sidecar", url, "--job", self.job,
                 "--seconds", "86400", "--global-batch", str(self.global_batch),
                 "--micro-batch", str(self.micro_batch), "--seq-len", str(self.seq_len),
-                "--threads", str(self.threads), "--export-interval-s",
-                str(self.export_interval_s), "--lease-ttl-s", str(self.lease_ttl_s),
-                "--seed", "0"]
+                "--threads", str(self.threads), "--seed", "0"]
+        if self.lease_ttl_s is not None:
+            args += ["--lease-ttl-s", str(self.lease_ttl_s)]
         if self.grad_scaler:
             args += ["--grad-scaler", "--loss-scale", repr(self.loss_scale),
                      "--loss-scale-growth-interval", str(self.loss_scale_growth_interval)]
         return args
+
+
+def _toml(value: Any) -> str:
+    """A TOML value for a string, number or bool (JSON writes these the way TOML reads)."""
+    return json.dumps(value if isinstance(value, bool | int | float) else str(value))
 
 
 @dataclass(frozen=True, kw_only=True)

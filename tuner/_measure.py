@@ -96,7 +96,7 @@ class MeasureConfig:
 
     warmup_steps: int = 1
     min_steps: int = 3
-    min_window_s: float = 3.0
+    min_window_s: float = 2.0
     max_window_s: float = 30.0
     window_cv: float = 0.03
     tokens_per_step: float | None = None

@@ -278,8 +278,8 @@ class RolloutConfig:
 
     min_pairs: int = 3
     max_pairs: int = 16
-    trial_budget_s: float = 120.0
-    min_gain: float = 0.02
+    trial_budget_s: float = 60.0
+    min_gain: float = 0.03
     proposal_ttl_s: float = 3600.0
     ack_timeout_s: float = 60.0
     window_timeout_s: float = 600.0
@@ -614,39 +614,17 @@ class RolloutController:
         self._send(change, index + 1)
 
     def _judge(self, change: Change, comparison: Comparison, now: float) -> bool:
-        """After each pair: keep, roll back, or (False) measure another pair."""
+        """After each pair: keep, roll back, or (False) measure another pair. Guardrails on
+        loss and latency first, then the sequential test, then the observers (the search's
+        pruner), so a measured gain is never pruned."""
         config, pairs = self.config, comparison.pairs
         elapsed_s = now - float(change.plan.get("applied_at_s", now))
-        if self._stop_early(change, comparison):
+        trip = _verdict(comparison, config, elapsed_s)
+        if trip is not None:
+            self._roll_back(change, trip)
             return True
         if pairs >= config.min_pairs and comparison.improves:
             self._keep(change, comparison)
-            return True
-        if pairs >= config.min_pairs and comparison.ci_high < config.min_gain:
-            self._roll_back(change, Trip(kind="config", reason=(
-                f"no gain worth having (below {config.min_gain:+.0%}): gain "
-                f"{_interval_text(comparison)}")))
-            return True
-        if pairs >= config.max_pairs or elapsed_s >= config.trial_budget_s:
-            spent = (f"{pairs} pairs" if pairs >= config.max_pairs
-                     else f"the trial's {config.trial_budget_s:g} s")
-            self._roll_back(change, Trip(kind="config", reason=(
-                f"no measured gain in {spent}: gain {_interval_text(comparison)}")))
-            return True
-        return False
-
-    def _stop_early(self, change: Change, comparison: Comparison) -> bool:
-        if not comparison.loss_ok:
-            self._roll_back(change, Trip(kind="config", reason=(
-                f"loss {comparison.loss_excess:+.2%} above the baseline's trajectory")))
-            return True
-        if not comparison.latency_ok:
-            self._roll_back(change, Trip(kind="config", reason=(
-                f"p99 latency {comparison.latency_excess:+.2%} above the baseline's")))
-            return True
-        if comparison.pairs >= self.config.early_stop_pairs and comparison.regresses:
-            self._roll_back(change, Trip(kind="config", reason=(
-                f"measured regression {_interval_text(comparison)}")))
             return True
         for observer in list(self._observers):
             try:
@@ -911,6 +889,31 @@ class RolloutController:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+def _verdict(comparison: Comparison, config: RolloutConfig, elapsed_s: float) -> Trip | None:
+    """Why the pairs so far end the change with a rollback, if they do (not a keep)."""
+    pairs = comparison.pairs
+    if not comparison.loss_ok:
+        return Trip(kind="config", reason=(
+            f"loss {comparison.loss_excess:+.2%} above the baseline's trajectory"))
+    if not comparison.latency_ok:
+        return Trip(kind="config", reason=(
+            f"p99 latency {comparison.latency_excess:+.2%} above the baseline's"))
+    if pairs >= config.early_stop_pairs and comparison.regresses:
+        return Trip(kind="config", reason=f"measured regression {_interval_text(comparison)}")
+    if comparison.improves:
+        return None  # kept from min_pairs on
+    if pairs >= config.min_pairs and comparison.ci_high < config.min_gain:
+        return Trip(kind="config", reason=(
+            f"no gain worth having (below {config.min_gain:+.0%}): gain "
+            f"{_interval_text(comparison)}"))
+    if pairs >= config.max_pairs or elapsed_s >= config.trial_budget_s:
+        spent = (f"{pairs} pairs" if pairs >= config.max_pairs
+                 else f"the trial's {config.trial_budget_s:g} s")
+        return Trip(kind="config", reason=(
+            f"no measured gain in {spent}: gain {_interval_text(comparison)}"))
+    return None
 
 
 def _interval_text(comparison: Comparison) -> str:

@@ -23,7 +23,6 @@ import pytest
 from collectors._store import TimeSeriesStore
 from seedancectl._session import (
     SessionConfig,
-    SessionResult,
     TrainingSession,
     Trial,
     run_training_session,
@@ -32,72 +31,39 @@ from tuner._search import config_key, unsafe_keys
 
 pytestmark = pytest.mark.integration
 
-SEARCHED = ("precision.attention", "precision.ffn", "micro_batch", "threads")
-
-
 def _interval(trial: Trial) -> tuple[float, float]:
     """Tokens/s of the candidate relative to its baseline: (1 + ci_low, 1 + ci_high)."""
     return 1 + trial.ci_low, 1 + trial.ci_high
 
 
-def _relative_to_first(result: SessionResult) -> dict[str, tuple[float, float]]:
-    """Each measured trial's tokens/s relative to the first baseline, as an interval: the
-    controller measured it against the baseline in force then, which is the first baseline
-    times the gains of the changes kept before (their intervals multiplied)."""
-    level = {json.dumps(result.baseline, sort_keys=True): (1.0, 1.0)}
-    out = {}
-    for trial in result.trials:
-        if not trial.measured:
-            continue
-        base = level.get(json.dumps(trial.baseline, sort_keys=True))
-        assert base is not None, f"trial {trial.trial} measured against an unknown baseline"
-        low, high = _interval(trial)
-        out[trial.change_id] = (base[0] * low, base[1] * high)
-        if trial.state == "kept":
-            level[json.dumps(trial.values, sort_keys=True)] = out[trial.change_id]
-    return out
-
-
-def test_live_tuning_session_keeps_the_best_config_it_measured(tmp_path: Path) -> None:
-    config = SessionConfig(out=tmp_path, trials=8, knobs=SEARCHED)
-    result = run_training_session(config, timeout_s=1200)
+def test_live_tuning_session_on_default_settings_keeps_only_measured_gains(
+        tmp_path: Path) -> None:
+    config = SessionConfig(out=tmp_path, trials=4)  # the sidecar on its defaults
+    result = run_training_session(config, timeout_s=900)
     print(json.dumps(result.to_json(), indent=1))  # the numbers the issue asks to report
     (tmp_path / "session.json").write_text(json.dumps(result.to_json(), indent=1))
 
     measured = [t for t in result.trials if t.measured]
-    assert len(measured) >= 8
-    configs = [json.dumps({k: t.values[k] for k in SEARCHED}, sort_keys=True) for t in measured]
+    assert len(measured) >= 4
+    configs = [json.dumps(t.values, sort_keys=True) for t in measured]
     assert len(set(configs)) == len(configs), "the search never repeats a config"
-    varied = {k for t in measured for k in SEARCHED if t.values[k] != t.baseline[k]}
-    assert varied == set(SEARCHED), f"trials varied only {sorted(varied)}"
+    for trial in result.trials:  # one knob at a time, from the baseline of then
+        assert len([k for k in trial.values if trial.values[k] != trial.baseline[k]]) == 1
+        assert not any(str(v) == "fp16" for v in trial.values.values())  # slower on a CPU
+    for trial in measured:  # a kept trial's interval excludes zero from above
+        assert (trial.state == "kept") == (trial.ci_low > 0 and "loss" not in (
+            trial.ended_because or "")), trial
 
-    # The kept config re-measured against the first baseline, interleaved (B K B K ...): the
-    # first baseline is not measurably faster (its gain over the kept config excludes no zero
-    # from above), and the mean says the same within that interval.
+    # The kept config re-measured against the first baseline, interleaved, by the same
+    # sequential test: the first baseline is not measurably faster. That is the one claim
+    # "kept is best so far" can soundly make after a search: each verdict was a single test
+    # against the baseline of its time, so intervals chained across baselines are no interval.
     if result.kept == result.baseline:
         assert result.remeasure is None
     else:
         again = result.remeasure
         assert again is not None and again.measured, again
         assert again.ci_low <= 0, f"the first baseline beat the kept config: {again}"
-        assert result.kept_tokens_per_s >= result.baseline_tokens_per_s * (1 + again.ci_low)
-
-    # Best of what was tried, within the noise of the controller's own intervals: no trial's
-    # interval (relative to the first baseline) lies wholly above the kept config's.
-    relative = _relative_to_first(result)
-    kept_changes = [t for t in measured if t.state == "kept"]
-    kept_high = relative[kept_changes[-1].change_id][1] if kept_changes else 1.0
-    if kept_changes:
-        assert kept_changes[-1].values == result.kept
-    for trial in measured:
-        if trial.state == "kept" or "loss" in (trial.ended_because or ""):
-            continue  # kept ones are on the path; a loss regression is no candidate
-        low = relative[trial.change_id][0]
-        if math.isnan(low):
-            continue  # pruned after one pair: no interval, so no evidence it was better
-        assert low <= kept_high, (
-            f"trial {trial.trial} {trial.values} measured x{low:.3f}..; the kept config "
-            f"..x{kept_high:.3f}")
 
 
 def _finding_opened_s(session: TrainingSession, group: str) -> tuple[dict[str, Any], float]:
@@ -112,8 +78,7 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
     # A job whose GradScaler backed off to 2**-24 and may not grow again: fine in fp32, but
     # an operator forcing fp16 onto the ffn group makes that group's gradients flush to zero.
     config = SessionConfig(out=tmp_path, tune=False, grad_scaler=True, loss_scale=2.0**-24,
-                           loss_scale_growth_interval=10**9, warm_steps=20, min_steps=40,
-                           policy_interval_s=2.0)
+                           loss_scale_growth_interval=10**9, warm_steps=20)
     with TrainingSession(config) as session:
         change = session.propose({"precision.ffn": "fp16"}, "operator: fp16 on the ffn group")
         done = session.wait_change(change["id"], ["rolled_back", "kept", "failed"], 600)
@@ -193,8 +158,8 @@ def _candidate_in_force(session: TrainingSession, *, measured: int
 def test_sidecar_killed_mid_trial_job_returns_to_baseline_within_the_lease(
         tmp_path: Path) -> None:
     ttl_s = 3.0
-    config = SessionConfig(out=tmp_path, lease_ttl_s=ttl_s, warm_steps=20, min_steps=10,
-                           loss_tolerance=1.0)
+    config = SessionConfig(out=tmp_path, lease_ttl_s=ttl_s, warm_steps=20,
+                           rollout_settings={"loss_tolerance": 1.0})
     with TrainingSession(config) as session:
         change = session.wait(lambda: _candidate_in_force(session, measured=1), 600,
                               "a trial's candidate in force", watch=(session.train,))
@@ -226,8 +191,8 @@ def test_sidecar_killed_mid_trial_job_returns_to_baseline_within_the_lease(
 
 
 def test_job_killed_mid_trial_fails_the_trial_and_bars_its_config(tmp_path: Path) -> None:
-    config = SessionConfig(out=tmp_path, lease_ttl_s=3.0, warm_steps=20, min_steps=10,
-                           loss_tolerance=1.0)
+    config = SessionConfig(out=tmp_path, lease_ttl_s=3.0, warm_steps=20,
+                           rollout_settings={"loss_tolerance": 1.0})
     with TrainingSession(config) as session:
         change = session.wait(lambda: _candidate_in_force(session, measured=0), 600,
                               "a trial's candidate in force", watch=(session.train,))
