@@ -34,6 +34,14 @@ Multi-rank: only rank 0 talks to the sidecar. At every boundary rank 0 broadcast
 ("which update is newest"); only when it differs from the one in force does it broadcast the
 update itself (``broadcast_object_list``), so every rank switches at the same step.
 
+Priors: at attach the session measures what each dtype's matmul buys on the model's device
+(``collectors.torch_profile.dtype_speedups``, cached per device model): a precision not faster
+than fp32 here stays a legal value of ``precision.<group>`` but is in the knob's
+``search_excludes``, so no search proposes it; fp16 is a risky value (a person approves it)
+unless the job gave ``attach`` its GradScaler. Every 50th step (and the first) a
+``ModuleGroupProfiler`` times each precision group's share of the forward and reports it with
+the groups' dtypes, the input of the sidecar's compute priors (which group to try first).
+
 Fail open: if the lease cannot be renewed for ``lease_ttl_s`` (sidecar gone), the job goes back
 to the last baseline it was sent at the next boundary, logs it once, trains on, and re-attaches
 when the sidecar answers again. With ``sidecar=None`` the session is a null object: knobs keep
@@ -89,6 +97,7 @@ from torch.utils import _pytree as pytree
 from collectors._errors import SeedanceError
 from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
 from collectors._tracing import Tracing, setup_tracing
+from collectors.torch_profile import ModuleGroupProfiler, dtype_speedups
 from collectors.torch_training import (
     NullTrainingInstrumentation,
     TrainingInstrumentation,
@@ -156,7 +165,7 @@ class Session:
                  lease_ttl_s: float | None = None, meter: Meter | None = None,
                  precision_groups: Mapping[str, Sequence[str]] | None = None,
                  global_batch: int | None = None, micro_batch: int | None = None,
-                 snapshot_max_bytes: int | None = None, export_interval_s: float = 5.0) -> None:
+                 snapshot_max_bytes: int | None = None, export_interval_s: float = 1.0) -> None:
         if lease_ttl_s is not None and not lease_ttl_s > 0:
             raise ClientError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
         self.job = job
@@ -202,10 +211,23 @@ class Session:
         self._knobs: dict[str, Knob] = {}
         self._handles: dict[str, KnobHandle] = {}
         self._started = False
+        # What each dtype buys here (a matmul micro-benchmark, cached per device model): a
+        # precision slower than fp32 on this device stays settable but is never searched.
+        self.speedups: Mapping[str, float] = (
+            dtype_speedups(_device_of(self.model)) if sidecar is not None else {})
+        slower = tuple(p for p in PRECISION_CHOICES
+                       if p != "fp32" and self.speedups and self.speedups.get(p, 0.0) <= 1.0)
+        # fp16 without a loss scaler underflows: a person decides (bf16 keeps fp32's range)
+        risky = ("fp16",) if grad_scaler is None else ()
         for group in self._precision_knobs:
             self._declare(Knob(name=f"precision.{group}", default="fp32",
-                               choices=PRECISION_CHOICES,
+                               choices=PRECISION_CHOICES, risky_values=risky,
+                               search_excludes=slower,
                                description=f"compute precision of module group {group}"))
+        self._profiler = (ModuleGroupProfiler(self.model, self._precision_groups, meter,
+                                              config_version=lambda: self.version,
+                                              speedups=self.speedups)
+                          if meter is not None and self.speedups else None)
         cpus = max(_usable_cpus(), torch.get_num_threads())
         if cpus > 1:
             self._declare(Knob(name="threads", default=torch.get_num_threads(), low=1,
@@ -300,8 +322,10 @@ class Session:
         """One optimizer step; the newest config takes effect as it begins. An exception under
         an experimental config skips the step instead of ending the job (module docstring)."""
         self._boundary()
+        profiled = (self._profiler.step(self.steps_done) if self._profiler is not None
+                    else contextlib.nullcontext())
         try:
-            with self.instrumentation.step(tokens=tokens, samples=samples):
+            with self.instrumentation.step(tokens=tokens, samples=samples), profiled:
                 yield
         except Exception as exc:
             self._skip_or_raise(exc)
@@ -336,6 +360,9 @@ class Session:
         if self._precision is not None:
             self._precision.remove()
             self._precision = None
+        if self._profiler is not None:
+            self._profiler.close()
+            self._profiler = None
         for hook in self._batch_hooks:
             hook.remove()
         self._batch_hooks.clear()
@@ -588,6 +615,10 @@ def _float_sum(output: Any) -> torch.Tensor:
     return sum(sums[1:], sums[0]) if sums else torch.zeros(())
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Parameters, buffers and optimizer state now, with Adam-like state assumed if none yet."""
     tensors = [*model.parameters(), *model.buffers()]
@@ -605,7 +636,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, job: str,
            lease_ttl_s: float | None = None, meter: Meter | None = None,
            precision_groups: Mapping[str, Sequence[str]] | None = None,
            global_batch: int | None = None, micro_batch: int | None = None,
-           snapshot_max_bytes: int | None = None, export_interval_s: float = 5.0) -> Session:
+           snapshot_max_bytes: int | None = None, export_interval_s: float = 1.0) -> Session:
     """A ``Session`` for one job; nothing talks to the sidecar until the first step.
 
     ``sidecar``: the sidecar's base URL (lease API and OTLP), None for a null session.
