@@ -1,0 +1,424 @@
+"""Model families for the generalisation benchmark: jobs the tuner was not built around.
+
+The demo job is one small GPT; a tuner that only works there has learned the demo, not the
+problem. Each family here is a model the way a user would write it (usual module names, no
+hooks for the tuner), a fixed global batch of deterministic synthetic data the model can learn,
+its loss, and what one step's "tokens" mean:
+
+=================  ======================================  =====================================
+family             model                                   tokens per sample (the unit)
+=================  ======================================  =====================================
+cnn_bn             VGG-style Conv+BatchNorm2d+ReLU blocks   1 (an image)
+                   (``features.N``) and a ``classifier``
+vit                patch embedding, ``blocks.N`` with       64 (patch tokens of a 32x32 image)
+                   ``attn`` / ``mlp`` (timm-style), head
+rnn                embedding, 2-layer LSTM, linear head     64 (time steps of a sequence)
+mlp                ``layers.N`` Linear+GELU, ``head``        1 (a feature vector)
+wide_transformer   Llama-style decoder (RMSNorm, SwiGLU),   128 (sequence positions)
+                   8 layers x 384 wide vs the demo's 6x256
+=================  ======================================  =====================================
+
+Tokens/s are only ever compared within one family, so the unit only has to be fixed per family.
+
+Measured default step (fp32, torch's default 2 threads, the whole global batch as one
+micro-batch, this repo's 2-core shared AMD EPYC CPU, torch 2.13 CPU; median of 10 steps after 3
+warm-up steps, ``python -m workloads.families``): cnn_bn 0.19 s, vit 0.20 s, rnn 0.21 s,
+mlp 0.17 s, wide_transformer 0.56 s. The sizes were chosen for a step of 0.05-1 s there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from collectors._errors import SeedanceError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class FamilyError(SeedanceError):
+    """A family name or build argument is invalid."""
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+
+class SyntheticBatches:
+    """A fixed global batch per step, the same sequence for the same seed.
+
+    ``pool`` batches are drawn up front and cycled, so drawing data costs nothing measurable
+    next to a step and every config of a benchmark sees the same batches.
+    """
+
+    def __init__(self, draw: Callable[[torch.Generator], Batch], *, seed: int,
+                 pool: int = 8) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self._batches = [draw(g) for _ in range(pool)]
+        self._next = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        batch = self._batches[self._next % len(self._batches)]
+        self._next += 1
+        return batch
+
+
+def _image_draw(batch: int, classes: int, size: int, seed: int
+                ) -> Callable[[torch.Generator], Batch]:
+    """Images = noise + a fixed template of their class: learnable, not trivially."""
+    templates = torch.randn(classes, 3, size, size,
+                            generator=torch.Generator().manual_seed(seed + 10_000))
+
+    def draw(g: torch.Generator) -> Batch:
+        y = torch.randint(classes, (batch,), generator=g)
+        x = templates[y] * 0.5 + torch.randn(batch, 3, size, size, generator=g)
+        return x, y
+
+    return draw
+
+
+def _sequence_draw(batch: int, seq_len: int, vocab: int, seed: int
+                   ) -> Callable[[torch.Generator], Batch]:
+    """Token sequences from a fixed sparse Markov chain: next-token prediction is learnable."""
+    g0 = torch.Generator().manual_seed(seed + 20_000)
+    successors = torch.randint(vocab, (vocab, 4), generator=g0)
+
+    def draw(g: torch.Generator) -> Batch:
+        seq = torch.empty(batch, seq_len + 1, dtype=torch.long)
+        seq[:, 0] = torch.randint(vocab, (batch,), generator=g)
+        picks = torch.randint(4, (batch, seq_len), generator=g)
+        for t in range(seq_len):
+            seq[:, t + 1] = successors[seq[:, t], picks[:, t]]
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    return draw
+
+
+def _feature_draw(batch: int, features: int, classes: int, seed: int
+                  ) -> Callable[[torch.Generator], Batch]:
+    """Feature vectors labelled by a fixed random two-layer teacher."""
+    g0 = torch.Generator().manual_seed(seed + 30_000)
+    w1 = torch.randn(features, 64, generator=g0) / math.sqrt(features)
+    w2 = torch.randn(64, classes, generator=g0)
+
+    def draw(g: torch.Generator) -> Batch:
+        x = torch.randn(batch, features, generator=g)
+        return x, (torch.tanh(x @ w1) @ w2).argmax(dim=1)
+
+    return draw
+
+
+def _classification_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output.float(), target)
+
+
+def _lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1))
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+
+class ConvNet(nn.Module):
+    """VGG-style: stages of (Conv3x3 -> BatchNorm2d -> ReLU) x 2 and a max-pool, then a
+    classifier; torchvision's ``features`` / ``classifier`` naming."""
+
+    def __init__(self, *, widths: Sequence[int] = (32, 64, 128), classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in widths:
+            for _ in range(2):
+                layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False),
+                           nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+                channels = width
+            layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(channels, 256),
+                                        nn.ReLU(inplace=True), nn.Linear(256, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.pool(self.features(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(
+            2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, 4 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    """A small vision transformer (timm naming): patch embedding, class token, learned
+    positions, pre-norm blocks, head on the class token."""
+
+    def __init__(self, *, image: int = 32, patch: int = 4, dim: int = 192, depth: int = 6,
+                 heads: int = 3, classes: int = 10) -> None:
+        super().__init__()
+        self.patches = (image // patch) ** 2
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, self.patches + 1, dim) * 0.02)
+        self.blocks = nn.Sequential(*(ViTBlock(dim, heads) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1).to(x.dtype), x], dim=1)
+        x = self.blocks(x + self.pos_embed.to(x.dtype))
+        return self.head(self.norm(x)[:, 0])
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding, a stacked LSTM and a linear head: next-token prediction."""
+
+    def __init__(self, *, vocab: int = 64, dim: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, dim, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(x))
+        return self.head(out)
+
+
+class DeepMLP(nn.Module):
+    """A plain deep MLP: ``layers.N`` Linear layers with GELU between them, then a head."""
+
+    def __init__(self, *, features: int = 512, width: int = 1024, depth: int = 8,
+                 classes: int = 10) -> None:
+        super().__init__()
+        dims = [features, *([width] * depth)]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = F.gelu(layer(x))
+        return self.head(x)
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (p(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(dim)
+        self.self_attn = DecoderAttention(dim, heads)
+        self.post_attention_layernorm = nn.RMSNorm(dim)
+        self.mlp = SwiGLU(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """A Llama-style decoder (Hugging Face naming), wider and deeper than the demo GPT
+    (6 layers x 256): token embedding, learned positions, RMSNorm, SwiGLU, untied head."""
+
+    def __init__(self, *, vocab: int = 256, seq_len: int = 64, dim: int = 384,
+                 layers: int = 8, heads: int = 6, hidden: int = 1024) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, dim)
+        self.embed_positions = nn.Embedding(seq_len, dim)
+        self.layers = nn.ModuleList(DecoderLayer(dim, heads, hidden) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.size(1), device=x.device)
+        h = self.embed_tokens(x) + self.embed_positions(positions)
+        for layer in self.layers:
+            h = layer(h)
+        return self.lm_head(self.norm(h))
+
+
+# ---- the registry -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Built:
+    """One family made ready to train: what a user's script holds before its loop."""
+
+    family: Family
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    batches: SyntheticBatches
+    loss_fn: LossFn
+
+    @property
+    def global_batch(self) -> int:
+        return self.family.global_batch
+
+    @property
+    def tokens_per_batch(self) -> int:
+        """Tokens of one global batch, in the family's unit (``Family.token_unit``)."""
+        return self.family.global_batch * self.family.tokens_per_sample
+
+    @property
+    def module_groups(self) -> Mapping[str, Sequence[str]] | None:
+        return self.family.module_groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """How to build one family; ``build(seed)`` is deterministic for a seed."""
+
+    name: str
+    description: str
+    global_batch: int
+    tokens_per_sample: int
+    token_unit: str
+    make_model: Callable[..., nn.Module]
+    make_draw: Callable[[int, int], Callable[[torch.Generator], Batch]]
+    """(global_batch, seed) -> one batch from a generator."""
+    loss_fn: LossFn
+    lr: float = 1e-3
+    module_groups: Mapping[str, Sequence[str]] | None = None
+    """Passed to ``attach``; None: the project's default grouping by module names."""
+    tiny: Mapping[str, Any] = field(default_factory=dict)
+    """Model arguments of a tiny variant (same architecture, names and data): fast tests."""
+
+    def build(self, seed: int = 0, *, tiny: bool = False) -> Built:
+        torch.manual_seed(seed)
+        model = self.make_model(**(self.tiny if tiny else {}))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=0.01)
+        batches = SyntheticBatches(self.make_draw(self.global_batch, seed), seed=seed)
+        return Built(family=self, model=model, optimizer=optimizer, batches=batches,
+                     loss_fn=self.loss_fn)
+
+
+FAMILIES: Mapping[str, Family] = {f.name: f for f in (
+    Family(name="cnn_bn", description="VGG-style CNN with BatchNorm, 32x32 images, 10 classes",
+           global_batch=32, tokens_per_sample=1, token_unit="images",
+           make_model=ConvNet, make_draw=lambda b, s: _image_draw(b, 10, 32, s),
+           loss_fn=_classification_loss, tiny={"widths": (4, 8)}),
+    Family(name="vit", description="ViT (6 blocks x 192, 4x4 patches of 32x32 images)",
+           global_batch=16, tokens_per_sample=64, token_unit="patch tokens (64 per image)",
+           make_model=ViT, make_draw=lambda b, s: _image_draw(b, 10, 32, s),
+           loss_fn=_classification_loss, tiny={"dim": 16, "depth": 1, "heads": 2}),
+    Family(name="rnn", description="2-layer LSTM language model (256 wide) on 64-step "
+                                   "sequences of a 64-token vocabulary",
+           global_batch=32, tokens_per_sample=64, token_unit="sequence positions",
+           make_model=LSTMLanguageModel, make_draw=lambda b, s: _sequence_draw(b, 64, 64, s),
+           loss_fn=_lm_loss, tiny={"dim": 16, "layers": 1}),
+    Family(name="mlp", description="deep MLP (8 x 1024) on 512 features, 10 classes",
+           global_batch=256, tokens_per_sample=1, token_unit="samples",
+           make_model=DeepMLP, make_draw=lambda b, s: _feature_draw(b, 512, 10, s),
+           loss_fn=_classification_loss, tiny={"width": 32, "depth": 2}),
+    Family(name="wide_transformer", description="Llama-style decoder, 8 layers x 384 "
+                                                "(demo GPT: 6 x 256), 64-token context",
+           global_batch=8, tokens_per_sample=64, token_unit="sequence positions",
+           make_model=Decoder, make_draw=lambda b, s: _sequence_draw(b, 64, 256, s),
+           loss_fn=_lm_loss, lr=3e-4, tiny={"dim": 32, "layers": 1, "heads": 2, "hidden": 64}),
+)}
+"""Every family by name; none of them is the demo GPT."""
+
+SERVING_FAMILIES: Mapping[str, object] = {}
+"""HOOK (not built yet): serving families (kept config vs default: tokens/s and p99 within the
+quality bound). ``bench/generalisation.py`` reports them as ``not_built`` until one is added."""
+
+
+def family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise FamilyError(f"unknown family {name!r}; families: {', '.join(FAMILIES)}") from None
+
+
+def _measure(names: Sequence[str], steps: int = 10, warmup: int = 3) -> None:
+    """Print each family's default step time (how the docstring's numbers were measured)."""
+    import statistics
+    import time
+
+    for name in names:
+        built = family(name).build()
+        times = []
+        for i in range(warmup + steps):
+            x, y = next(built.batches)
+            t0 = time.perf_counter()
+            built.loss_fn(built.model(x), y).backward()
+            built.optimizer.step()
+            built.optimizer.zero_grad(set_to_none=True)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        params = sum(p.numel() for p in built.model.parameters())
+        print(f"{name}: {params / 1e6:.2f}M parameters, step {statistics.median(times):.3f} s "
+              f"(median of {steps}, threads {torch.get_num_threads()})", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _measure(sys.argv[1:] or list(FAMILIES))
