@@ -208,6 +208,8 @@ class Trip:
     kind: RollbackKind
     reason: str
     group: str | None = None
+    job_failed: bool = False
+    """The job itself reported the config failing (it raised there): never to be tried again."""
 
 
 class Guardrail(abc.ABC):
@@ -508,7 +510,14 @@ class RolloutController:
         if trip is not None:
             self._roll_back(change, trip)
             return
-        if not change.plan.get("acked"):
+        if change.plan.get("acked"):
+            failed = next((a for a in self.registry.acks(change.job)
+                           if a.version == version and a.status == "failed"), None)
+            if failed is not None:  # a step raised under it; the job is back on its baseline
+                self._roll_back(change, Trip(kind="config", job_failed=True, reason=(
+                    f"the job failed under v{version}: {failed.error}")))
+                return
+        else:
             ack = self.registry.wait_ack(change.job, version, timeout_s=0.0)
             if ack is None:
                 if now - change.plan["sent_at_s"] > self.config.ack_timeout_s:
@@ -516,7 +525,7 @@ class RolloutController:
                         f"no ack of v{version} within {self.config.ack_timeout_s:g} s")))
                 return
             if ack.status != "applied":
-                self._roll_back(change, Trip(kind="config", reason=(
+                self._roll_back(change, Trip(kind="config", job_failed=True, reason=(
                     f"the job failed to apply v{ack.version}: {ack.error}")))
                 return
             plan = {**change.plan, "acked": True, "acked_at_s": now, "live_version": version}
@@ -688,7 +697,8 @@ class RolloutController:
                       "change_id": change.id}
         change = self._move(change, "rolled_back", by=by, reason=trip.reason,
                             version_before=before, plan={**change.plan, "ended_because": (
-                                trip.reason), "rollback": trip.kind},
+                                trip.reason), "rollback": trip.kind,
+                                "job_failed": trip.job_failed},
                             detail={"rollback": trip.kind, "group": trip.group,
                                     "action": action, "restore": restore}, spans={})
         self._end_open(opened, error=f"rolled back: {trip.reason}")

@@ -545,7 +545,8 @@ class SearchDriver:
         if last.state.is_finished():
             return
         rollback = change.plan.get("rollback")
-        if change.state == "rolled_back" and rollback in ("full", "local"):
+        if change.state == "rolled_back" and (rollback in ("full", "local")
+                                              or change.plan.get("job_failed")):
             self.fail(number, reason=f"guardrail: {change.plan.get('ended_because')}",
                       unsafe=True)
         elif change.state == "rolled_back" and change.plan.get("ended_because") == PRUNED:

@@ -372,3 +372,29 @@ def test_a_precision_slower_than_fp32_here_is_never_proposed(tmp_path: Path) -> 
         search.tell(p.number, 1.0)
     assert "fp16" not in proposed and "bf16" in proposed
     assert space.validate({"precision.ffn": "fp16"})  # an operator may still set it
+
+
+def test_a_config_the_job_reports_failing_is_rolled_back_and_never_proposed_again(
+        rollout: dict[str, Any]) -> None:
+    # the job applied the candidate, then a step raised under it: the client skipped the step,
+    # went back to its baseline and acked the version again as failed
+    ctl, job, registry = rollout["ctl"], rollout["job"], rollout["registry"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="raised", seed=0),
+                          clock=rollout["clock"])
+    ctl.add_observer(search)
+    search.seed([Move(values={"micro_batch": 4})])
+    change = search.propose_next(ctl, job.job)
+    assert change is not None
+    ctl.tick()
+    job.run(8)
+    ctl.tick()
+    version = int(ctl.get(change.id).plan["version"])
+    registry.ack(job.job, job.session, version=version, step=job.step, status="failed",
+                 error="RuntimeError: expected scalar type Half but found Float")
+    ctl.tick()
+    done = ctl.get(change.id)
+    assert done.state == "rolled_back" and done.plan["job_failed"], done.plan
+    assert "expected scalar type Half" in done.plan["ended_because"]
+    from tuner._search import unsafe_keys
+    assert config_key({"micro_batch": 4}) in unsafe_keys(search.study)
