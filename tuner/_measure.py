@@ -53,8 +53,9 @@ after each pair would (Student's t and the bootstrap stay as options for compari
 are reported as exp(.) - 1. A change is kept only when the interval excludes zero from above.
 Loss guardrail: a training job's loss falls while it is measured, so each candidate's
 mean loss is judged against the baseline's trajectory, the least-squares line through the
-baseline windows' (mid-time, mean loss), at the candidate window's mid-time; it may exceed it by
-at most ``loss_tolerance`` (relative). It is judged once two baseline windows give a line (a
+baseline windows' (mid-time, mean loss), at the candidate window's mid-time; the candidates'
+mean excess over it may be at most ``loss_tolerance`` (relative; a mean, since one short
+window's loss is noisy). It is judged once two baseline windows give a line (a
 single later baseline window would make the first candidate look worse by the fall between
 them); a non-finite loss fails at once.
 """
@@ -189,6 +190,8 @@ class Comparison:
     loss_ok: bool
     latency_excess: float = math.nan
     latency_ok: bool = True
+    worst_pair: float = math.nan
+    """The lowest candidate/baseline tokens/s ratio of one pair (a harm bound, not a test)."""
 
     @property
     def improves(self) -> bool:
@@ -205,7 +208,8 @@ class Comparison:
                 "ci_high": self.ci_high, "width": self.ci_high - self.ci_low,
                 "confidence": self.confidence,
                 "loss_excess": self.loss_excess, "loss_ok": self.loss_ok,
-                "latency_excess": self.latency_excess, "latency_ok": self.latency_ok}
+                "latency_excess": self.latency_excess, "latency_ok": self.latency_ok,
+                "worst_pair": self.worst_pair}
 
 
 def _by_rank(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -423,7 +427,7 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
         base = trajectory(_mid_s(c)) if trajectory is not None else math.nan
         if math.isfinite(c.loss) and math.isfinite(base):
             excess.append((c.loss - base) / abs(base) if base else c.loss - base)
-    worst = max(excess) if excess else math.nan
+    worst = float(np.mean(excess)) if excess else math.nan
     nonfinite = any(c.nonfinite_loss for c, _ in pairs)
     loss_ok = not nonfinite and (not excess or worst <= config.loss_tolerance)
     latency = _latency_excess(pairs)
@@ -431,7 +435,8 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
                       ci_low=math.expm1(low), ci_high=math.expm1(high),
                       confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok,
                       latency_excess=latency,
-                      latency_ok=not latency > config.latency_tolerance)
+                      latency_ok=not latency > config.latency_tolerance,
+                      worst_pair=math.exp(float(log_gains.min())))
 
 
 def _latency_excess(pairs: Sequence[tuple[Window, list[Window]]]) -> float:

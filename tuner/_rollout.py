@@ -276,12 +276,14 @@ class RolloutConfig:
     ``early_stop_pairs`` on when it excludes zero from below, and from ``min_pairs`` on when
     its upper end is below ``min_gain``, a gain not worth having), or until ``max_pairs`` or
     ``trial_budget_s`` of job time since the candidate was acked (then rolled back: no
-    measured gain)."""
+    measured gain). Whatever the test says, a candidate window that ran below
+    ``max_slowdown`` of its baseline's tokens/s ends the trial at once: it harms the job."""
 
     min_pairs: int = 3
     max_pairs: int = 16
     trial_budget_s: float = 60.0
     min_gain: float = 0.03
+    max_slowdown: float = 0.4
     proposal_ttl_s: float = 3600.0
     ack_timeout_s: float = 60.0
     window_timeout_s: float = 600.0
@@ -297,6 +299,9 @@ class RolloutConfig:
         if self.early_stop_pairs < 1:
             raise ValueError(f"RolloutConfig.early_stop_pairs must be >= 1, "
                              f"got {self.early_stop_pairs}")
+        if not 0 <= self.max_slowdown < 1:
+            raise ValueError(f"RolloutConfig.max_slowdown must be in [0, 1), "
+                             f"got {self.max_slowdown}")
         if self.min_gain < 0:
             raise ValueError(f"RolloutConfig.min_gain must be >= 0, got {self.min_gain}")
         for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s", "trial_budget_s"):
@@ -910,6 +915,10 @@ def _verdict(comparison: Comparison, config: RolloutConfig, elapsed_s: float) ->
     if not comparison.latency_ok:
         return Trip(kind="config", reason=(
             f"p99 latency {comparison.latency_excess:+.2%} above the baseline's"))
+    if comparison.worst_pair < config.max_slowdown:
+        return Trip(kind="config", reason=(
+            f"harms the job: a candidate window ran at {comparison.worst_pair:.0%} of its "
+            f"baseline's tokens/s (bound {config.max_slowdown:.0%})"))
     if pairs >= config.early_stop_pairs and comparison.regresses:
         return Trip(kind="config", reason=f"measured regression {_interval_text(comparison)}")
     if comparison.improves:

@@ -9,7 +9,8 @@ could hurt it (``single_moves``):
   baseline (one step of one knob), the moves that usually pay first. A kept move becomes the
   baseline, so multi-knob configs are reached by combining single moves that were kept, never
   by random start-up trials. A micro-batch far from the current one is never a step away.
-  Once every single move from the baseline was tried, the sampler takes over
+  Once every single move from the baseline was tried, the search waits (a new baseline, kept
+  by an operator, opens new moves); with ``sample_after_moves`` the sampler takes over
   (``NeighbourhoodSampler`` around the best trial, then TPE);
 - no repeats: a config already measured is answered from the study (the trial is told the
   cached value, or pruned again if it was pruned, never re-run); a config that killed its job
@@ -294,7 +295,9 @@ class NeighbourhoodSampler(BaseSampler):
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
     """The driver's settings; ``trial_lease_s`` must outlast the longest gap between
-    heartbeats (one rollout window)."""
+    heartbeats (one rollout window). ``sample_after_moves``: once every single move from the
+    baseline was tried, let the sampler propose (multi-knob configs); off by default, since a
+    live job pays for every trial and a sampled config may move many knobs at once."""
 
     study_name: str
     direction: Literal["maximize", "minimize"] = "maximize"
@@ -303,6 +306,7 @@ class SearchConfig:
     pruner_startup_trials: int = 2
     max_ask_attempts: int = 20
     seed: int | None = None
+    sample_after_moves: bool = False
 
     def __post_init__(self) -> None:
         if not self.study_name:
@@ -349,6 +353,7 @@ class SearchDriver:
             pruner=pruner or optuna.pruners.MedianPruner(
                 n_startup_trials=config.pruner_startup_trials, n_warmup_steps=3))
         self._mine: dict[int, Trial] = {}
+        self._converged = ""
 
     # ---- priors --------------------------------------------------------------------------------
 
@@ -499,9 +504,13 @@ class SearchDriver:
         status = controller.registry.status(job)
         baseline = dict(status.baseline.values)
         proposal = self.next_move(baseline, status.knobs, low_risk_only=low_risk_only)
-        if proposal is None and not low_risk_only:
+        if proposal is None and not low_risk_only and self.config.sample_after_moves:
             proposal = self._sampled(baseline)
         if proposal is None:
+            if self._converged != config_key(baseline):
+                self._converged = config_key(baseline)
+                log.info("search %s: every single move from the baseline was tried; it "
+                         "waits for a new baseline", self.config.study_name)
             return None
         try:
             return controller.propose(
