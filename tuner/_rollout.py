@@ -631,13 +631,13 @@ class RolloutController:
         """After each pair: keep, roll back, or (False) measure another pair. Guardrails on
         loss and latency first, then the sequential test, then the observers (the search's
         pruner), so a measured gain is never pruned."""
-        config, pairs = self.config, comparison.pairs
+        config = self.config
         elapsed_s = now - float(change.plan.get("applied_at_s", now))
-        trip = _verdict(comparison, config, elapsed_s)
-        if trip is not None:
-            self._roll_back(change, trip)
+        verdict = decide(comparison, config, elapsed_s)
+        if isinstance(verdict, Trip):
+            self._roll_back(change, verdict)
             return True
-        if pairs >= config.min_pairs and comparison.improves:
+        if verdict == "keep":
             self._keep(change, comparison)
             return True
         for observer in list(self._observers):
@@ -906,8 +906,12 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def _verdict(comparison: Comparison, config: RolloutConfig, elapsed_s: float) -> Trip | None:
-    """Why the pairs so far end the change with a rollback, if they do (not a keep)."""
+def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
+           ) -> Literal["keep"] | Trip | None:
+    """The sequential test's verdict after a pair (``RolloutConfig``): keep, a rollback (the
+    trip says why) or None (measure another pair). ``elapsed_s``: job time since the
+    candidate was first acked. Pure, so a bench replays recorded windows through exactly the
+    controller's rule."""
     pairs = comparison.pairs
     if not comparison.loss_ok:
         return Trip(kind="config", reason=(
@@ -922,7 +926,7 @@ def _verdict(comparison: Comparison, config: RolloutConfig, elapsed_s: float) ->
     if pairs >= config.early_stop_pairs and comparison.regresses:
         return Trip(kind="config", reason=f"measured regression {_interval_text(comparison)}")
     if comparison.improves:
-        return None  # kept from min_pairs on
+        return "keep" if pairs >= config.min_pairs else None
     if pairs >= config.min_pairs and comparison.ci_high < config.min_gain:
         return Trip(kind="config", reason=(
             f"no gain worth having (below {config.min_gain:+.0%}): gain "
