@@ -1,0 +1,550 @@
+"""Benchmark: does the tuner generalise beyond the demo GPT? Five model families, each judged
+against its own measured truth.
+
+For each family of ``workloads.families`` (none is the demo GPT), in one run:
+
+1. TRUTH, the exhaustive grid of the job's live knobs: threads {1, usable CPUs} x one
+   precision for every module group at once {fp32, bf16, fp16} x up to 4 micro-batch sizes
+   (log-spread divisors of the global batch), measured in this process through
+   ``workloads.train_family.run_steps`` (the job's own step, fixed config, no sidecar). The
+   grid is interleaved: each round visits every config once in a new shuffled order, a
+   warm-up step then up to ``--grid-steps`` measured steps, and the default config (the
+   reference) before the first and after every ``--reference-every`` configs. A visit's
+   figure is its median tokens/s / the mean of the two reference visits around it (the box
+   is shared: its load changes within minutes); a config's is the median over its visits. A
+   config is pruned (not visited again) when its first step alone overran the visit budget,
+   or when after a round it ran at under ``--prune-below`` of the default: both are far
+   from the best, so more steps would not change the truth.
+2. LIVE: ``seedancectl sidecar --config FILE`` whose job section says only ``mode = "auto"``
+   and ``tune = true`` (plus the listen address, store, state database and token file it
+   needs to run: every other setting is the default), and ``python -m
+   workloads.train_family`` attached to it as the README's loop. At ``--minutes``/2 and
+   ``--minutes`` after the job attached, the job's baseline (the config it keeps) and the
+   trials are read over the sidecar's HTTP API (``seedancectl._session``); then both stop.
+3. A/B: the default, the grid's best, and the config kept at each checkpoint, interleaved in
+   this process with ``run_steps`` (``--ab-rounds`` rounds, shuffled order, a warm-up step and
+   ``--ab-steps`` measured steps per visit). Ratio = median tokens/s of the arm / median of
+   the default, pooled over rounds; 95% interval from a paired bootstrap over rounds.
+
+Reported per family: step_s (the default's median step), the grid (config -> tokens/s and
+relative to the default), available gain (the best config known / default, by the A/B: the
+grid's best re-measured so the max over a noisy grid does not inflate it, or a kept config
+that measured better still), kept config and ratio with interval at both checkpoints,
+captured = (kept ratio - 1) / (available - 1) when available > 1.02 (else 1, or 0 if a
+regression was kept), trial counts, and whether a regression was kept (the kept ratio's
+interval lies wholly below 1). The summary states each of the issue's targets and whether
+it was met. A serving family is a hook (``workloads.families.SERVING_FAMILIES``), reported
+as not built until one exists.
+
+Run: python bench/generalisation.py [--families cnn_bn,vit --minutes 10]   (about 15-20 min a
+family on 2 cores), or ``--quick`` for a smoke run (2 minutes live, a one-round grid).
+Results: bench/results/generalisation.json (rewritten after every family).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from seedancectl._session import (  # noqa: E402
+    SessionConfig,
+    SessionError,
+    TrainingSession,
+    Trial,
+)
+from workloads.families import FAMILIES, SERVING_FAMILIES, Built, family  # noqa: E402
+from workloads.train_family import (  # noqa: E402
+    Config,
+    config_label,
+    default_config,
+    knob_grid,
+    run_steps,
+)
+
+RESULTS = ROOT / "bench" / "results" / "generalisation.json"
+LIVE_KEYS = ("threads", "micro_batch")
+CAPTURE_TARGET = 0.8
+FLAT_GAIN = 1.02
+
+Steps = list[tuple[int, float]]
+
+
+def live_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs a running job acts on (restart-scope ones wait for a restart)."""
+    return {k: v for k, v in sorted(config.items())
+            if k in LIVE_KEYS or k.startswith("precision.")}
+
+
+def tokens_per_s(steps: Steps) -> list[float]:
+    return [tokens / seconds for tokens, seconds in steps]
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _r(value: float, digits: int = 3) -> float | None:
+    return round(value, digits) if math.isfinite(value) else None
+
+
+# ---- interleaved in-process measurement ---------------------------------------------------------
+
+
+@dataclass
+class Arm:
+    """One config under measurement: its visits' measured steps, by round, and each visit's
+    tokens/s relative to the reference visits on either side of it."""
+
+    config: Config
+    visits: list[tuple[int, Steps]] = field(default_factory=list)
+    relatives: list[float] = field(default_factory=list)
+    warmup: Steps = field(default_factory=list)
+    pruned: str | None = None
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def steps(self) -> Steps:
+        return [s for _, steps in self.visits for s in steps]
+
+    def round_steps(self, r: int) -> Steps:
+        return [s for i, steps in self.visits if i == r for s in steps]
+
+    @property
+    def rounds(self) -> int:
+        return len({i for i, steps in self.visits if steps})
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(v) for v in self.losses)
+
+
+class Restorer:
+    """The model and optimizer as built; put back when a config made them non-finite, so one
+    config cannot spoil the rest of the measurement."""
+
+    def __init__(self, built: Built) -> None:
+        self.built = built
+        self.model = {k: v.clone() for k, v in built.model.state_dict().items()}
+        self.optimizer = _clone(built.optimizer.state_dict())
+
+    def check(self, losses: Sequence[float]) -> bool:
+        """True (and the state restored) when a loss was non-finite."""
+        if all(math.isfinite(v) for v in losses):
+            return False
+        self.built.model.load_state_dict(self.model)
+        self.built.optimizer.load_state_dict(_clone(self.optimizer))
+        return True
+
+
+def _clone(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return {k: _clone(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_clone(v) for v in state]
+    return state
+
+
+def interleave(built: Built, configs: Mapping[str, Config], reference: str, *, rounds: int,
+               steps: int, visit_s: float, reference_every: int, prune_below: float | None,
+               seed: int, restorer: Restorer, echo: str = "") -> dict[str, Arm]:
+    """Each round visits every unpruned config once in a new shuffled order, with the
+    ``reference`` visited before the first and after every ``reference_every`` of them: a
+    visit is a warm-up step and up to ``steps`` measured ones within ``visit_s``. A visit's
+    relative figure divides by the mean of the reference visits on either side of it, so a
+    machine whose load changes mid-round (a shared box) shifts both alike."""
+    arms = {name: Arm(config=dict(c)) for name, c in configs.items()}
+    ref = arms[reference]
+    rng = np.random.default_rng(seed)
+    others = [n for n in arms if n != reference]
+
+    def visit(name: str, r: int) -> float:
+        arm = arms[name]
+        losses: list[float] = []
+        warm: Steps = []
+        got = run_steps(built, arm.config, steps, warmup=1, max_seconds=visit_s,
+                        losses=losses, warmup_out=warm)
+        arm.visits.append((r, got))
+        arm.warmup += warm
+        arm.losses += losses
+        if restorer.check(losses):
+            arm.pruned = "non-finite loss"
+        elif not got and name != reference:
+            arm.pruned = f"its first step alone overran the {visit_s:.1f} s visit budget"
+        return _median(tokens_per_s(got or warm))
+
+    last_ref = math.nan
+    for r in range(rounds):
+        todo = [others[int(i)] for i in rng.permutation(len(others))
+                if arms[others[int(i)]].pruned is None]
+        if r == 0 or not math.isfinite(last_ref):
+            last_ref = visit(reference, r)
+        for start in range(0, len(todo), max(1, reference_every)):
+            block = todo[start:start + max(1, reference_every)]
+            figures = {name: visit(name, r) for name in block}
+            next_ref = visit(reference, r)
+            scale = statistics.fmean([last_ref, next_ref])
+            ref.relatives.append(next_ref / scale)
+            for name, tps in figures.items():
+                arms[name].relatives.append(tps / scale)
+                print(f"{echo}round {r + 1}/{rounds} {name}: {tps:.1f} tokens/s "
+                      f"({tps / scale:.2f}x default)"
+                      f"{'  pruned: ' + str(arms[name].pruned) if arms[name].pruned else ''}",
+                      flush=True)
+            last_ref = next_ref
+        if prune_below is not None:
+            for name in others:
+                arm = arms[name]
+                rel = relative(arm)
+                if arm.pruned is None and math.isfinite(rel) and rel < prune_below:
+                    arm.pruned = f"under {prune_below:g}x the default after round {r + 1}"
+    return arms
+
+
+def relative(arm: Arm) -> float:
+    """Median over the arm's visits of its tokens/s / the bracketing reference visits'."""
+    return _median(arm.relatives)
+
+
+def ratio_ci(arm: Arm, reference: Arm, *, boots: int = 2000, seed: int = 0
+             ) -> tuple[float, float, float]:
+    """Ratio of pooled medians (arm / reference) and a 95% paired bootstrap over rounds."""
+    rounds = sorted({r for r, s in arm.visits if s} & {r for r, s in reference.visits if s})
+    pairs = [(tokens_per_s(arm.round_steps(r)), tokens_per_s(reference.round_steps(r)))
+             for r in rounds]
+    if not pairs:  # pruned at its first step: that step is all there is
+        rel = relative(arm)
+        return rel, rel, rel
+
+    def ratio(chosen: Sequence[int]) -> float:
+        mine = [v for i in chosen for v in pairs[i][0]]
+        ref = [v for i in chosen for v in pairs[i][1]]
+        return statistics.median(mine) / statistics.median(ref)
+
+    point = ratio(range(len(pairs)))
+    rng = np.random.default_rng(seed)
+    samples = [ratio(rng.integers(0, len(pairs), len(pairs))) for _ in range(boots)]
+    low, high = np.percentile(samples, [2.5, 97.5])
+    return point, float(low), float(high)
+
+
+# ---- the live session -----------------------------------------------------------------------
+
+
+class FamilySession(TrainingSession):
+    """``seedancectl._session.TrainingSession`` with the default sidecar settings (the job
+    section says only mode auto and tune true) and ``workloads.train_family`` as the job."""
+
+    def __init__(self, name: str, out: Path, *, seed: int = 0) -> None:
+        super().__init__(SessionConfig(out=out, job=name, tune=True, mode="auto"))
+        self.family = name
+        self.seed = seed
+
+    def sidecar_toml(self) -> str:
+        def q(value: object) -> str:
+            return json.dumps(str(value))
+        return "\n".join([
+            "# only what the sidecar needs to run here; every other setting is the default",
+            f"listen = {q(f'127.0.0.1:{self.port}')}",
+            f"store = {q(self.out / 'metrics.db')}",
+            f"state_db = {q('sqlite:///' + str(self.out / 'state.db'))}",
+            f"token_file = {q(self.token_file)}",
+            "", f"[jobs.{q(self.config.job)}]", 'mode = "auto"', "tune = true", ""])
+
+    def start(self) -> None:
+        from seedancectl._session import TOKEN
+
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.token_file.write_text(TOKEN + "\n", encoding="utf-8")
+        self.token_file.chmod(0o600)
+        self.config_file.write_text(self.sidecar_toml(), encoding="utf-8")
+        self.start_sidecar()
+        self.train = self._spawn("train", [
+            "-m", "workloads.train_family", "--family", self.family, "--sidecar", self.url,
+            "--job", self.config.job, "--seconds", "86400", "--seed", str(self.seed)])
+        self.wait(lambda: True if (self.job_status() or {}).get("state") == "attached"
+                  else None, self.config.start_timeout_s, "the job to attach",
+                  watch=(self.train,))
+
+
+def _trial_json(t: Trial) -> dict[str, Any]:
+    return {"trial": t.trial, "config": config_label(t.values), "state": t.state,
+            "gain": _r(t.gain, 4), "ci": [_r(t.ci_low, 4), _r(t.ci_high, 4)],
+            "ended_because": t.ended_because}
+
+
+def live_session(name: str, minutes: float, checkpoints: Sequence[float], *, seed: int,
+                 logs: Path | None) -> dict[str, Any]:
+    """Runs the session; the kept config and trials at each checkpoint (minutes)."""
+    out = Path(tempfile.mkdtemp(prefix=f"generalisation-{name}-"))
+    result: dict[str, Any] = {"checkpoints": [], "error": None}
+    try:
+        with FamilySession(name, out, seed=seed) as session:
+            attached = time.monotonic()
+            result["default_as_sent"] = live_values(session.baseline())
+            for at in checkpoints:
+                session.wait(lambda at=at: True if time.monotonic() - attached >= at * 60
+                             else None, at * 60 + 60, f"{at:g} minutes",
+                             watch=(session.sidecar, session.train), poll_s=2.0)
+                trials = session.trials()
+                kept = live_values(session.baseline())
+                steps = session.steps()
+                result["checkpoints"].append({
+                    "minutes": at, "kept": config_label(kept), "kept_values": kept,
+                    "trials": len(trials), "trials_measured": sum(t.measured for t in trials),
+                    "trials_kept": sum(t.state == "kept" for t in trials),
+                    "job_steps": steps[-1][0] if steps else 0})
+                print(f"[{name}] live {at:g} min: kept {config_label(kept)}, "
+                      f"{len(trials)} trials", flush=True)
+            result["trials"] = [_trial_json(t) for t in session.trials()]
+            result["changes_by_state"] = _count(c["state"] for c in session.changes())
+            result["wall_s"] = round(time.monotonic() - attached, 1)
+    except SessionError as exc:
+        result["error"] = str(exc)
+        print(f"[{name}] live session failed: {exc}", flush=True)
+    finally:
+        if logs is not None:
+            shutil.copytree(out, logs / name, dirs_exist_ok=True)
+        if result["error"] is None:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            result["logs"] = str(logs / name if logs is not None else out)
+    return result
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+# ---- one family -----------------------------------------------------------------------------
+
+
+def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    fam = family(name)
+    built = fam.build(args.seed)
+    restorer = Restorer(built)
+    default = default_config(built)
+    default_label = config_label(default)
+    grid = {config_label(c): c for c in knob_grid(built, max_micro_batches=args.max_micro)}
+    load_start = os.getloadavg()
+
+    # 1. truth
+    probe = run_steps(built, default, 3, warmup=1)
+    step_s = _median([s for _, s in probe])
+    visit_s = max(2.0, step_s * (args.grid_steps + 1) * 3)
+    print(f"[{name}] grid: {len(grid)} configs, default {default_label} ~{step_s:.3f} s/step, "
+          f"visit budget {visit_s:.1f} s", flush=True)
+    began = time.monotonic()
+    arms = interleave(built, grid, default_label, rounds=args.grid_rounds, steps=args.grid_steps,
+                      visit_s=visit_s, reference_every=args.reference_every,
+                      prune_below=args.prune_below, seed=args.seed, restorer=restorer,
+                      echo=f"[{name}] grid ")
+    grid_s = time.monotonic() - began
+    load_grid = os.getloadavg()
+    rel = {label: relative(arm) for label, arm in arms.items()}
+    valid = {label: v for label, v in rel.items() if arms[label].finite and math.isfinite(v)}
+    best = max(valid, key=lambda label: valid[label])
+    grid_json = {label: {
+        "tokens_per_s": _r(_median(tokens_per_s(arm.steps or arm.warmup)), 1),
+        "relative_to_default": _r(rel[label]), "measured_steps": len(arm.steps),
+        "rounds": arm.rounds, "visits": len(arm.visits), "pruned": arm.pruned,
+        "loss_finite": arm.finite} for label, arm in arms.items()}
+
+    # 2. live
+    minutes = args.minutes
+    checkpoints = (minutes / 2, minutes)
+    live = live_session(name, minutes, checkpoints, seed=args.seed, logs=args.logs)
+    load_live = os.getloadavg()
+
+    # 3. A/B: default, grid best, kept at each checkpoint
+    configs = {default_label: default, best: grid[best]}
+    for cp in live["checkpoints"]:
+        kept = {**default, **cp["kept_values"]}
+        configs.setdefault(config_label(kept), kept)
+    print(f"[{name}] A/B of {list(configs)}", flush=True)
+    ab_arms = interleave(built, configs, default_label, rounds=args.ab_rounds,
+                         steps=args.ab_steps, visit_s=max(visit_s, step_s * 30),
+                         reference_every=1, prune_below=None, seed=args.seed + 1,
+                         restorer=restorer, echo=f"[{name}] A/B ")
+    ab = {}
+    for label, arm in ab_arms.items():
+        point, low, high = ratio_ci(arm, ab_arms[default_label], seed=args.seed)
+        if label == default_label:
+            point, low, high = 1.0, 1.0, 1.0
+        ab[label] = {"ratio": point, "ci95": [low, high],
+                     "relative_bracketed": _r(relative(arm)), "rounds": arm.rounds,
+                     "measured_steps": len(arm.steps), "pruned": arm.pruned}
+    measured = [v["ratio"] for v in ab.values() if math.isfinite(v["ratio"])]
+    available = max([1.0, *measured])
+
+    def at(cp: Mapping[str, Any]) -> dict[str, Any]:
+        label = cp["kept"]
+        point, (low, high) = ab[label]["ratio"], ab[label]["ci95"]
+        regression = math.isfinite(high) and high < 1.0
+        if available > FLAT_GAIN:
+            captured = (point - 1) / (available - 1)
+        else:
+            captured = 0.0 if regression else 1.0
+        return {"minutes": cp["minutes"], "kept": label, "kept_values": cp["kept_values"],
+                "kept_in_grid": label in grid, "ratio": _r(point), "ci95": [_r(low), _r(high)],
+                "captured": _r(captured), "regression_kept": regression,
+                "trials": cp["trials"], "trials_measured": cp["trials_measured"],
+                "trials_kept": cp["trials_kept"], "job_steps": cp["job_steps"]}
+
+    checks = [at(cp) for cp in live["checkpoints"]]
+    final = checks[-1] if len(checks) == len(checkpoints) else None
+    return {
+        "description": fam.description, "token_unit": fam.token_unit,
+        "global_batch": fam.global_batch, "tokens_per_step": built.tokens_per_batch,
+        "step_s": _r(step_s, 4), "default_config": default_label,
+        "default_values": live_values(default), "grid": grid_json, "grid_s": round(grid_s, 1),
+        "grid_best": best, "grid_best_relative": _r(valid[best]),
+        "available_gain": _r(available), "available_from": max(
+            ab, key=lambda k: ab[k]["ratio"] if math.isfinite(ab[k]["ratio"]) else 0.0),
+        "ab": {k: {**v, "ratio": _r(v["ratio"]), "ci95": [_r(x) for x in v["ci95"]]}
+               for k, v in ab.items()},
+        "live": live, "checkpoints": checks,
+        "captured_at_end": final["captured"] if final else None,
+        "trials": final["trials"] if final else None,
+        "regression_kept": bool(final and final["regression_kept"]),
+        "complete": final is not None and live["error"] is None,
+        "load_average_1_5_15min": {
+            phase: [round(x, 2) for x in load] for phase, load in (
+                ("start", load_start), ("after_grid", load_grid), ("after_live", load_live),
+                ("after_ab", os.getloadavg()))},
+    }
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+
+def summary(families: Mapping[str, Mapping[str, Any]], minutes: float) -> dict[str, Any]:
+    captured = [f["captured_at_end"] for f in families.values()
+                if f.get("captured_at_end") is not None]
+    median = statistics.median(captured) if captured else None
+    regressions = sorted(n for n, f in families.items() if f.get("regression_kept"))
+    incomplete = sorted(n for n, f in families.items() if not f.get("complete"))
+    key = f"median_captured_at_{minutes:g}min >= {CAPTURE_TARGET}"
+    return {
+        f"median_captured_at_{minutes:g}min": _r(median) if median is not None else None,
+        "families_with_regression_kept": regressions,
+        "families_incomplete": incomplete,
+        "targets": {
+            key: {"value": _r(median) if median is not None else None,
+                  "met": median is not None and median >= CAPTURE_TARGET and not incomplete},
+            "no regression kept": {"families": regressions,
+                                   "met": not regressions and not incomplete},
+        },
+    }
+
+
+WHAT_IS_MEASURED = {
+    "tokens_per_s": "tokens of one global batch (the family's token_unit) / wall seconds of "
+                    "one optimizer step, measured in the benchmark process through "
+                    "workloads.train_family.run_steps with the config fixed (no sidecar)",
+    "step_s": "median wall seconds of a default-config step before the grid",
+    "grid.relative_to_default": "median over the config's grid visits of its median "
+                                "tokens/s / the mean of the default's visits just before "
+                                "and after it",
+    "ab.relative_bracketed": "the same bracketed figure in the A/B (a cross-check of ratio)",
+    "available_gain": "largest A/B ratio over default of the grid's best config and the kept "
+                      "configs (1 if none beats the default): the best config known",
+    "checkpoints[].ratio": "A/B: kept config / default, ratio of medians pooled over "
+                           "interleaved rounds; ci95 a paired bootstrap over rounds",
+    "checkpoints[].captured": "(ratio - 1) / (available_gain - 1) when available_gain > "
+                              f"{FLAT_GAIN}; else 1, or 0 if a regression was kept",
+    "checkpoints[].regression_kept": "the kept config's ci95 lies wholly below 1",
+    "checkpoints[].trials": "the search's changes that reached a verdict by then (sidecar API)",
+    "live": "a real sidecar process with default settings (job section: mode auto, tune true) "
+            "and the family's job as a separate process; checkpoints count from its attach",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", default=",".join(FAMILIES),
+                   help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--minutes", type=float, default=10.0, help="live session length")
+    p.add_argument("--grid-rounds", type=int, default=3)
+    p.add_argument("--grid-steps", type=int, default=5, help="measured steps per grid visit")
+    p.add_argument("--max-micro", type=int, default=4, help="micro-batch sizes in the grid")
+    p.add_argument("--prune-below", type=float, default=0.5)
+    p.add_argument("--reference-every", type=int, default=4,
+                   help="grid: visit the default again after this many configs")
+    p.add_argument("--ab-rounds", type=int, default=10)
+    p.add_argument("--ab-steps", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logs", type=Path, default=None,
+                   help="copy each live session's logs and databases here")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 2 minutes live, one grid round of 2 steps, 4 A/B rounds")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.minutes, args.grid_rounds, args.grid_steps = min(args.minutes, 2.0), 1, 2
+        args.ab_rounds, args.ab_steps = 4, 3
+    names = [n.strip() for n in args.families.split(",") if n.strip()]
+    for n in names:
+        family(n)  # unknown names fail before anything runs
+    report: dict[str, Any] = {
+        "bench": "generalisation",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads()},
+        "protocol": {"quick": args.quick, "minutes": args.minutes,
+                     "checkpoints_min": [args.minutes / 2, args.minutes],
+                     "grid_rounds": args.grid_rounds, "grid_steps": args.grid_steps,
+                     "max_micro_batches": args.max_micro, "prune_below": args.prune_below,
+                     "reference_every": args.reference_every,
+                     "ab_rounds": args.ab_rounds, "ab_steps": args.ab_steps,
+                     "seed": args.seed,
+                     "sidecar_settings": "defaults; job section: mode = auto, tune = true"},
+        "what_is_measured": WHAT_IS_MEASURED,
+        "families": {},
+        "serving": {"status": "not_built" if not SERVING_FAMILIES else "hook_only",
+                    "families": sorted(SERVING_FAMILIES),
+                    "note": "HOOK: serving families (kept vs default tokens/s and p99 within "
+                            "the quality bound) are not benchmarked here yet"},
+    }
+    if args.quick:
+        report["protocol"]["note"] = ("quick smoke run: shorter than the issue's protocol "
+                                      "(10 minutes live, full grid); not a verdict")
+    for n in names:
+        print(f"=== {n} ===", flush=True)
+        report["families"][n] = bench_family(n, args)
+        report["summary"] = summary(report["families"], args.minutes)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(json.dumps({k: report["families"][n][k] for k in (
+            "step_s", "default_config", "grid_best", "available_gain", "checkpoints",
+            "regression_kept")}, indent=1), flush=True)
+    print(json.dumps(report.get("summary"), indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
