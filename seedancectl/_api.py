@@ -211,7 +211,7 @@ def api_router(sidecar: Sidecar) -> APIRouter:
         return {"job": job, "knobs": [k.to_json() for k in s.knobs.knobs.values()],
                 "baseline": s.baseline.to_json(), "desired": s.desired.to_json(),
                 "acked_version": s.acked_version, "mode": controller().mode(job),
-                "tuning": sidecar.tuning_state(job)}
+                "tuning": sidecar.tuning_state(job), "moves_left": sidecar.moves_left(job)}
 
     @read.get("/jobs/{job}/acks")
     def acks(job: str) -> list[dict[str, Any]]:

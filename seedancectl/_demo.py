@@ -42,7 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 INCIDENT_KNOB = "precision.ffn"
 INCIDENT_LOSS_SCALE = 2.0**-24
 """A loss scale backed off this far flushes fp16 gradients to zero; fp32 and bf16 keep them."""
-INCIDENT_TRIALS = 8
+INCIDENT_TRIALS = 4
+TUNING_AT_LEAST_S = 240.0
 
 
 class DemoError(SeedanceError):
@@ -145,6 +146,7 @@ class DemoRun:
         self._store: Any = None
         self.phase = "starting the sidecar and the training job"
         self.incident_change: str | None = None
+        self.moves_left: int | None = None
         self.final: dict[str, Any] = {}
 
     # ---- processes -------------------------------------------------------------------------
@@ -203,9 +205,12 @@ class DemoRun:
         start = time.monotonic()
         incident_s = max(30.0, 0.25 * self.config.seconds)
         self.phase = "tuning"
-        self._until(lambda: len([t for t in self.session.trials() if t.measured])
-                    >= self.session.config.trials, start + self.config.seconds - incident_s,
-                    on_tick, interval_s)
+        # a trial takes up to a minute of the job's time (the sequential test's budget), so a
+        # short demo's tuning phase runs until its trials are in or the search has nothing
+        # left to try from the kept config, for at most TUNING_AT_LEAST_S
+        self._until(self._tuned, start + max(self.config.seconds - incident_s,
+                                             TUNING_AT_LEAST_S), on_tick, interval_s)
+        self.moves_left = self._moves_left()
         self.session.set_tuning("pause")
         self.phase = "tuning paused: the trial in flight finishes"
         self._until(self._idle, time.monotonic() + 90.0, on_tick, interval_s)
@@ -217,6 +222,16 @@ class DemoRun:
                     time.monotonic() + max(60.0, incident_s), on_tick, interval_s)
         self.phase = "done"
         on_tick(self.snapshot())
+
+    def _tuned(self) -> bool:
+        if len(self.session.trials()) >= self.session.config.trials:
+            return True
+        return self._moves_left() == 0 and self._idle()
+
+    def _moves_left(self) -> int | None:
+        """Single moves from the kept config the search has not tried (0: it waits)."""
+        found = self.session.get(f"/v1/jobs/{self.session.config.job}/knobs")["moves_left"]
+        return None if found is None else int(found)
 
     def _idle(self) -> bool:
         return not [c for c in self.session.changes() if c["state"] in ACTIVE_STATES]

@@ -357,6 +357,13 @@ class Sidecar:
     def _auto_bounds(self) -> dict[str, Any]:
         return {k: b.for_controller() for k, b in self.config.approval.bounds.items()}
 
+    def moves_left(self, job: str) -> int | None:
+        """Single moves from the job's baseline its search has not tried (None: no search)."""
+        driver = self._searches.get(job)
+        if driver is None:
+            return None
+        return driver.moves_left(self.jobs.status(job).baseline.values)
+
     def tuning_state(self, job: str) -> TuningState:
         """off (the config does not tune it), paused (by an operator) or running."""
         if not self.config.job_config(job).tune:

@@ -497,6 +497,13 @@ class SearchDriver:
                 self.study.tell(trial, state=TrialState.FAIL)
         return None
 
+    def moves_left(self, baseline: Mapping[str, Any]) -> int:
+        """How many single moves from ``baseline`` were not tried yet (0: the search waits)."""
+        params = {k: baseline[k] for k in self.distributions}
+        seen = _seen(self.study)
+        return sum(config_key({**params, **m.values}) not in seen
+                   for m in single_moves(params, self.distributions, self.priors()))
+
     def propose_next(self, controller: RolloutController, job: str, *,
                      low_risk_only: bool = False) -> Change | None:
         """Propose the job's next trial (source "trial"): a single move from its baseline
