@@ -232,9 +232,10 @@ def version_points(query: QueryFn, name: str, job: str, version: int) -> pd.Data
 
 def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
                    config: MeasureConfig, kind: JobKind = "train") -> Window | None:
-    """The version's window after warm-up, or None while it is not long enough yet: fewer
-    than ``min_steps`` steps or less than ``min_window_s`` of them (a serving job's: fewer
-    than ``min_requests``)."""
+    """The version's window after warm-up, or None while it is not long enough yet: less than
+    ``min_window_s`` of steps, or fewer than ``min_steps`` steps and less than
+    ``max_window_s`` of them (a config much slower than the one the window was sized by still
+    ends in bounded time); a serving job's: fewer than ``min_requests``."""
     if kind == "serve":
         return measure_serving_window(query, job, version, arm, config)
     counts = _by_rank(version_points(query, STEP_DURATION + ".count", job, version))
@@ -257,7 +258,8 @@ def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
         w = int(reached[0])
         n = count[-1] - count[w]
         seconds = total[-1] - total[w]
-        if n < config.min_steps or seconds < config.min_window_s:
+        if n < 1 or seconds < config.min_window_s or (n < config.min_steps
+                                                      and seconds < config.max_window_s):
             return None
         times = _ns(both)
         step_s.append(seconds / n)
@@ -309,7 +311,8 @@ def _step_cv(steps: np.ndarray, seconds: np.ndarray) -> float:
 def window_config(windows: Sequence[Window], config: MeasureConfig) -> MeasureConfig:
     """``config`` with ``min_steps`` sized to the job: enough steps that a window's mean step
     time has a coefficient of variation near ``window_cv`` given the step-time noise the
-    windows so far measured, and at most ``max_window_s`` of them."""
+    windows so far measured, at most ``max_window_s`` of them at the measured step time (and
+    ``measure_window`` ends a window at ``max_window_s`` whatever its steps)."""
     measured = [w for w in windows if math.isfinite(w.step_cv) and w.step_s > 0]
     if not measured:
         return config

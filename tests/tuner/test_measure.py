@@ -299,3 +299,12 @@ def test_the_sequential_interval_finds_a_ten_percent_change_either_way() -> None
     assert better.count("keep") / len(better) >= 0.85
     assert worse.count("keep") == 0 and worse.count("regress") / len(worse) >= 0.85
 
+
+
+def test_a_window_sized_by_a_fast_config_still_ends_in_bounded_time(
+        store: TimeSeriesStore) -> None:
+    # the window was sized to 600 steps of a 0.05 s config; this config takes 0.5 s a step
+    emit_counted(store, 9, [(10, 0.5)] * 40, start_ns=now_ns())
+    config = MeasureConfig(warmup_steps=1, min_steps=600, min_window_s=2.0, max_window_s=10.0)
+    window = measure_window(store.query, JOB, 9, "candidate", config)
+    assert window is not None and 20 <= window.steps < 600
