@@ -144,3 +144,28 @@ def test_cli_prints_progress_and_stops_cleanly_on_sigterm() -> None:
         proc.kill()
     assert proc.returncode == 0, "".join(lines) + rest
     assert "done (signal 15)" in rest
+
+
+def test_bench_interleaves_the_reference_around_every_block(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generalisation",
+                                                  ROOT / "bench" / "generalisation.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "generalisation", bench)  # its dataclasses look it up
+    spec.loader.exec_module(bench)
+    built = family("mlp").build(tiny=True)
+    default = default_config(built)
+    configs = {"default": default, "mb64": {**default, "micro_batch": 64},
+               "t1": {**default, "threads": 1}}
+    arms = bench.interleave(built, configs, "default", rounds=2, steps=2, visit_s=60.0,
+                            reference_every=1, prune_below=None, seed=0,
+                            restorer=bench.Restorer(built))
+    assert len(arms["default"].visits) == 1 + 2 * 2  # before the first, after every config
+    for name in ("mb64", "t1"):
+        assert arms[name].rounds == 2 and len(arms[name].relatives) == 2
+        point, low, high = bench.ratio_ci(arms[name], arms["default"], boots=200)
+        assert 0 < low <= point <= high
+    assert bench.ratio_ci(arms["default"], arms["default"], boots=50)[0] == 1.0
