@@ -190,8 +190,8 @@ class Comparison:
     loss_ok: bool
     latency_excess: float = math.nan
     latency_ok: bool = True
-    worst_pair: float = math.nan
-    """The lowest candidate/baseline tokens/s ratio of one pair (a harm bound, not a test)."""
+    pair_ratios: tuple[float, ...] = ()
+    """Each pair's candidate/baseline tokens/s (what a harm bound reads, not a test)."""
 
     @property
     def improves(self) -> bool:
@@ -209,7 +209,7 @@ class Comparison:
                 "confidence": self.confidence,
                 "loss_excess": self.loss_excess, "loss_ok": self.loss_ok,
                 "latency_excess": self.latency_excess, "latency_ok": self.latency_ok,
-                "worst_pair": self.worst_pair}
+                "pair_ratios": list(self.pair_ratios)}
 
 
 def _by_rank(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -439,7 +439,7 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
                       confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok,
                       latency_excess=latency,
                       latency_ok=not latency > config.latency_tolerance,
-                      worst_pair=math.exp(float(log_gains.min())))
+                      pair_ratios=tuple(float(r) for r in np.exp(log_gains)))
 
 
 def _latency_excess(pairs: Sequence[tuple[Window, list[Window]]]) -> float:

@@ -308,3 +308,16 @@ def test_kill_9_mid_transition_leaves_a_journaled_change_that_is_rolled_back(
     assert change.state == "rolled_back"
     kinds = [e["kind"] for e in ctl.events(change_id=change.id)]
     assert kinds[:5] == ["proposed", "approved", "applying", "apply", "rolled_back"]
+
+
+def test_a_config_that_harms_the_job_ends_after_two_slow_pairs(parts: dict[str, Any]) -> None:
+    # a candidate 5x slower (threads oversubscribed on a busy box, say), with wild noise
+    job = SimJob(parts["registry"], parts["store"], noise=0.3,
+                 step_s=lambda v: 0.5 if v["micro_batch"] == 2 else 0.1)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 2}, reason="trial", source="trial")
+    ctl.approve(change.id, "alice")
+    done = drive(ctl, job, change.id)
+    assert done.state == "rolled_back"
+    assert "harms the job" in done.plan["ended_because"], done.plan["ended_because"]
+    assert len(done.windows) == 4  # two pairs, not the trial's whole budget
