@@ -108,6 +108,40 @@ def _r(value: float, digits: int = 3) -> float | None:
     return round(value, digits) if math.isfinite(value) else None
 
 
+class CpuMeter:
+    """CPU time that processes outside this benchmark (itself and the sidecar and job it
+    started) used during a phase, as a share of the machine: the box is shared, and on 2
+    cores another process's load turns 2 threads from the fastest config into the slowest.
+    Linux only (``/proc/stat``); NaN elsewhere."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float]:
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return time.monotonic(), own, math.nan
+        ticks = os.sysconf("SC_CLK_TCK")
+        # user nice system (idle iowait) irq softirq steal; guest time is inside user already
+        busy = sum(fields[:3]) + sum(fields[5:8])
+        return time.monotonic(), own, busy / ticks
+
+    def foreign_share(self) -> float:
+        """Since the meter started: (busy CPU s - ours) / (wall s x CPUs), in [0, 1]."""
+        (t0, own0, busy0), (t1, own1, busy1) = self._start, self._read()
+        wall = (t1 - t0) * (os.cpu_count() or 1)
+        return min(1.0, max(0.0, ((busy1 - busy0) - (own1 - own0)) / wall)) if wall else math.nan
+
+
+CONTENDED = 0.25
+"""A phase during which other processes used more than this share of the CPUs is flagged: its
+figures describe a loaded box, not the job."""
+
+
 # ---- interleaved in-process measurement ---------------------------------------------------------
 
 
@@ -354,6 +388,7 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
     load_start = os.getloadavg()
 
     # 1. truth
+    meter = CpuMeter()
     probe = run_steps(built, default, 3, warmup=1)
     step_s = _median([s for _, s in probe])
     visit_s = max(2.0, step_s * (args.grid_steps + 1) * 3)
@@ -366,6 +401,7 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
                       echo=f"[{name}] grid ")
     grid_s = time.monotonic() - began
     load_grid = os.getloadavg()
+    foreign = {"grid": meter.foreign_share()}
     rel = {label: relative(arm) for label, arm in arms.items()}
     valid = {label: v for label, v in rel.items() if arms[label].finite and math.isfinite(v)}
     best = max(valid, key=lambda label: valid[label])
@@ -378,21 +414,26 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
     # 2. live
     minutes = args.minutes
     checkpoints = (minutes / 2, minutes)
+    meter = CpuMeter()
     live = live_session(name, minutes, checkpoints, seed=args.seed, logs=args.logs)
     load_live = os.getloadavg()
+    foreign["live"] = meter.foreign_share()
 
     # 3. A/B: default, the grid's best few (the max of a noisy grid is optimistic, and its
     # runner-up may be the real best), kept at each checkpoint
-    ranked = sorted(valid, key=lambda label: -valid[label])[:args.ab_grid_top]
+    ranked = sorted((label for label in valid if label != default_label),
+                    key=lambda label: -valid[label])[:args.ab_grid_top]
     configs = {default_label: default, **{label: grid[label] for label in ranked}}
     for cp in live["checkpoints"]:
         kept = {**default, **cp["kept_values"]}
         configs.setdefault(config_label(kept), kept)
     print(f"[{name}] A/B of {list(configs)}", flush=True)
+    meter = CpuMeter()
     ab_arms = interleave(built, configs, default_label, rounds=args.ab_rounds,
                          steps=args.ab_steps, visit_s=max(visit_s, step_s * 30),
                          reference_every=1, prune_below=None, seed=args.seed + 1,
                          restorer=restorer, echo=f"[{name}] A/B ")
+    foreign["ab"] = meter.foreign_share()
     ab = {}
     for label, arm in ab_arms.items():
         point, low, high = ratio_ci(arm, ab_arms[default_label], seed=args.seed)
@@ -436,6 +477,8 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "trials": final["trials"] if final else None,
         "regression_kept": bool(final and final["regression_kept"]),
         "complete": final is not None and live["error"] is None,
+        "foreign_cpu_share": {k: _r(v) for k, v in foreign.items()},
+        "contended_phases": sorted(k for k, v in foreign.items() if v > CONTENDED),
         "load_average_1_5_15min": {
             phase: [round(x, 2) for x in load] for phase, load in (
                 ("start", load_start), ("after_grid", load_grid), ("after_live", load_live),
@@ -463,11 +506,13 @@ def summary(families: Mapping[str, Mapping[str, Any]], minutes: float) -> dict[s
     median = statistics.median(captured) if captured else None
     regressions = sorted(n for n, f in families.items() if f.get("regression_kept"))
     incomplete = sorted(n for n, f in families.items() if not f.get("complete"))
+    contended = sorted(n for n, f in families.items() if f.get("contended_phases"))
     key = f"median_captured_at_{minutes:g}min >= {CAPTURE_TARGET}"
     return {
         f"median_captured_at_{minutes:g}min": _r(median) if median is not None else None,
         "families_with_regression_kept": regressions,
         "families_incomplete": incomplete,
+        "families_measured_on_a_contended_box": contended,
         "targets": {
             key: {"value": _r(median) if median is not None else None,
                   "met": median is not None and median >= CAPTURE_TARGET and not incomplete},
@@ -495,6 +540,10 @@ WHAT_IS_MEASURED = {
                               f"{FLAT_GAIN}; else 1, or 0 if a regression was kept",
     "checkpoints[].regression_kept": "the kept config's ci95 lies wholly below 1",
     "checkpoints[].trials": "the search's changes that reached a verdict by then (sidecar API)",
+    "foreign_cpu_share": "per phase, CPU time used by processes this benchmark did not "
+                         "start / (wall time x CPUs); a phase above "
+                         f"{CONTENDED} is listed in contended_phases: its figures describe "
+                         "a loaded box (on 2 cores, 2 threads then lose to 1 many times over)",
     "live": "a real sidecar process with default settings (job section: mode auto, tune true) "
             "and the family's job as a separate process; checkpoints count from its attach",
 }
