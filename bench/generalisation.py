@@ -34,8 +34,8 @@ that measured better still), kept config and ratio with interval at both checkpo
 captured = (kept ratio - 1) / (available - 1) when available > 1.02 (else 1, or 0 if a
 regression was kept), trial counts, and whether a regression was kept (the kept ratio's
 interval lies wholly below 1). The summary states each of the issue's targets and whether
-it was met. A serving family is a hook (``workloads.families.SERVING_FAMILIES``), reported
-as not built until one exists.
+it was met. Serving is not benchmarked here yet (the JSON says so): the live serving session
+test (tests/seedancectl/test_serving_session.py) is where the serving defaults are exercised.
 
 Run: python bench/generalisation.py [--families cnn_bn,vit --minutes 10]   (about 15-20 min a
 family on 2 cores), or ``--quick`` for a smoke run (2 minutes live, a one-round grid).
@@ -73,7 +73,7 @@ from seedancectl._session import (  # noqa: E402
     TrainingSession,
     Trial,
 )
-from workloads.families import FAMILIES, SERVING_FAMILIES, Built, family  # noqa: E402
+from workloads.families import FAMILIES, Built, family  # noqa: E402
 from workloads.train_family import (  # noqa: E402
     Config,
     config_label,
@@ -486,17 +486,6 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# ---- HOOK: serving families --------------------------------------------------------------
-
-
-def bench_serving_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """HOOK, not built: a serving family of ``workloads.families.SERVING_FAMILIES`` would be
-    judged like a training one, on the serving knobs: the kept config against the default,
-    tokens/s and p99 latency, with the quality bound (token agreement) held. Until a family
-    is registered there, nothing calls this."""
-    raise NotImplementedError(f"serving family {name}: the serving benchmark is a hook")
-
-
 # ---- the report ---------------------------------------------------------------------------
 
 
@@ -594,11 +583,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                      "sidecar_settings": "defaults; job section: mode = auto, tune = true"},
         "what_is_measured": WHAT_IS_MEASURED,
         "families": {},
-        "serving": {"status": "not_built" if not SERVING_FAMILIES else "measured",
-                    "families": sorted(SERVING_FAMILIES),
-                    "note": "HOOK (bench_serving_family): serving families, kept vs default "
-                            "tokens/s and p99 within the quality bound, are not benchmarked "
-                            "yet; the targets above are the training families'"},
+        "serving": {"status": "not measured by this bench",
+                    "note": "a serving family (kept vs default tokens/s and p99 within the "
+                            "quality bound) is not built yet; the targets are the training "
+                            "families'"},
     }
     if args.quick:
         report["protocol"]["note"] = ("quick smoke run: shorter than the issue's protocol "
@@ -612,8 +600,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps({k: report["families"][n][k] for k in (
             "step_s", "default_config", "grid_best", "available_gain", "checkpoints",
             "regression_kept")}, indent=1), flush=True)
-    for n in sorted(SERVING_FAMILIES):  # HOOK: empty until a serving family is added
-        report["serving"].setdefault("results", {})[n] = bench_serving_family(n, args)
     report["summary"] = summary(report["families"], args.minutes)
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report.get("summary"), indent=1))

@@ -395,9 +395,6 @@ FAMILIES: Mapping[str, Family] = {f.name: f for f in (
 )}
 """Every family by name; none of them is the demo GPT."""
 
-SERVING_FAMILIES: Mapping[str, object] = {}
-"""HOOK (not built yet): serving families (kept config vs default: tokens/s and p99 within the
-quality bound). ``bench/generalisation.py`` reports them as ``not_built`` until one is added."""
 
 
 def family(name: str) -> Family:
