@@ -91,7 +91,7 @@ class RolloutSection(_Section):
     that do not count tokens. Every default is meant to work on any job."""
 
     min_pairs: int = Field(default=3, ge=1)
-    max_pairs: int = Field(default=16, ge=1)
+    max_pairs: int = Field(default=24, ge=1)
     trial_budget_s: float = Field(default=60.0, gt=0)
     min_gain: float = Field(default=0.03, ge=0)
     early_stop_pairs: int = Field(default=2, ge=1)

@@ -99,7 +99,7 @@ class MeasureConfig:
     min_steps: int = 3
     min_window_s: float = 2.0
     max_window_s: float = 30.0
-    window_cv: float = 0.03
+    window_cv: float = 0.05
     tokens_per_step: float | None = None
     confidence: float = 0.95
     interval: Literal["sequential", "t", "bootstrap"] = "sequential"

@@ -281,7 +281,7 @@ class RolloutConfig:
     such window may be a neighbour's burst on a shared box)."""
 
     min_pairs: int = 3
-    max_pairs: int = 16
+    max_pairs: int = 24
     trial_budget_s: float = 60.0
     min_gain: float = 0.03
     max_slowdown: float = 0.4
