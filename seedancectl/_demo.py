@@ -224,14 +224,14 @@ class DemoRun:
         on_tick(self.snapshot())
 
     def _tuned(self) -> bool:
-        if len(self.session.trials()) >= self.session.config.trials:
-            return True
-        return self._moves_left() == 0 and self._idle()
+        return (len(self.session.trials()) >= self.session.config.trials
+                or self.session.search_done())
 
     def _moves_left(self) -> int | None:
         """Single moves from the kept config the search has not tried (0: it waits)."""
         found = self.session.get(f"/v1/jobs/{self.session.config.job}/knobs")["moves_left"]
         return None if found is None else int(found)
+
 
     def _idle(self) -> bool:
         return not [c for c in self.session.changes() if c["state"] in ACTIVE_STATES]

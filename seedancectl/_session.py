@@ -34,6 +34,7 @@ from collectors._errors import SeedanceError
 T = TypeVar("T")
 _PROGRESS = re.compile(r"^step (?P<step>\d+) loss (?P<loss>\S+) ")
 
+SEARCH_DONE = "the search tried every single move from the kept config"
 FINAL_STATES = frozenset({"kept", "rolled_back", "rejected", "expired", "failed"})
 ACTIVE_STATES = frozenset({"proposed", "approved", "applying", "observing"})
 TOKEN = "session-token-do-not-reuse"  # loopback only; the session's own sidecar
@@ -368,6 +369,12 @@ class TrainingSession:
                          timeout_s, f"change {change_id} to be {'|'.join(states)}",
                          watch=(self.sidecar,), poll_s=0.2)
 
+    def search_done(self) -> bool:
+        """The search tried every single move from the kept config and nothing is active."""
+        moves_left = self.get(f"/v1/jobs/{self.config.job}/knobs")["moves_left"]
+        return moves_left == 0 and not [c for c in self.changes()
+                                        if c["state"] in ACTIVE_STATES]
+
     def set_tuning(self, action: str) -> None:
         self.post(f"/v1/jobs/{self.config.job}/tuning", {"by": "session", "action": action})
 
@@ -431,8 +438,9 @@ class TrainingSession:
 def run_training_session(config: SessionConfig, *, timeout_s: float = 900.0,
                          on_progress: Callable[[list[Trial]], None] | None = None
                          ) -> SessionResult:
-    """Tune the demo job for ``config.trials`` measured trials, stop the search, re-measure the
-    kept config against the first baseline; everything within ``timeout_s``."""
+    """Tune the demo job for ``config.trials`` measured trials (fewer when the search has
+    tried every single move from the kept config first), stop the search, re-measure the kept
+    config against the first baseline; everything within ``timeout_s``."""
     started = time.monotonic()
 
     def left_s() -> float:
@@ -447,14 +455,18 @@ def run_training_session(config: SessionConfig, *, timeout_s: float = 900.0,
             if on_progress is not None and len(trials) != reported[0]:
                 reported[0] = len(trials)
                 on_progress(trials)
-            return trials if len([t for t in trials if t.measured]) >= config.trials else None
+            if len([t for t in trials if t.measured]) >= config.trials:
+                return trials
+            return trials if session.search_done() else None
 
         session.wait(enough, left_s(), f"{config.trials} measured trials",
                      watch=(session.sidecar, session.train), poll_s=1.0)
+        notes = []
+        if session.search_done():
+            notes.append(SEARCH_DONE)
         session.stop_tuning(left_s())
         trials = session.trials()
         kept = session.baseline()
-        notes = []
         remeasure = None
         if kept != baseline:
             remeasure = session.remeasure(baseline, left_s())

@@ -22,6 +22,7 @@ import pytest
 
 from collectors._store import TimeSeriesStore
 from seedancectl._session import (
+    SEARCH_DONE,
     SessionConfig,
     TrainingSession,
     Trial,
@@ -44,7 +45,9 @@ def test_live_tuning_session_on_default_settings_keeps_only_measured_gains(
     (tmp_path / "session.json").write_text(json.dumps(result.to_json(), indent=1))
 
     measured = [t for t in result.trials if t.measured]
-    assert len(measured) >= 4
+    # 4 trials, or fewer once every single move from the kept config was tried (on a CPU
+    # without bf16 instructions the demo GPT has two: threads and micro-batch)
+    assert len(measured) >= 4 or (SEARCH_DONE in result.notes and measured), result.notes
     configs = [json.dumps(t.values, sort_keys=True) for t in measured]
     assert len(set(configs)) == len(configs), "the search never repeats a config"
     for trial in result.trials:  # one knob at a time, from the baseline of then
