@@ -914,7 +914,9 @@ def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
     candidate was first acked. Pure, so a bench replays recorded windows through exactly the
     controller's rule."""
     pairs = comparison.pairs
-    if not comparison.loss_ok:
+    # loss from min_pairs on: one short window's loss is noisy, and a guardrail that knows the
+    # cause (an underflow finding on one group: a local rollback) gets the time to speak first
+    if pairs >= config.min_pairs and not comparison.loss_ok:
         return Trip(kind="config", reason=(
             f"loss {comparison.loss_excess:+.2%} above the baseline's trajectory"))
     if not comparison.latency_ok:
