@@ -94,6 +94,7 @@ class RolloutSection(_Section):
     max_pairs: int = Field(default=24, ge=1)
     trial_budget_s: float = Field(default=60.0, gt=0)
     min_gain: float = Field(default=0.03, ge=0)
+    max_slowdown: float = Field(default=0.4, ge=0, lt=1)
     early_stop_pairs: int = Field(default=2, ge=1)
     ack_timeout_s: float = Field(default=60.0, gt=0)
     window_timeout_s: float = Field(default=600.0, gt=0)

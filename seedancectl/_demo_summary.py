@@ -192,11 +192,11 @@ def _serve_result(log: Path) -> dict[str, Any] | None:
     return {k: body.get(k) for k in keep if isinstance(body, dict)}
 
 
-def incident(changes: Sequence[Mapping[str, Any]],
-             findings: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The change a guardrail rolled back locally or fully (the staged fp16 incident), with
-    the findings that tripped it; None if there was none."""
-    tripped = [c for c in changes if (c.get("plan") or {}).get("rollback") in ("local", "full")]
+def incident(changes: Sequence[Mapping[str, Any]], findings: Sequence[Mapping[str, Any]],
+             change_id: str | None) -> dict[str, Any] | None:
+    """The staged fp16 change (``change_id``) once a guardrail rolled it back, with the
+    findings of the kind that trip a local rollback; None if it was not rolled back."""
+    tripped = [c for c in changes if c["id"] == change_id and c["state"] == "rolled_back"]
     if not tripped:
         return None
     change = tripped[-1]
@@ -248,7 +248,7 @@ def summarise(run: DemoRun, *, report: Mapping[str, Any] | None) -> dict[str, An
         "trials": study_trials(run.state_db_url, run.session.config.study, changes),
         "changes": rows,
         "objective": objective_summary(changes),
-        "incident": incident(changes, findings),
+        "incident": incident(changes, findings, run.incident_change),
         "report": None if report is None else dict(report),
         "logs": sorted(str(p) for p in run.logs.glob("*.log")),
     }

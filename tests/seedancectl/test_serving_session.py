@@ -107,7 +107,7 @@ def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breac
     default = dict(live.get(f"/v1/jobs/{JOB}/knobs")["baseline"]["values"])
     assert (default["kv.key_bits"], default["prefix_cache.capacity_entries"]) == (6, 2)
 
-    _wait(live, job, "a trial is kept", 240,
+    _wait(live, job, "a trial is kept", 600,
           lambda: [c for c in _changes(live)
                    if c["source"] == "trial" and c["state"] == "kept"])
     paused = live.post(f"/v1/jobs/{JOB}/tuning", {"by": "oncall", "action": "pause"})
