@@ -106,10 +106,11 @@ def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(dem
     incident = summary["incident"]
     assert incident is not None, summary["changes"]
     # rolled back locally by the underflow finding; on a CPU that emulates fp16 (15x slower
-    # for this group) the harm bound may win that race: a config rollback, no finding needed
+    # for this group) the throughput verdicts (harm bound, measured regression) may win that
+    # race: a config rollback, no finding needed
     assert (incident["rollback"] == "local" and incident["findings"]) or (
-        incident["rollback"] == "config" and "harms the job" in incident["cause"]), \
-        incident
+        incident["rollback"] == "config"
+        and any(w in incident["cause"] for w in ("harms the job", "regression"))), incident
     assert any(str(v) == "fp16" for v in incident["values"].values()), incident
     opened = {f["id"]: f for f in summary["findings"]}
     assert all(opened[i]["job"] == TRAIN_JOB for i in incident["findings"])

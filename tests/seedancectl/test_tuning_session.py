@@ -81,11 +81,13 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
     # A job whose GradScaler backed off to 2**-24 and may not grow again: fine in fp32, but
     # an operator forcing fp16 onto the ffn group makes that group's gradients flush to zero.
     # fp16 matmuls are emulated on most CPUs (15x slower for this group here): the harm bound
-    # would roll the change back before the underflow finding opens, so this drill of the
-    # underflow path turns the harm bound off
+    # and the regression verdict would roll the change back before the underflow finding
+    # opens, so this drill of the underflow path keeps the candidate in force for 40 steps
+    # and the throughput verdicts off
     config = SessionConfig(out=tmp_path, tune=False, grad_scaler=True, loss_scale=2.0**-24,
                            loss_scale_growth_interval=10**9, warm_steps=20,
-                           rollout_settings={"max_slowdown": 0.0})
+                           rollout_settings={"max_slowdown": 0.0, "min_steps": 40,
+                                             "early_stop_pairs": 24})
     with TrainingSession(config) as session:
         change = session.propose({"precision.ffn": "fp16"}, "operator: fp16 on the ffn group")
         done = session.wait_change(change["id"], ["rolled_back", "kept", "failed"], 600)
