@@ -55,6 +55,7 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from policies._findings import Finding
+from policies.detectors import EXPECTED_GAIN
 from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue
 from tuner._measure import Comparison
 from tuner._rollout import ACTIVE, PRUNED, Change, RolloutController
@@ -681,10 +682,6 @@ class SearchDriver:
         if change.source != "trial" or change.meta.get("study") != self.config.study_name:
             return None
         return int(change.meta["trial"])
-
-
-EXPECTED_GAIN = "expected_gain"
-"""The evidence measurement a finding states its suggestion's expected gain in (0.3 = +30%)."""
 
 
 def suggestions(findings: Sequence[Finding], baseline: Mapping[str, Any],
