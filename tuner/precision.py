@@ -45,15 +45,11 @@ from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 from collectors._errors import SeedanceError
+from collectors.torch_profile import PRECISION_DTYPES
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-DTYPES: Mapping[str, torch.dtype] = MappingProxyType({
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp8": torch.float8_e4m3fn,
-})
+DTYPES: Mapping[str, torch.dtype] = PRECISION_DTYPES
 ROOT_NAME = "<root>"
 NORM_TYPES: tuple[type[nn.Module], ...] = (
     _NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm, nn.LocalResponseNorm)
