@@ -155,9 +155,13 @@ def test_nested_groups_are_timed_exclusively_and_shares_sum_to_the_forward(
     groups = {"outer": ("0",), "inner": ("0.b", "0.c"), "solo": ("1",)}
     profiler = ModuleGroupProfiler(model, groups, reader.meter, config=ProfilerConfig(
         every_n_steps=1), speedups=SPEEDUPS)
-    shares = median_shares(profile_steps(profiler, model, torch.ones(2), 3))
+    profiles = profile_steps(profiler, model, torch.ones(2), 3)
+    shares = median_shares(profiles)
     assert shares == pytest.approx({"outer": 1 / 3, "inner": 1 / 3, "solo": 1 / 3}, abs=0.08)
-    assert 0.95 < sum(shares.values()) <= 1.0 + 1e-9
+    # each step's shares sum to at most 1; medians over steps need not (regression test: a
+    # check of the medians' sum failed at 1.001 in a fresh-clone run)
+    for profile in profiles:
+        assert 0.95 < sum(profile.group_shares.values()) <= 1.0 + 1e-9
 
 
 def test_a_nested_module_of_the_same_group_is_not_counted_twice(
