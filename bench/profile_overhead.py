@@ -46,16 +46,10 @@ def bootstrap_ci(values: list[float], *, n: int, seed: int) -> tuple[float, floa
 
 
 def owner_groups(model: Any) -> dict[str, tuple[str, ...]]:
-    """Parameter owners by group, as tuner.client.default_precision_groups makes them."""
-    from collectors.torch_training import assign_groups
+    """The groups tuner.client's default precision knobs use: parameter owners by group."""
+    from tuner.client import default_precision_groups
 
-    names = [n for n, _ in model.named_parameters()]
-    groups: dict[str, list[str]] = {}
-    for name, group in zip(names, assign_groups(names), strict=True):
-        owner = name.rpartition(".")[0]
-        if owner and owner not in groups.get(group, []):
-            groups.setdefault(group, []).append(owner)
-    return {g: tuple(m) for g, m in groups.items()}
+    return default_precision_groups(model, None)
 
 
 def direct_sampled_cost_s(model: Any, profiler: Any, vocab: int, *, pairs: int) -> float:

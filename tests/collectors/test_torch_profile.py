@@ -31,7 +31,6 @@ from collectors.torch_profile import (
     dtype_speedups,
     repeated_blocks,
 )
-from collectors.torch_training import assign_groups
 from tests.collectors._otel_points import metric_points
 
 SPEEDUPS = {"fp32": 1.0, "bf16": 2.5, "fp16": 0.5}
@@ -63,13 +62,9 @@ def reader() -> Iterator[InMemoryMetricReader]:
 
 def owner_groups(model: nn.Module) -> dict[str, tuple[str, ...]]:
     """The groups tuner.client's default precision knobs use: parameter owners by group."""
-    names = [n for n, _ in model.named_parameters()]
-    groups: dict[str, list[str]] = {}
-    for name, group in zip(names, assign_groups(names), strict=True):
-        owner = name.rpartition(".")[0]
-        if owner and owner not in groups.get(group, []):
-            groups.setdefault(group, []).append(owner)
-    return {g: tuple(m) for g, m in groups.items()}
+    from tuner.client import default_precision_groups
+
+    return default_precision_groups(model, None)
 
 
 class Sleep(nn.Module):
