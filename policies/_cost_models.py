@@ -1,6 +1,6 @@
 """The seed's cost models as plain functions, with units, sources and the seed's errors fixed.
 
-Section numbers are the seed article's (``/work/shared/seed/DIGEST.md``). Where the seed's
+Section numbers are the seed article's (its digest is kept outside this repository). Where the seed's
 printed number does not follow from its own formula, the formula wins and the docstring says so.
 """
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from collectors._nvml_backends import ALL_FIELDS, write_trace
 
-CAPTURES_DIR = Path("/work/shared/data/real-samples")
+CAPTURES_DIR = Path(__file__).resolve().parents[2] / "tests" / "data"  # copies, sources in its README
 OUT_DIR = Path(__file__).resolve().parent
 
 H100 = "nvidia-smi_capture_linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"

@@ -33,7 +33,7 @@ from policies.detectors import (
 )
 
 TRACES = Path(__file__).resolve().parents[2] / "collectors" / "traces"
-SAMPLES = Path("/work/shared/data/real-samples")
+SAMPLES = Path(__file__).resolve().parents[1] / "data"
 S = 10**9
 JOB = "job"
 

@@ -41,7 +41,7 @@ from policies import (
     unpack_uint,
 )
 
-SAMPLES = Path("/work/shared/data/real-samples")
+SAMPLES = Path(__file__).resolve().parents[1] / "data"
 
 # ---- 2.1 bandwidth saturation -------------------------------------------------------------
 
