@@ -45,6 +45,7 @@ Results: bench/results/generalisation.json (rewritten after every family).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -54,7 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from seedancectl._session import (  # noqa: E402
-    SessionConfig,
-    SessionError,
-    TrainingSession,
-    Trial,
-)
+from bench._default_session import DefaultSettingsSession  # noqa: E402
+from bench._serving_family import bench_serving  # noqa: E402
+from seedancectl._session import SessionError, TrainingSession, Trial  # noqa: E402
 from workloads.families import FAMILIES, Built, family  # noqa: E402
 from workloads.train_family import (  # noqa: E402
     Config,
@@ -86,6 +84,8 @@ RESULTS = ROOT / "bench" / "results" / "generalisation.json"
 LIVE_KEYS = ("threads", "micro_batch")
 CAPTURE_TARGET = 0.8
 FLAT_GAIN = 1.02
+SERVING = "serving"
+"""The serving family (``bench/_serving_family.py``)."""
 
 Steps = list[tuple[int, float]]
 
@@ -287,72 +287,49 @@ def ratio_ci(arm: Arm, reference: Arm, *, boots: int = 2000, seed: int = 0
 # ---- the live session -----------------------------------------------------------------------
 
 
-class FamilySession(TrainingSession):
-    """``seedancectl._session.TrainingSession`` with the default sidecar settings (the job
-    section says only mode auto and tune true) and ``workloads.train_family`` as the job."""
-
-    def __init__(self, name: str, out: Path, *, seed: int = 0) -> None:
-        super().__init__(SessionConfig(out=out, job=name, tune=True, mode="auto"))
-        self.family = name
-        self.seed = seed
-
-    def sidecar_toml(self) -> str:
-        def q(value: object) -> str:
-            return json.dumps(str(value))
-        return "\n".join([
-            "# only what the sidecar needs to run here; every other setting is the default",
-            f"listen = {q(f'127.0.0.1:{self.port}')}",
-            f"store = {q(self.out / 'metrics.db')}",
-            f"state_db = {q('sqlite:///' + str(self.out / 'state.db'))}",
-            f"token_file = {q(self.token_file)}",
-            "", f"[jobs.{q(self.config.job)}]", 'mode = "auto"', "tune = true", ""])
-
-    def start(self) -> None:
-        from seedancectl._session import TOKEN
-
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.token_file.write_text(TOKEN + "\n", encoding="utf-8")
-        self.token_file.chmod(0o600)
-        self.config_file.write_text(self.sidecar_toml(), encoding="utf-8")
-        self.start_sidecar()
-        self.train = self._spawn("train", [
-            "-m", "workloads.train_family", "--family", self.family, "--sidecar", self.url,
-            "--job", self.config.job, "--seconds", "86400", "--seed", str(self.seed)])
-        self.wait(lambda: True if (self.job_status() or {}).get("state") == "attached"
-                  else None, self.config.start_timeout_s, "the job to attach",
-                  watch=(self.train,))
+def family_session(name: str, seed: int) -> Callable[[Path], DefaultSettingsSession]:
+    """The live session of a training family: ``workloads.train_family`` attached to a sidecar
+    on its default settings, as the README's loop."""
+    def make(out: Path) -> DefaultSettingsSession:
+        return DefaultSettingsSession(out, job=name, job_args=lambda url: [
+            "-m", "workloads.train_family", "--family", name, "--sidecar", url,
+            "--job", name, "--seconds", "86400", "--seed", str(seed)])
+    return make
 
 
-def _trial_json(t: Trial) -> dict[str, Any]:
-    return {"trial": t.trial, "config": config_label(t.values), "state": t.state,
+def _trial_json(t: Trial, label: Callable[[Mapping[str, Any]], str]) -> dict[str, Any]:
+    return {"trial": t.trial, "config": label(t.values), "state": t.state,
             "gain": _r(t.gain, 4), "ci": [_r(t.ci_low, 4), _r(t.ci_high, 4)],
             "ended_because": t.ended_because}
 
 
-def live_session(name: str, minutes: float, checkpoints: Sequence[float], *, seed: int,
-                 logs: Path | None) -> dict[str, Any]:
-    """Runs the session; the kept config and trials at each checkpoint (minutes)."""
+def live_session(name: str, minutes: float, checkpoints: Sequence[float], *,
+                 logs: Path | None, make_session: Callable[[Path], TrainingSession],
+                 kept: Callable[[TrainingSession], dict[str, Any]],
+                 label: Callable[[Mapping[str, Any]], str]) -> dict[str, Any]:
+    """Runs the session ``make_session(out dir)``; the kept config (``kept``, named by
+    ``label``) and the trials at each checkpoint (minutes)."""
     out = Path(tempfile.mkdtemp(prefix=f"generalisation-{name}-"))
     result: dict[str, Any] = {"checkpoints": [], "error": None}
     try:
-        with FamilySession(name, out, seed=seed) as session:
+        with make_session(out) as session:
             attached = time.monotonic()
-            result["default_as_sent"] = live_values(session.baseline())
+            result["default_as_sent"] = kept(session)
             for at in checkpoints:
                 session.wait(lambda at=at: True if time.monotonic() - attached >= at * 60
                              else None, at * 60 + 60, f"{at:g} minutes",
                              watch=(session.sidecar, session.train), poll_s=2.0)
                 trials = session.trials()
-                kept = live_values(session.baseline())
+                values = kept(session)
                 steps = session.steps()
                 result["checkpoints"].append({
-                    "minutes": at, "kept": config_label(kept), "kept_values": kept,
+                    "minutes": at, "kept": label(values), "kept_values": values,
                     "trials": len(trials), "trials_measured": sum(t.measured for t in trials),
                     "trials_kept": sum(t.state == "kept" for t in trials),
                     "job_steps": steps[-1][0] if steps else 0})
-                print(f"[{name}] live {at:g} min: kept {config_label(kept)}, "
+                print(f"[{name}] live {at:g} min: kept {label(values)}, "
                       f"{len(trials)} trials", flush=True)
-            result["trials"] = [_trial_json(t) for t in session.trials()]
+            result["trials"] = [_trial_json(t, label) for t in session.trials()]
             result["changes_by_state"] = _count(c["state"] for c in session.changes())
             result["wall_s"] = round(time.monotonic() - attached, 1)
     except (SessionError, httpx.HTTPError, OSError) as exc:  # the other families go on
@@ -415,7 +392,10 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
     minutes = args.minutes
     checkpoints = (minutes / 2, minutes)
     meter = CpuMeter()
-    live = live_session(name, minutes, checkpoints, seed=args.seed, logs=args.logs)
+    live = live_session(name, minutes, checkpoints, logs=args.logs,
+                        make_session=family_session(name, args.seed),
+                        kept=lambda session: live_values(session.baseline()),
+                        label=config_label)
     load_live = os.getloadavg()
     foreign["live"] = meter.foreign_share()
 
@@ -495,10 +475,16 @@ def summary(families: Mapping[str, Mapping[str, Any]], minutes: float) -> dict[s
     median = statistics.median(captured) if captured else None
     regressions = sorted(n for n, f in families.items() if f.get("regression_kept"))
     incomplete = sorted(n for n, f in families.items() if not f.get("complete"))
+    incomplete += sorted(set([*FAMILIES, SERVING]) - set(families))  # not measured at all
     contended = sorted(n for n, f in families.items() if f.get("contended_phases"))
+    training = [f["captured_at_end"] for n, f in families.items()
+                if n != SERVING and f.get("captured_at_end") is not None]
+    serving = families.get(SERVING, {})
     key = f"median_captured_at_{minutes:g}min >= {CAPTURE_TARGET}"
     return {
         f"median_captured_at_{minutes:g}min": _r(median) if median is not None else None,
+        f"median_captured_at_{minutes:g}min_training_only": (
+            _r(statistics.median(training)) if training else None),
         "families_with_regression_kept": regressions,
         "families_incomplete": incomplete,
         "families_measured_on_a_contended_box": contended,
@@ -507,6 +493,8 @@ def summary(families: Mapping[str, Mapping[str, Any]], minutes: float) -> dict[s
                   "met": median is not None and median >= CAPTURE_TARGET and not incomplete},
             "no regression kept": {"families": regressions,
                                    "met": not regressions and not incomplete},
+            "serving: kept config within the quality bound, tokens/s not below the default": {
+                "met": bool(serving.get("complete")) and not serving.get("regression_kept")},
         },
     }
 
@@ -538,10 +526,22 @@ WHAT_IS_MEASURED = {
 }
 
 
+def run_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    if name != SERVING:
+        return bench_family(name, args)
+    checkpoints = (args.minutes / 2, args.minutes)
+    return bench_serving(
+        args, live_session=functools.partial(live_session, name, args.minutes, checkpoints,
+                                             logs=args.logs),
+        meter=CpuMeter, flat_gain=FLAT_GAIN, contended=CONTENDED)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--families", default=",".join(FAMILIES),
-                   help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--families", default=",".join([*FAMILIES, SERVING]),
+                   help=f"comma-separated, of {', '.join([*FAMILIES, SERVING])}")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other families' results already in --out (same protocol)")
     p.add_argument("--minutes", type=float, default=10.0, help="live session length")
     p.add_argument("--grid-rounds", type=int, default=3)
     p.add_argument("--grid-steps", type=int, default=5, help="measured steps per grid visit")
@@ -565,7 +565,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.ab_rounds, args.ab_steps = 4, 3
     names = [n.strip() for n in args.families.split(",") if n.strip()]
     for n in names:
-        family(n)  # unknown names fail before anything runs
+        if n != SERVING:
+            family(n)  # unknown names fail before anything runs
     report: dict[str, Any] = {
         "bench": "generalisation",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -583,21 +584,24 @@ def main(argv: Sequence[str] | None = None) -> None:
                      "sidecar_settings": "defaults; job section: mode = auto, tune = true"},
         "what_is_measured": WHAT_IS_MEASURED,
         "families": {},
-        "serving": {"status": "not measured by this bench",
-                    "note": "a serving family (kept vs default tokens/s and p99 within the "
-                            "quality bound) is not built yet; the targets are the training "
-                            "families'"},
     }
     if args.quick:
         report["protocol"]["note"] = ("quick smoke run: shorter than the issue's protocol "
                                       "(10 minutes live, full grid); not a verdict")
+    if args.merge and args.out.exists():
+        before = json.loads(args.out.read_text(encoding="utf-8"))
+        if before.get("protocol") != report["protocol"]:
+            p.error(f"--merge: {args.out} was measured under another protocol")
+        report["families"] = {k: v for k, v in before["families"].items() if k not in names}
     for n in names:
         print(f"=== {n} ===", flush=True)
-        report["families"][n] = bench_family(n, args)
+        report["families"][n] = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                              time.gmtime()),
+                                 **run_family(n, args)}
         report["summary"] = summary(report["families"], args.minutes)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        print(json.dumps({k: report["families"][n][k] for k in (
+        print(json.dumps({k: report["families"][n].get(k) for k in (
             "step_s", "default_config", "grid_best", "available_gain", "checkpoints",
             "regression_kept")}, indent=1), flush=True)
     report["summary"] = summary(report["families"], args.minutes)

@@ -106,8 +106,10 @@ def requests(load: loadgen.LoadConfig) -> Iterator[loadgen.Request]:
 
 def closed_loop(engine: Engine, source: Iterator[loadgen.Request], *, duration_s: float,
                 concurrency: int, between_steps: Callable[[], object] | None = None,
-                stop: threading.Event | None = None) -> dict[str, Any]:
-    """Keep ``concurrency`` requests in flight for ``duration_s``; what it measured."""
+                stop: threading.Event | None = None, warmup_s: float = 0.0) -> dict[str, Any]:
+    """Keep ``concurrency`` requests in flight for ``warmup_s`` + ``duration_s``; what it
+    measured in the last ``duration_s`` (after the warm-up the prefix cache holds what the
+    load keeps asking for, as in a server that has run a while)."""
     started: dict[int, float] = {}
     latencies: list[float] = []
     tokens = 0
@@ -117,21 +119,23 @@ def closed_loop(engine: Engine, source: Iterator[loadgen.Request], *, duration_s
         started[request.id] = time.monotonic()
         engine.submit(request)
 
-    t0 = time.monotonic()
+    t0 = time.monotonic() + warmup_s
     for _ in range(concurrency):
         submit()
     while time.monotonic() - t0 < duration_s and not (stop is not None and stop.is_set()):
         if between_steps is not None:
             between_steps()
         for done in engine.step():
-            latencies.append(time.monotonic() - started.pop(done.id))
-            tokens += len(done.tokens)
+            latency = time.monotonic() - started.pop(done.id)
+            if time.monotonic() >= t0:
+                latencies.append(latency)
+                tokens += len(done.tokens)
             submit()
-    elapsed_s = time.monotonic() - t0
+    elapsed_s = max(0.0, time.monotonic() - t0)  # 0 when stopped inside the warm-up
     lat = np.array(latencies)
     return {"requests": len(lat), "tokens": tokens, "elapsed_s": elapsed_s,
-            "tokens_per_s": tokens / elapsed_s, "p50_s": quantile(lat, 0.5),
-            "p99_s": quantile(lat, 0.99), "hit_rate": engine.prefix_cache.stats().hit_rate,
+            "tokens_per_s": tokens / elapsed_s if elapsed_s else float("nan"),
+            "p50_s": quantile(lat, 0.5), "p99_s": quantile(lat, 0.99), "hit_rate": engine.prefix_cache.stats().hit_rate,
             "token_agreement": (sum(engine._checked) / len(engine._checked)
                                 if engine._checked else None)}
 

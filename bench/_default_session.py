@@ -1,0 +1,43 @@
+"""A live session on the sidecar's default settings, for the generalisation benchmark: the
+sidecar.toml's job section says only ``mode = "auto"`` and ``tune = true`` (plus the listen
+address, store, state database and token file it needs to run), and the job is any command
+that attaches to the sidecar's URL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from seedancectl._session import TOKEN, SessionConfig, TrainingSession
+
+
+class DefaultSettingsSession(TrainingSession):
+    """``seedancectl._session.TrainingSession`` with the default sidecar settings; the job is
+    ``python <job_args(sidecar URL)>``, its log ``logs/job.log``."""
+
+    def __init__(self, out: Path, *, job: str, job_args: Callable[[str], list[str]]) -> None:
+        super().__init__(SessionConfig(out=out, job=job, tune=True, mode="auto"))
+        self._job_args = job_args
+
+    def sidecar_toml(self) -> str:
+        def q(value: object) -> str:
+            return json.dumps(str(value))
+        return "\n".join([
+            "# only what the sidecar needs to run here; every other setting is the default",
+            f"listen = {q(f'127.0.0.1:{self.port}')}",
+            f"store = {q(self.out / 'metrics.db')}",
+            f"state_db = {q('sqlite:///' + str(self.out / 'state.db'))}",
+            f"token_file = {q(self.token_file)}",
+            "", f"[jobs.{q(self.config.job)}]", 'mode = "auto"', "tune = true", ""])
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.token_file.write_text(TOKEN + "\n", encoding="utf-8")
+        self.token_file.chmod(0o600)
+        self.config_file.write_text(self.sidecar_toml(), encoding="utf-8")
+        self.start_sidecar()
+        self.train = self._spawn("job", self._job_args(self.url))
+        self.wait(lambda: True if (self.job_status() or {}).get("state") == "attached"
+                  else None, self.config.start_timeout_s, "the job to attach",
+                  watch=(self.train,))
