@@ -56,3 +56,20 @@ def test_the_job_declares_what_it_applies_and_serves_without_a_sidecar() -> None
     assert summary["final"]["kv.key_bits"] == 8
     with pytest.raises(ValueError, match="concurrency"):
         TunedConfig(concurrency=0)
+
+
+def test_closed_loop_measures_only_after_its_warm_up() -> None:
+    engine = build_engine(CONFIG)
+    completed: list[int] = []
+    step = engine.step
+
+    def counting_step() -> list:  # type: ignore[type-arg]
+        done = step()
+        completed.extend(c.id for c in done)
+        return done
+
+    engine.step = counting_step  # type: ignore[method-assign]
+    summary = closed_loop(engine, requests(CONFIG.load), duration_s=0.5, concurrency=2,
+                          warmup_s=0.5)
+    assert summary["elapsed_s"] >= 0.5
+    assert 1 <= summary["requests"] < len(completed)  # the warm-up's completions not counted
