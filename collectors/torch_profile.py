@@ -530,6 +530,8 @@ class ModuleGroupProfiler:
         return pre
 
     def _post_hook(self, role: _Role) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        device_type = self.device.type
+
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             sample = self._sample
             if sample is None or not self._stack:
@@ -538,6 +540,10 @@ class ModuleGroupProfiler:
                 sample.dtypes[role.owner_of].update(
                     p.dtype for p in module._parameters.values()
                     if p is not None and p.is_floating_point())
+                # an autocast a wrapper entered inside the group's outermost module (its
+                # pre-hook ran before it) is still in force when an owner's forward returns
+                if torch.is_autocast_enabled(device_type):
+                    sample.autocast[role.owner_of].add(torch.get_autocast_dtype(device_type))
             if role.timed and self._stack[-1][0].role is role:
                 frame, self._top = self._stack.pop()
                 frame.end = self._clock()

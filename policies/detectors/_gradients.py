@@ -20,6 +20,7 @@ from collectors import CONFIG_VERSION_ATTR
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
+from policies.detectors._model_view import forward_order, single_precisions
 from policies.detectors._series import increase
 from policies.detectors._steps import (
     GRAD_NORM,
@@ -195,6 +196,45 @@ def _latest(frame: pd.DataFrame, column: str) -> dict[str, str]:
     return dict(zip(last[MODULE_GROUP_ATTR].astype(str), last[column].astype(str), strict=True))
 
 
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """One rank's module groups as the job runs them: their forward order (configured, else
+    the profiler's), the precision each ``precision.<group>`` knob holds, and the precision the
+    profiler saw each group compute in (which a cast by hand or autocast can make differ)."""
+
+    order: tuple[str, ...]
+    knobs: dict[str, str]
+    observed: dict[str, str]
+
+    @classmethod
+    def of(cls, window: StoreWindow, rows: pd.DataFrame,
+           configured_order: tuple[str, ...]) -> GroupView:
+        return cls(order=configured_order or forward_order(window),
+                   knobs=_latest(rows, PRECISION_ATTR), observed=single_precisions(window))
+
+    def locate(self, bad: Sequence[str]) -> tuple[list[str], str]:
+        return locate_cause(bad, forward_order=self.order,
+                            precisions={**self.knobs, **self.observed})
+
+    def not_yet(self, groups: Sequence[str], precision: str) -> list[str]:
+        """The groups whose knob does not hold ``precision`` already and that do not compute
+        in it already: a suggestion to set it there would change nothing."""
+        return [g for g in groups
+                if self.knobs.get(g) != precision and self.observed.get(g) != precision]
+
+    def by_hand(self, groups: Sequence[str]) -> str:
+        """A note for each group the profiler saw computing in another precision than its
+        knob holds (fp32 where the job reports no knob): a cast by hand or an autocast."""
+        notes = []
+        for g in groups:
+            seen, knob = self.observed.get(g), self.knobs.get(g)
+            if seen is None or seen == (knob or "fp32"):
+                continue
+            held = f"precision.{g} holds {knob}" if knob else f"no precision.{g} knob set it"
+            notes.append(f"; {g} computes in {seen} while {held} (a cast by hand or autocast)")
+        return "".join(notes)
+
+
 def _backoff_streak(scale: pd.DataFrame) -> int:
     """Trailing readings in a row where the loss scale fell."""
     values = scale["value"].to_numpy(dtype=np.float64)
@@ -290,7 +330,8 @@ class GradientUnderflowDetector(Detector):
                                            _rank_rows(zeros, rank))) is not None]
             streak = _backoff_streak(_rank_rows(scales, rank))
             finding = self._finding(window.job, rank, states, rows, streak,
-                                    _rank_rows(scales, rank), _rank_rows(totals, rank))
+                                    _rank_rows(scales, rank), _rank_rows(totals, rank),
+                                    GroupView.of(window, rows, self.config.forward_order))
             if finding is not None:
                 findings.append(finding)
         return findings
@@ -319,7 +360,7 @@ class GradientUnderflowDetector(Detector):
 
     def _finding(self, job: str, rank: dict[str, str], states: list[_GroupState],
                  rows: pd.DataFrame, streak: int, scales: pd.DataFrame,
-                 totals: pd.DataFrame) -> Finding | None:
+                 totals: pd.DataFrame, view: GroupView) -> Finding | None:
         cfg = self.config
         backing_off = streak >= cfg.scale_backoffs
         if not states and not backing_off:
@@ -346,8 +387,7 @@ class GradientUnderflowDetector(Detector):
                     expected_effect="no loss scaling needed; steps stop being skipped"),),
             )
         by_group = {s.group: s for s in states}
-        causes, how = locate_cause(list(by_group), forward_order=cfg.forward_order,
-                                   precisions=_latest(rows, PRECISION_ATTR))
+        causes, how = view.locate(list(by_group))
         affected = sorted(set(by_group) - set(causes))
         for s in (by_group[c] for c in causes):
             measurements += [
@@ -383,7 +423,7 @@ class GradientUnderflowDetector(Detector):
                                      if first.onset_version else "")
                    + (f"; starved upstream: {', '.join(affected)}" if affected else "")
                    + (f"; loss scale fell {streak} readings in a row" if backing_off else "")
-                   + f"; cause: {how}")
+                   + f"; cause: {how}" + view.by_hand(causes))
         return Finding(
             detector=self.name, job=job, severity="critical",
             resource={**rank, MODULE_GROUP_ATTR.removeprefix("seedance."): ",".join(causes)},
@@ -400,7 +440,7 @@ class GradientUnderflowDetector(Detector):
                                                  + (f" and those of {', '.join(affected)}"
                                                     if affected else "")
                                                  + " stop flushing to zero (local rollback)"))
-                for c in causes),
+                for c in view.not_yet(causes, "fp32")),
         )
 
 
@@ -490,10 +530,8 @@ class NonFiniteDetector(Detector):
             if not (loss_steps > 0 or grad_bad):
                 continue
             bad_groups = self._bad_groups(_rank_rows(groups, rank), _rank_rows(counts, rank))
-            causes, how = (locate_cause(bad_groups, forward_order=cfg.forward_order,
-                                        precisions=_latest(_rank_rows(groups, rank),
-                                                           PRECISION_ATTR))
-                           if bad_groups else ([], ""))
+            view = GroupView.of(window, _rank_rows(groups, rank), cfg.forward_order)
+            causes, how = view.locate(bad_groups) if bad_groups else ([], "")
             measurements = [
                 Measurement(name="nonfinite_loss_steps", value=loss_steps, unit="{step}"),
                 Measurement(name="nonfinite_grad_norm_steps", value=grad_steps, unit="{step}"),
@@ -536,7 +574,7 @@ class NonFiniteDetector(Detector):
                     expected_effect="smaller updates keep weights and activations finite"))
             changes += [SuggestedChange(knob=f"precision.{c}", value="fp32",
                                         expected_effect=f"{c} no longer overflows its range")
-                        for c in causes]
+                        for c in view.not_yet(causes, "fp32")]
             resource = dict(rank)
             if causes:
                 resource[MODULE_GROUP_ATTR.removeprefix("seedance.")] = ",".join(causes)

@@ -23,20 +23,16 @@ from collectors import CONFIG_VERSION_ATTR
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
+from policies.detectors._model_view import DTYPE_ATTR, PRECISION_OF_DTYPE, computes_in
 from policies.detectors._series import latest_version
 from policies.detectors._steps import MODULE_GROUP_ATTR, STEP
 
 GROUP_SHARE = "seedance.train.group.time_share"
-GROUP_DTYPE = "seedance.train.group.param_dtype"
 MATMUL_SPEEDUP = "seedance.device.matmul_speedup"
-DTYPE_ATTR = "seedance.dtype"
 DEVICE_MODEL_ATTR = "hw.model"
 EXPECTED_GAIN = "expected_gain"
 """The evidence measurement with the suggestion's expected gain in step speed (0.45 = +45%)."""
 
-PRECISION_OF_DTYPE: dict[str, str] = {
-    "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
-"""Dtype names as the profiler exports them -> ``precision.<group>`` knob values."""
 LOW_RISK_PRECISIONS: tuple[str, ...] = ("bf16",)
 """What a prior may suggest: bf16 keeps fp32's exponent range. fp16 (needs loss scaling) and
 fp8 (needs scaling factors) are only mentioned; a person decides on them."""
@@ -94,7 +90,7 @@ class ComputePriorsDetector(Detector):
         if not faster:
             return []
         best = max(faster, key=faster.__getitem__)
-        computes = _computes_in(window, version)
+        computes = computes_in(window, version)
         findings: list[tuple[float, Finding]] = []
         for group, rows in shares.groupby(MODULE_GROUP_ATTR, sort=True):
             if computes.get(str(group)) != {"fp32"}:
@@ -161,18 +157,6 @@ def _speedups(window: StoreWindow) -> tuple[dict[str, float], str]:
         return {}, ""
     speedups = {PRECISION_OF_DTYPE.get(str(dtype), str(dtype)): float(rows["value"].median())
                 for dtype, rows in frame.groupby(DTYPE_ATTR)}
-    models = frame[DEVICE_MODEL_ATTR].dropna() if DEVICE_MODEL_ATTR in frame.columns else ()
+    models = (frame[DEVICE_MODEL_ATTR].dropna() if DEVICE_MODEL_ATTR in frame.columns
+              else pd.Series(dtype=object))
     return speedups, str(models.iloc[-1]) if len(models) else ""
-
-
-def _computes_in(window: StoreWindow, version: float | None) -> dict[str, set[str]]:
-    """Group -> the precisions (or raw dtype names) it computed in under ``version``."""
-    frame = window.query(GROUP_DTYPE)
-    if frame.empty or not {MODULE_GROUP_ATTR, DTYPE_ATTR} <= set(frame.columns):
-        return {}
-    if version is not None and CONFIG_VERSION_ATTR in frame.columns:
-        frame = frame[pd.to_numeric(frame[CONFIG_VERSION_ATTR], errors="coerce") == version]
-    out: dict[str, set[str]] = {}
-    for group, dtype in zip(frame[MODULE_GROUP_ATTR], frame[DTYPE_ATTR], strict=True):
-        out.setdefault(str(group), set()).add(PRECISION_OF_DTYPE.get(str(dtype), str(dtype)))
-    return out
