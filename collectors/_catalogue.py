@@ -297,6 +297,11 @@ POLICY_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.findings.active", unit="{finding}", kind=G,
                source="policy engine", attributes=("detector", "service.name"),
                description="Findings open now, per detector"),
+    MetricSpec(name="seedance.policy.errors", unit="{error}", kind=S,
+               source="policy engine", attributes=("detector", "job", "stage", "service.name"),
+               description="Evaluations that failed for one detector and job (stage evaluate: "
+               "the detector raised; save: its findings could not be saved); the other "
+               "detectors and jobs of the pass go on"),
 )
 
 TUNING_METRICS: tuple[MetricSpec, ...] = (

@@ -37,6 +37,7 @@ from policies._cost_models import (
 from policies._detector import Detector
 from policies._engine import (
     ACTIVE_FINDINGS_METRIC,
+    ERRORS_METRIC,
     FINDING_CLOSED_EVENT,
     FINDING_OPENED_EVENT,
     EngineConfig,
@@ -68,6 +69,7 @@ from policies._window import JOB_ATTRIBUTE, FrameStore, QueryableStore, StoreWin
 
 __all__ = [
     "ACTIVE_FINDINGS_METRIC",
+    "ERRORS_METRIC",
     "FINDING_CLOSED_EVENT",
     "FINDING_OPENED_EVENT",
     "GPU_SPECS",

@@ -28,6 +28,7 @@ from policies._window import WindowSource
 log = logging.getLogger(__name__)
 
 ACTIVE_FINDINGS_METRIC = "seedance.findings.active"
+ERRORS_METRIC = "seedance.policy.errors"
 """Observable gauge: findings currently open, attribute ``detector``."""
 FINDING_OPENED_EVENT = "seedance.finding.opened"
 FINDING_CLOSED_EVENT = "seedance.finding.closed"
@@ -114,6 +115,9 @@ class PolicyEngine:
         meter.create_observable_gauge(
             ACTIVE_FINDINGS_METRIC, callbacks=[self._observe_active], unit="{finding}",
             description="Findings currently open, per detector")
+        self._errors = meter.create_counter(
+            ERRORS_METRIC, unit="{error}",
+            description="Evaluations that failed for one detector and job, by stage")
         self._logger = (logger_provider or get_logger_provider()).get_logger(_SCOPE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,16 +139,25 @@ class PolicyEngine:
             jobs = set(self.source.jobs()) | tracked
             for detector in self.detectors:
                 for job in sorted(jobs):
-                    window = self.source.window(job, since, now)
                     try:
-                        found = detector.evaluate(window)
+                        found = detector.evaluate(self.source.window(job, since, now))
                     except Exception as e:  # a detector bug must not stop the others
-                        log.exception("detector %s failed on job %s", detector.name, job)
-                        report.errors[(detector.name, job)] = f"{type(e).__name__}: {e}"
+                        self._failed(detector.name, job, "evaluate", e, report)
                         continue
-                    with self._lock:
-                        self._apply(detector.name, job, found, now, report)
+                    try:
+                        with self._lock:
+                            self._apply(detector.name, job, found, now, report)
+                    except Exception as e:  # nor a state DB that cannot save its findings
+                        self._failed(detector.name, job, "save", e, report)
         return report
+
+    def _failed(self, detector: str, job: str, stage: str, error: Exception,
+                report: EvaluationReport) -> None:
+        """Contained to this detector and job: logged, counted, reported. A finding that could
+        not be saved is not open (or not closed) yet; the next pass tries again."""
+        log.exception("detector %s failed on job %s (%s)", detector, job, stage)
+        report.errors[(detector, job)] = f"{stage}: {type(error).__name__}: {error}"
+        self._errors.add(1, {"detector": detector, "job": job, "stage": stage})
 
     def _apply(self, detector: str, job: str, found: Iterable[Finding], now: int,
                report: EvaluationReport) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from policies.detectors import COLLAPSE, UNDERFLOW
 from seedancectl._demo import (
     OBJECTIVE,
     SERVE_JOB,
@@ -24,7 +25,7 @@ from seedancectl._demo import (
     change_row,
 )
 
-INCIDENT_DETECTORS = ("gradient_underflow", "fp16_underflow", "gradient_collapse")
+INCIDENT_DETECTORS = (UNDERFLOW, COLLAPSE)
 """Detectors whose finding means "this precision change underflows" (the staged incident)."""
 TRAIL = ("proposed", "approved", "apply", "ack", ("kept", "rolled_back"))
 """The audit events every applied change must have, in order (a tuple: one of)."""

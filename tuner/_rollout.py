@@ -68,6 +68,7 @@ from collectors._errors import SeedanceError
 from collectors._state_engine import state_engine
 from collectors._tracing import Tracing, new_traceparent, null_tracing
 from policies._findings import Finding
+from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
 from tuner._knobs import KnobSpace, KnobValue
 from tuner._lease import JobRegistry, JobStatus
 from tuner._measure import (
@@ -233,12 +234,12 @@ class NonFiniteLoss(Guardrail):
 
 
 class GradientCollapseFindings(Guardrail):
-    """A gradient-collapse / underflow finding on the job, opened since the change began:
-    LOCAL rollback of the finding's ``module_group`` (FULL when it names none)."""
+    """A gradient-collapse, underflow or non-finite finding on the job, opened since the change
+    began: LOCAL rollback of the finding's ``module_group`` (FULL when it names none, and always
+    for non-finite gradients: the optimizer may have stepped on them everywhere)."""
 
     def __init__(self, active_findings: Callable[[], Sequence[Finding]], *,
-                 detectors: Sequence[str] = ("gradient_collapse", "gradient_underflow",
-                                             "fp16_underflow")) -> None:
+                 detectors: Sequence[str] = (COLLAPSE, UNDERFLOW, NON_FINITE)) -> None:
         self._active = active_findings
         self.detectors = frozenset(detectors)
 
@@ -247,7 +248,7 @@ class GradientCollapseFindings(Guardrail):
         for f in self._active():
             if (f.job == change.job and f.detector in self.detectors
                     and (f.opened_at_ns or 0) >= since_ns):
-                group = f.resource.get("module_group")
+                group = None if f.detector == NON_FINITE else f.resource.get("module_group")
                 return Trip(kind="local" if group else "full", group=group,
                             reason=f"{f.detector} finding {f.id}: {f.evidence.summary}")
         return None
@@ -653,12 +654,17 @@ class RolloutController:
         return False
 
     def _guardrail(self, change: Change, version: int) -> Trip | None:
+        """The first guardrail that fires. One that raises fails closed: a change it cannot
+        vouch for is rolled back (a training job's state too, as nobody checked it)."""
         for guardrail in self.guardrails:
             try:
                 trip = guardrail.check(change, version, self.query)
-            except Exception:
+            except Exception as exc:
                 log.exception("guardrail %r failed on change %s", guardrail, change.id)
-                continue
+                serving = self.registry.status(change.job).kind == "serve"
+                return Trip(kind="config" if serving else "full", reason=(
+                    f"guardrail {type(guardrail).__name__} could not check config v{version} "
+                    f"({type(exc).__name__}: {exc}): rolled back, failing closed"))
             if trip is not None:
                 return trip
         return None

@@ -16,6 +16,9 @@ from policies.detectors._communication import (
     nvlink_peak_bytes_per_s,
 )
 from policies.detectors._gradients import (
+    COLLAPSE,
+    NON_FINITE,
+    UNDERFLOW,
     CollapseConfig,
     GradientCollapseDetector,
     GradientUnderflowDetector,
@@ -42,6 +45,9 @@ from policies.detectors._serving import (
 from policies.detectors._steps import BATCH_SIZE_ATTR, PRECISION_ATTR
 
 __all__ = [
+    "COLLAPSE",
+    "NON_FINITE",
+    "UNDERFLOW",
     "AutoscalerThrashDetector",
     "BATCH_SIZE_ATTR",
     "BandwidthConfig",

@@ -39,6 +39,10 @@ from policies.detectors._steps import (
     per_step,
 )
 
+COLLAPSE = "gradient_collapse"
+UNDERFLOW = "gradient_underflow"
+NON_FINITE = "non_finite"
+"""The gradient detectors' names, which the tuner's guardrail watches."""
 NONFINITE_STEPS = "seedance.train.nonfinite_steps"
 NONFINITE_WHAT = "seedance.nonfinite.what"
 
@@ -104,7 +108,7 @@ class GradientCollapseDetector(Detector):
     """
 
     def __init__(self, config: CollapseConfig | None = None, *,
-                 name: str = "gradient_collapse") -> None:
+                 name: str = COLLAPSE) -> None:
         self.config = config or CollapseConfig()
         self._name = name
 
@@ -310,7 +314,7 @@ class GradientUnderflowDetector(Detector):
     """
 
     def __init__(self, config: UnderflowConfig | None = None, *,
-                 name: str = "gradient_underflow") -> None:
+                 name: str = UNDERFLOW) -> None:
         self.config = config or UnderflowConfig()
         self._name = name
 
@@ -488,7 +492,7 @@ class NonFiniteDetector(Detector):
     """
 
     def __init__(self, config: NonFiniteConfig | None = None, *,
-                 name: str = "non_finite") -> None:
+                 name: str = NON_FINITE) -> None:
         self.config = config or NonFiniteConfig()
         self._name = name
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from policies import (
     ACTIVE_FINDINGS_METRIC,
+    ERRORS_METRIC,
     Detector,
     EngineConfig,
     Finding,
@@ -64,6 +66,15 @@ class Telemetry:
                         for p in metric.data.data_points:
                             out[str(p.attributes["detector"])] = int(p.value)
         return out
+
+
+    def counter(self, name: str) -> dict[tuple[str, ...], int]:
+        data = self.reader.get_metrics_data()
+        return {(str(p.attributes["detector"]), str(p.attributes["job"]),
+                 str(p.attributes["stage"])): int(p.value)
+                for rm in (data.resource_metrics if data else ())
+                for sm in rm.scope_metrics for metric in sm.metrics if metric.name == name
+                for p in metric.data.data_points}
 
 
 @pytest.fixture
@@ -181,8 +192,32 @@ def test_a_failing_detector_does_not_stop_the_others(tmp_path: Path, telemetry: 
     with _engine(tmp_path, _store("bbb"), telemetry,
                  [BrokenDetector(), LowUtilisationDetector()]) as engine:
         reports = [engine.evaluate_once(_segment_end(k)) for k in range(3)]
-    assert reports[0].errors == {("broken", "train-a"): "RuntimeError: bug"}
+    assert reports[0].errors == {("broken", "train-a"): "evaluate: RuntimeError: bug"}
+    assert telemetry.counter(ERRORS_METRIC) == {("broken", "train-a", "evaluate"): 3}
     assert [f.resource["gpu"] for f in reports[2].opened] == ["0"]
+
+
+def test_a_finding_that_cannot_be_saved_is_contained_counted_and_retried(
+        tmp_path: Path, telemetry: Telemetry) -> None:
+    # A real state DB that refuses one detector's rows (an SQLite trigger aborts the insert,
+    # as a full disk would): the other detector's finding still opens in the same pass.
+    detectors: list[Detector] = [LowUtilisationDetector(),
+                                 LowUtilisationDetector("low_utilisation_too")]
+    with _engine(tmp_path, _store("bbbbb"), telemetry, detectors, open_after=1) as engine:
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON findings "
+                       "WHEN NEW.detector = 'low_utilisation' "
+                       "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+        first = engine.evaluate_once(_segment_end(0))
+        assert [f.detector for f in first.opened] == ["low_utilisation_too"]
+        assert "disk is full" in first.errors[("low_utilisation", "train-a")]
+        assert first.errors[("low_utilisation", "train-a")].startswith("save: ")
+        assert [f.detector for f in engine.active()] == ["low_utilisation_too"]
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            db.execute("DROP TRIGGER refuse")
+        second = engine.evaluate_once(_segment_end(1))
+        assert [f.detector for f in second.opened] == ["low_utilisation"] and not second.errors
+    assert telemetry.counter(ERRORS_METRIC) == {("low_utilisation", "train-a", "save"): 1}
 
 
 def test_config_and_names_are_validated(tmp_path: Path, telemetry: Telemetry) -> None:

@@ -12,6 +12,7 @@ import pytest
 from collectors._store import TimeSeriesStore
 from policies._findings import Evidence, Finding
 from policies._state_db import sqlite_url
+from policies.detectors import NON_FINITE
 from tests.tuner._simjob import SimJob
 from tuner._lease import JobRegistry
 from tuner._measure import MeasureConfig
@@ -19,11 +20,13 @@ from tuner._rollout import (
     TRANSITIONS,
     Change,
     GradientCollapseFindings,
+    Guardrail,
     IllegalTransition,
     NonFiniteLoss,
     RolloutConfig,
     RolloutController,
     RolloutError,
+    Trip,
 )
 
 MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.3)
@@ -209,6 +212,44 @@ def test_gradient_collapse_finding_rolls_back_the_group_locally(parts: dict[str,
     status = registry.status(job.job)
     assert status.desired.values["precision.ffn"] == "fp32"
     assert status.desired.values["micro_batch"] == 8
+
+
+def test_a_non_finite_gradient_finding_rolls_everything_back(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    findings: list[Finding] = []
+    ctl = controller(parts, guardrails=[GradientCollapseFindings(lambda: findings)])
+    change = ctl.propose(job.job, {"precision.ffn": "bf16"}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    ctl.tick()
+    job.run(8)
+    ctl.tick()
+    findings.append(Finding(
+        detector=NON_FINITE, job=job.job, severity="critical",
+        resource={"module_group": "ffn"}, id="f2",  # named, yet the optimizer stepped on NaNs
+        opened_at_ns=int(parts["clock"].now * 1e9) + 1,
+        evidence=Evidence(summary="non-finite gradients", model="non-finite")))
+    ctl.tick()
+    done = ctl.get(change.id)
+    assert done.state == "rolled_back" and done.plan["rollback"] == "full"
+
+
+class RaisingGuardrail(Guardrail):
+    def check(self, change: Change, version: int, query: Any) -> Trip | None:
+        raise ConnectionError("store unreachable")
+
+
+def test_a_guardrail_that_raises_fails_closed(parts: dict[str, Any]) -> None:
+    registry = parts["registry"]
+    job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts, guardrails=[RaisingGuardrail(), NonFiniteLoss()])
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    done = drive(ctl, job, change.id)
+    assert done.state == "rolled_back" and done.plan["rollback"] == "full"
+    assert any("RaisingGuardrail could not check" in (e["reason"] or "")
+               for e in ctl.events(change_id=change.id))
+    assert registry.status(job.job).desired.values["micro_batch"] == 8
 
 
 def test_lapsed_lease_fails_the_change(parts: dict[str, Any]) -> None:
