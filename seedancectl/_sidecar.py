@@ -58,6 +58,7 @@ from tuner._rollout import (
     state_engine,
 )
 from tuner._search import SearchConfig, SearchDriver, TuningLoop, suggestions, within_bounds
+from tuner._versions import VersionLedger
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class Sidecar:
         self.token: str | None = None
         self.token_path: Path | None = None
         self._environ = os.environ if environ is None else environ
+        self._ledger: VersionLedger | None = None
         self._forwarder = (
             Forwarder(ForwarderConfig(url=config.upstream_otlp_endpoint))
             if config.upstream_otlp_endpoint else None
@@ -192,6 +194,8 @@ class Sidecar:
                 self._forwarder.start()
             if config.prometheus_port is not None:
                 self._metrics_server = serve_metrics(self.registry, config.prometheus_port)
+            self._ledger = VersionLedger(config.state_db)
+            self.jobs.keep_versions_in(self._ledger)
             self.jobs.start()
             self._start_tuning()
             self._started = True
@@ -260,6 +264,8 @@ class Sidecar:
             if self._audit is not None:
                 self._audit.dispose()
             self.jobs.shutdown(timeout_s)
+            if self._ledger is not None:
+                self._ledger.close()
             for scraper in self._scrapers:
                 scraper.shutdown(timeout_s)
             self._gpu_sampler.shutdown(timeout_s)

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from collectors._errors import SeedanceError
 from tuner._knobs import Config, Knob, KnobError, KnobSpace, KnobValue
+from tuner._versions import VersionLedger
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +162,6 @@ class _Job:
     acks: collections.deque[Ack] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_ACKS_KEPT))
 
-    def next_version(self) -> int:
-        self.last_version += 1
-        return self.last_version
 
 
 def validate_action(action: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,20 +195,40 @@ class JobRegistry:
 
     `lease_ttl_s` is the default TTL; a job may ask for its own at attach. Lapses are found by
     `reap()`, which the thread started by `start()` calls every quarter of the shortest TTL;
-    `clock` (monotonic seconds) is injectable so tests can move time.
+    `clock` (monotonic seconds) is injectable so tests can move time. With a `ledger`, every
+    version is recorded before anyone sees it and a job's first attach continues above the
+    highest one ever issued to it, so versions stay unique across restarts.
     """
 
     def __init__(self, *, lease_ttl_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 ledger: VersionLedger | None = None) -> None:
         if not lease_ttl_s > 0:
             raise LeaseError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
         self.lease_ttl_s = lease_ttl_s
         self._clock = clock
+        self._ledger = ledger
         self._jobs: dict[str, _Job] = {}
         self._cond = threading.Condition()
         self._on_lapse: list[LapseCallback] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def keep_versions_in(self, ledger: VersionLedger) -> None:
+        """Record versions in ``ledger`` from now on (before the first attach)."""
+        with self._cond:
+            self._ledger = ledger
+
+    def _issued(self, job: str) -> int:
+        return self._ledger.last(job) if self._ledger is not None else 0
+
+    def _next_version(self, record: _Job) -> int:
+        """The job's next version, recorded in the ledger before it is used."""
+        version = record.last_version + 1
+        if self._ledger is not None:
+            self._ledger.issued(record.name, version)
+        record.last_version = version
+        return version
 
     # ---- the job's side (the HTTP router calls these) ---------------------------------------
 
@@ -245,13 +263,13 @@ class JobRegistry:
                 record = _Job(name=job, kind=kind, world_size=world_size, space=space,
                               baseline=Config(0, proposed), desired=Config(0, proposed),
                               session=session, ttl_s=ttl_s, expires_at=now + ttl_s,
-                              last_version=max(0, int(version)))
-                record.baseline = record.desired = Config(record.next_version(), proposed)
+                              last_version=max(0, int(version), self._issued(job)))
+                record.baseline = record.desired = Config(self._next_version(record), proposed)
                 self._jobs[job] = record
             else:
                 record.last_version = max(record.last_version, int(version))
                 if not (_fits(space, record.baseline) and _fits(space, record.desired)):
-                    record.baseline = record.desired = Config(record.next_version(), proposed)
+                    record.baseline = record.desired = Config(self._next_version(record), proposed)
                     record.change_id = record.traceparent = None
                     record.actions.clear()
                 record.kind, record.world_size, record.space = kind, world_size, space
@@ -310,7 +328,7 @@ class JobRegistry:
         with self._cond:
             record = self._record(job)
             checked = record.space.validate(values, partial=True)
-            record.desired = Config(record.next_version(), {**record.baseline.values, **checked})
+            record.desired = Config(self._next_version(record), {**record.baseline.values, **checked})
             record.change_id, record.traceparent = change_id, traceparent
             self._cond.notify_all()
             return record.desired
@@ -320,7 +338,7 @@ class JobRegistry:
         job falls back to when its lease lapses. The desired config is left alone."""
         with self._cond:
             record = self._record(job)
-            record.baseline = Config(record.next_version(), record.space.validate(values))
+            record.baseline = Config(self._next_version(record), record.space.validate(values))
             self._cond.notify_all()
             return record.baseline
 
@@ -335,7 +353,7 @@ class JobRegistry:
         with self._cond:
             record = self._record(job)
             record.actions.append(checked)
-            record.desired = Config(record.next_version(), record.desired.values)
+            record.desired = Config(self._next_version(record), record.desired.values)
             self._cond.notify_all()
             return record.desired
 
@@ -382,7 +400,7 @@ class JobRegistry:
             for record in self._jobs.values():
                 if record.state == "attached" and now >= record.expires_at:
                     record.state = "lapsed"
-                    record.desired = Config(record.next_version(), record.baseline.values)
+                    record.desired = Config(self._next_version(record), record.baseline.values)
                     record.change_id = record.traceparent = None
                     record.actions.clear()
                     lapsed.append(self._status(record))

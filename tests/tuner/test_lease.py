@@ -11,6 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from collectors._state_engine import sqlite_url
 from seedancectl._config import SidecarConfig
 from seedancectl._sidecar import Sidecar
 from tuner._knobs import Knob, KnobError
@@ -22,6 +23,7 @@ from tuner._lease import (
     UnknownJobError,
     lease_router,
 )
+from tuner._versions import VersionLedger
 
 KNOBS = [
     Knob(name="precision.ffn", default="fp32", choices=("fp32", "bf16", "fp16")),
@@ -62,6 +64,20 @@ def test_attach_gives_the_baseline_and_versions_continue_above_the_job(
     assert status.state == "attached" and status.session == session
     assert status.baseline == config == status.desired
     assert status.acked_version is None and status.last_step is None
+
+
+def test_versions_never_repeat_across_a_restart(tmp_path: Path, clock: FakeClock) -> None:
+    url = sqlite_url(tmp_path / "state.db")
+    before = JobRegistry(lease_ttl_s=10.0, clock=clock, ledger=VersionLedger(url))
+    attach(before)
+    issued = [before.set_desired("gpt", {"lr_scale": x}).version for x in (2.0, 3.0)]
+    # the sidecar dies here: the job applied v1 only and never saw the two versions above it
+    after = JobRegistry(lease_ttl_s=10.0, clock=clock, ledger=VersionLedger(url))
+    _, config = after.attach("gpt", knobs=KNOBS, baseline={"threads": 4}, version=1)
+    assert config.version > max(issued)
+    assert after.set_desired("gpt", {"lr_scale": 4.0}).version == config.version + 1
+    assert VersionLedger(url).last("gpt") == config.version + 1
+    assert VersionLedger(url).last("other") == 0
 
 
 def test_set_desired_assigns_a_new_version_every_call_and_keeps_baseline_values(
