@@ -20,6 +20,13 @@ wide_transformer  Llama-style decoder (RMSNorm, SwiGLU),          8  64 (sequenc
 
 Tokens/s are only ever compared within one family, so the unit only has to be fixed per family.
 
+Each family is launched the way its author might have left it (``launch_micro_batch``,
+``launch_threads``): cnn_bn with the whole batch and torch's threads, vit and mlp with gradient
+accumulation chosen for memory (micro-batches of 4 and 32), rnn on one thread (a data-loader
+habit), wide_transformer both (micro-batch 2, one thread). Those launch settings are where the
+tuner starts; whether they are the best config on a given machine is for the benchmark's grid
+to measure, not for this table to assume.
+
 Measured default step (fp32, torch's default 2 threads, the whole global batch as one
 micro-batch; this repo's 2-core shared AMD EPYC VM, torch 2.13 CPU, load average under 1;
 median of 10 steps after 3 warm-up steps, ``python -m workloads.families``): cnn_bn 0.10 s,
@@ -359,6 +366,10 @@ class Family:
     """Passed to ``attach``; None: the project's default grouping by module names."""
     tiny: Mapping[str, Any] = field(default_factory=dict)
     """Model arguments of a tiny variant (same architecture, names and data): fast tests."""
+    launch_micro_batch: int | None = None
+    """The micro-batch its author launched with (None: the whole global batch at once)."""
+    launch_threads: int | None = None
+    """The torch threads its author set at launch (None: torch's default)."""
 
     def build(self, seed: int = 0, *, tiny: bool = False) -> Built:
         torch.manual_seed(seed)
@@ -377,21 +388,24 @@ FAMILIES: Mapping[str, Family] = {f.name: f for f in (
     Family(name="vit", description="ViT (6 blocks x 192, 4x4 patches of 32x32 images)",
            global_batch=16, tokens_per_sample=64, token_unit="patch tokens (64 per image)",
            make_model=ViT, make_draw=lambda b, s: _image_draw(b, 10, 32, s),
-           loss_fn=_classification_loss, tiny={"dim": 16, "depth": 1, "heads": 2}),
+           loss_fn=_classification_loss, tiny={"dim": 16, "depth": 1, "heads": 2},
+           launch_micro_batch=4),
     Family(name="rnn", description="2-layer LSTM language model (256 wide) on 64-step "
                                    "sequences of a 64-token vocabulary",
            global_batch=32, tokens_per_sample=64, token_unit="sequence positions",
            make_model=LSTMLanguageModel, make_draw=lambda b, s: _sequence_draw(b, 64, 64, s),
-           loss_fn=_lm_loss, tiny={"dim": 16, "layers": 1}),
+           loss_fn=_lm_loss, tiny={"dim": 16, "layers": 1}, launch_threads=1),
     Family(name="mlp", description="deep MLP (8 x 1024) on 512 features, 10 classes",
            global_batch=256, tokens_per_sample=1, token_unit="samples",
            make_model=DeepMLP, make_draw=lambda b, s: _feature_draw(b, 512, 10, s),
-           loss_fn=_classification_loss, tiny={"width": 32, "depth": 2}),
+           loss_fn=_classification_loss, tiny={"width": 32, "depth": 2},
+           launch_micro_batch=32),
     Family(name="wide_transformer", description="Llama-style decoder, 8 layers x 384 "
                                                 "(demo GPT: 6 x 256), 64-token context",
            global_batch=8, tokens_per_sample=64, token_unit="sequence positions",
            make_model=Decoder, make_draw=lambda b, s: _sequence_draw(b, 64, 256, s),
-           loss_fn=_lm_loss, lr=3e-4, tiny={"dim": 32, "layers": 1, "heads": 2, "hidden": 64}),
+           loss_fn=_lm_loss, lr=3e-4, tiny={"dim": 32, "layers": 1, "heads": 2, "hidden": 64},
+           launch_micro_batch=2, launch_threads=1),
 )}
 """Every family by name; none of them is the demo GPT."""
 

@@ -63,15 +63,21 @@ def train_step(built: Built, session: Session) -> torch.Tensor:
 
 def null_session(built: Built, *, micro_batch: int | None = None) -> Session:
     """The session ``attach`` gives with ``sidecar=None``: the knobs the job declares, at their
-    defaults, and nothing on the network."""
+    defaults (``micro_batch`` or the family's launch micro-batch), and nothing on the
+    network."""
     return attach(built.model, built.optimizer, job=built.family.name, sidecar=None,
-                  global_batch=built.global_batch, micro_batch=micro_batch,
+                  global_batch=built.global_batch,
+                  micro_batch=micro_batch or built.family.launch_micro_batch,
                   module_groups=built.module_groups)
 
 
 def default_config(built: Built) -> Config:
-    """The config the job starts with when a sidecar is attached: the knobs' defaults."""
-    return dict(null_session(built).values)
+    """The config the job starts with when a sidecar is attached: the knobs' defaults, with the
+    family's launch threads."""
+    config = dict(null_session(built).values)
+    if built.family.launch_threads is not None and "threads" in config:
+        config["threads"] = built.family.launch_threads
+    return config
 
 
 def live_knobs(built: Built) -> dict[str, tuple[Any, ...]]:
@@ -206,11 +212,13 @@ def run(name: str, *, sidecar: str | None, job: str, seconds: float | None,
         threads: int | None = None, seed: int = 0, log_every: int = 10,
         max_steps: int | None = None) -> dict[str, float]:
     """Trains until ``seconds`` pass, ``max_steps`` are done or a signal; a short summary."""
+    built = family(name).build(seed)
+    threads = threads if threads is not None else built.family.launch_threads
     if threads is not None:
         torch.set_num_threads(threads)
-    built = family(name).build(seed)
     session = attach(built.model, built.optimizer, job=job, sidecar=sidecar,
-                     global_batch=built.global_batch)
+                     global_batch=built.global_batch, micro_batch=built.family.launch_micro_batch,
+                     module_groups=built.module_groups)
     stop = _StopFlag()
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     params = sum(p.numel() for p in built.model.parameters())

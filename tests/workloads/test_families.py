@@ -112,7 +112,9 @@ def test_grid_covers_every_declared_live_knob(name: str) -> None:
             assert seen == {min(domain), max(domain)}
         else:
             assert knob == "micro_batch"
-            assert built.global_batch in seen and 1 < len(seen) <= 4
+            launch = default_config(built)["micro_batch"]
+            assert built.global_batch in seen and launch in seen
+            assert 1 < len(seen - {launch}) <= 4  # 4 log-spread sizes, and the launch one
             assert all(built.global_batch % m == 0 for m in seen)
     for config in grid:  # uniform precision over the groups
         assert len({v for k, v in config.items() if k.startswith("precision.")}) == 1
