@@ -9,6 +9,7 @@ the spec lists as retryable (429, 502, 503, 504), so exporters send the batch ag
 
 from __future__ import annotations
 
+import hmac
 import logging
 import queue
 import threading
@@ -74,6 +75,7 @@ class ReceiverStats:
     spans_rejected: int = 0
     bytes_received: int = 0
     sink_errors: int = 0
+    requests_unauthorised: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def _add(self, **deltas: int) -> None:
@@ -288,6 +290,7 @@ def otlp_router(
     stats: ReceiverStats | None = None,
     span_sink: Callable[[list[SpanRecord]], object] | None = None,
     traces_forwarder: Forwarder | None = None,
+    ingest_token: str | None = None,
 ) -> APIRouter:
     """An APIRouter serving ``POST /v1/metrics`` and, when ``span_sink`` is given,
     ``POST /v1/traces``; every decoded request goes to ``sink`` (or ``span_sink``).
@@ -297,7 +300,9 @@ def otlp_router(
     raises, the client gets 503 and retries. Accepted bodies also go to ``forwarder`` (metrics)
     or ``traces_forwarder`` when given (the caller starts and shuts them down). Both endpoints
     follow the same rules: encodings, gzip, size limits and status codes. Pass ``stats`` to
-    read the counters.
+    read the counters. With ``ingest_token``, a request without ``Authorization: Bearer
+    <ingest_token>`` gets 401 and nothing of it is read (OTel exporters send it from
+    ``OTEL_EXPORTER_OTLP_HEADERS``).
     """
     if max_body_bytes < 1:
         raise ValueError(f"otlp_router max_body_bytes must be >= 1, got {max_body_bytes}")
@@ -308,8 +313,16 @@ def otlp_router(
         counters._add(requests_rejected=1, **counts)
         return _status(code, message, content_type)
 
+    expected = None if ingest_token is None else f"Bearer {ingest_token}".encode()
+
     async def receive(request: Request, signal: _Signal[_T]) -> Response:
         content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if expected is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), expected):
+            counters._add(requests_unauthorised=1)
+            return reject(401, "OTLP ingest needs the ingest token: set "
+                          "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token>",
+                          content_type)
         if content_type not in _DECODERS:
             return reject(415, f"Content-Type must be {PROTOBUF} or {JSON}, got "
                           f"{content_type or 'none'!r}", content_type)

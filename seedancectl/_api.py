@@ -21,21 +21,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from collectors._errors import SeedanceError
-from seedancectl._config import ConfigError, SidecarConfig
+from seedancectl._config import SidecarConfig
 from tuner._knobs import KnobError, KnobValue
-from tuner._lease import UnknownJobError
+from tuner._lease import Credentials, UnknownJobError
 from tuner._rollout import ACTIVE, Change, IllegalTransition, RolloutController, RolloutError
+from tuner._token import TOKEN_ENV, read_token
 
 if TYPE_CHECKING:
     from seedancectl._sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "SEEDANCE_TOKEN"
 TOKEN_FILE_NAME = "token"
 
 
@@ -53,16 +52,6 @@ def resolve_token(config: SidecarConfig, environ: Mapping[str, str]) -> tuple[st
         path.write_text(secrets.token_urlsafe(32) + "\n", encoding="utf-8")
         log.warning("generated the API token into %s (mutating calls need it)", path)
     return read_token(path), path
-
-
-def read_token(path: Path) -> str:
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"token file {path}: {exc.strerror or exc}") from None
-    if not token:
-        raise ConfigError(f"token file {path} is empty")
-    return token
 
 
 class _Body(BaseModel):
@@ -92,9 +81,6 @@ class ProposeBody(ReasonBody):
     values: dict[str, KnobValue] = Field(min_length=1)
 
 
-Credentials = Annotated[HTTPAuthorizationCredentials | None,
-                        Depends(HTTPBearer(auto_error=False))]
-"""The bearer token, if sent (module level: FastAPI resolves the annotation by name)."""
 
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (UnknownJobError, 404), (KnobError, 422), (IllegalTransition, 409), (RolloutError, 409))

@@ -6,6 +6,7 @@ an operator at a terminal, not a developer reading a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -118,13 +119,15 @@ class RolloutSection(_Section):
 class JobConfig(_Section):
     """One job's tuning: approval mode (default: ``approval.mode``), whether the search runs,
     which knobs it searches (default: the job's live knobs; within ``approval.bounds``), its
-    Optuna study name and sampler seed."""
+    Optuna study name and sampler seed, and ``token_file``: a token the operator issued to this
+    job alone, which it may use for its lease (attach, lease, ack) besides the sidecar's own."""
 
     mode: ApprovalMode | None = None
     tune: bool = False
     knobs: tuple[str, ...] | None = None
     study: str | None = None
     seed: int | None = None
+    token_file: Path | None = None
 
 
 class ServingSLOConfig(_Section):
@@ -153,6 +156,11 @@ class SidecarConfig(_Section):
     max_body_bytes: int = Field(default=8 * 2**20, gt=0)
     scrape: tuple[ScrapeConfig, ...] = ()
     token_file: Path | None = None
+    ingest_token_file: Path | None = None
+    allow_insecure_ingest: bool = False
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    allow_insecure_listen: bool = False
     webhook_url: str | None = None
     webhook_timeout_s: float = Field(default=5.0, gt=0)
     policy_interval_s: float = Field(default=5.0, gt=0)
@@ -181,6 +189,35 @@ class SidecarConfig(_Section):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _exposed_safely(self) -> SidecarConfig:
+        """Off loopback, the API needs TLS and OTLP ingest a token, unless the operator says
+        otherwise in so many words."""
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.loopback:
+            return self
+        if self.tls_cert_file is None and not self.allow_insecure_listen:
+            raise ValueError(
+                f"listen = {self.listen!r} is reachable from other hosts: serve it over TLS "
+                "(tls_cert_file and tls_key_file), or set allow_insecure_listen = true")
+        if self.ingest_token_file is None and not self.allow_insecure_ingest:
+            raise ValueError(
+                f"listen = {self.listen!r} is reachable from other hosts, and OTLP ingest "
+                "decides what is kept: set ingest_token_file, or allow_insecure_ingest = true")
+        return self
+
+    @property
+    def loopback(self) -> bool:
+        """Whether ``listen`` is reachable from this host only."""
+        host = self.host.strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a name other hosts may resolve to this one
 
     @field_validator("nvml")
     @classmethod

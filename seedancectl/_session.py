@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import httpx
 
 from collectors._errors import SeedanceError
+from tuner._token import TOKEN_ENV
 
 T = TypeVar("T")
 _PROGRESS = re.compile(r"^step (?P<step>\d+) loss (?P<loss>\S+) ")
@@ -291,7 +292,7 @@ class TrainingSession:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", TOKEN_ENV: TOKEN,  # the job's lease
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                               os.environ.get("PYTHONPATH", "")])}
         try:

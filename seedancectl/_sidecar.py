@@ -11,6 +11,7 @@ and tells a person, through the webhook, about every proposal that waits for the
 
 from __future__ import annotations
 
+import hmac
 import inspect
 import json
 import logging
@@ -58,6 +59,7 @@ from tuner._rollout import (
     state_engine,
 )
 from tuner._search import SearchConfig, SearchDriver, TuningLoop, suggestions, within_bounds
+from tuner._token import read_token
 from tuner._versions import VersionLedger
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
@@ -138,6 +140,7 @@ class Sidecar:
         self.token_path: Path | None = None
         self._environ = os.environ if environ is None else environ
         self._ledger: VersionLedger | None = None
+        self._job_tokens: dict[str, str] = {}
         self._forwarder = (
             Forwarder(ForwarderConfig(url=config.upstream_otlp_endpoint))
             if config.upstream_otlp_endpoint else None
@@ -177,6 +180,9 @@ class Sidecar:
                 return
             config = self.config
             self.token, self.token_path = resolve_token(config, self._environ)
+            self._job_tokens = {name: read_token(job.token_file)
+                                for name, job in config.jobs.items()
+                                if job.token_file is not None}
             config.store.parent.mkdir(parents=True, exist_ok=True)
             self.store = TimeSeriesStore(config.store)
             self.traces.start()
@@ -437,6 +443,11 @@ class Sidecar:
 
     # ---- HTTP ---------------------------------------------------------------------------------
 
+    def may_hold_lease(self, job: str, token: str) -> bool:
+        """The sidecar's own token, or the one the operator issued to this job alone."""
+        mine = [t for t in (self.token, self._job_tokens.get(job)) if t]
+        return any(hmac.compare_digest(token.encode(), t.encode()) for t in mine)
+
     def app(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -450,9 +461,11 @@ class Sidecar:
         app.include_router(
             otlp_router(self.sink, max_body_bytes=self.config.max_body_bytes,
                         forwarder=self._forwarder, stats=self.stats,
-                        span_sink=self.traces.sink, traces_forwarder=self.traces.forwarder)
+                        span_sink=self.traces.sink, traces_forwarder=self.traces.forwarder,
+                        ingest_token=(read_token(self.config.ingest_token_file)
+                                      if self.config.ingest_token_file is not None else None))
         )
-        app.include_router(lease_router(self.jobs))
+        app.include_router(lease_router(self.jobs, self.may_hold_lease))
         app.include_router(api_router(self))
         app.include_router(web_router(self))
 
@@ -476,7 +489,13 @@ class Sidecar:
 def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
     config = sidecar.config
-    server = uvicorn.Server(
-        uvicorn.Config(sidecar.app(), host=config.host, port=config.port, log_level="warning")
-    )
+    if not config.loopback:
+        log.warning("listening on %s, reachable from other hosts (%s)", config.listen,
+                    "TLS" if config.tls_cert_file is not None else "allow_insecure_listen: "
+                    "plain HTTP, bearer tokens readable on the wire")
+    tls = config.tls_cert_file is not None
+    server = uvicorn.Server(uvicorn.Config(
+        sidecar.app(), host=config.host.strip("[]"), port=config.port, log_level="warning",
+        ssl_certfile=str(config.tls_cert_file) if tls else None,
+        ssl_keyfile=str(config.tls_key_file) if tls else None))
     server.run()

@@ -450,13 +450,13 @@ def demo(
 # ---- talking to a running sidecar ------------------------------------------------------------
 
 DEFAULT_SIDECAR = "http://127.0.0.1:4318"
-DEFAULT_TOKEN_FILE = Path("seedance-data/token")
 SidecarOption = Annotated[
     str, typer.Option("--sidecar", envvar="SEEDANCE_SIDECAR", help="The sidecar's URL.")
 ]
 TokenFileOption = Annotated[
     Path | None, typer.Option("--token-file", help=(
-        "File holding the API token (else $SEEDANCE_TOKEN, else seedance-data/token)."))
+        "File holding the API token (else $SEEDANCE_TOKEN, else the file "
+        "$SEEDANCE_TOKEN_FILE names, else seedance-data/token)."))
 ]
 JobOption = Annotated[str, typer.Option("--job", help="The job (as it attached).")]
 ByOption = Annotated[str, typer.Option("--by", help="Who you are, for the audit log.")]
@@ -467,18 +467,14 @@ ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the audit 
 
 
 def _token(token_file: Path | None) -> str:
-    import os
+    from tuner._token import DEFAULT_TOKEN_FILE, TOKEN_ENV, TOKEN_FILE_ENV, find_token
 
-    from seedancectl._api import TOKEN_ENV, read_token
-
-    if token_file is not None:
-        return read_token(token_file)
-    if os.environ.get(TOKEN_ENV):
-        return os.environ[TOKEN_ENV].strip()
-    if DEFAULT_TOKEN_FILE.exists():
-        return read_token(DEFAULT_TOKEN_FILE)
-    raise UsageError(f"this command needs the sidecar's API token: pass --token-file or set "
-                     f"{TOKEN_ENV} (a sidecar without either writes one to {DEFAULT_TOKEN_FILE})")
+    token = find_token(token_file)
+    if token is None:
+        raise UsageError(f"this command needs the sidecar's API token: pass --token-file or set "
+                         f"{TOKEN_ENV} or {TOKEN_FILE_ENV} (a sidecar without a token_file "
+                         f"writes one to {DEFAULT_TOKEN_FILE})")
+    return token
 
 
 def _call(method: str, sidecar: str, path: str, *, token_file: Path | None = None,

@@ -1,18 +1,24 @@
-"""Real servers the tests start on loopback: free ports and a Prometheus server."""
+"""Real servers the tests start on loopback: free ports, a Prometheus server, and the job token
+in the environment."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tuner._token import TOKEN_ENV
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 QUERY_WAIT_S = 30.0
@@ -65,3 +71,16 @@ def wait_for(api: str, promql: str, proc: subprocess.Popen[bytes], deadline: flo
                 f"prometheus log: {log.read_text()[-2000:]}")
 
 
+@contextlib.contextmanager
+def job_token_in_env(token: str) -> Iterator[None]:
+    """Jobs attached inside the block (threads, or processes started in it) find ``token``
+    where a job does, in $SEEDANCE_TOKEN; the variable is put back after."""
+    before = os.environ.get(TOKEN_ENV)
+    os.environ[TOKEN_ENV] = token
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TOKEN_ENV, None)
+        else:
+            os.environ[TOKEN_ENV] = before

@@ -29,9 +29,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from collectors._errors import SeedanceError
@@ -516,15 +517,33 @@ def _http(exc: SeedanceError) -> HTTPException:
     return HTTPException(status_code=code, detail=str(exc))
 
 
-def lease_router(registry: JobRegistry) -> APIRouter:
+Credentials = Annotated[HTTPAuthorizationCredentials | None,
+                        Depends(HTTPBearer(auto_error=False))]
+"""The bearer token, if sent (module level: FastAPI resolves the annotation by name)."""
+JobAuthoriser = Callable[[str, str], bool]
+"""(job, bearer token) -> whether that token may hold the job's lease."""
+NO_TOKEN = ("a job token is required: the client sends the token in $SEEDANCE_TOKEN, the file "
+            "$SEEDANCE_TOKEN_FILE names, or seedance-data/token")
+
+
+def lease_router(registry: JobRegistry, authorise: JobAuthoriser) -> APIRouter:
     """The three endpoints of docs/lease-protocol.md, plus `GET /v1/jobs` for people.
 
-    Errors are `{"detail": "<one line>"}` with 404 (unknown job), 409 (stale session or lapsed
-    lease: re-attach) or 422 (values outside the knob space, bad action or body).
+    Attach, lease and ack need a bearer token that ``authorise`` accepts for the job: 401
+    without one, 403 with one it refuses. Other errors are `{"detail": "<one line>"}` with 404
+    (unknown job), 409 (stale session or lapsed lease: re-attach) or 422 (values outside the
+    knob space, bad action or body).
     """
-    router = APIRouter(prefix="/v1/jobs", tags=["lease"])
+    def job_token(job: str, credentials: Credentials) -> None:
+        if credentials is None or not credentials.credentials:
+            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+        if not authorise(job, credentials.credentials):
+            raise HTTPException(403, f"the bearer token may not hold the lease of job {job!r}")
 
-    @router.post("/{job}/attach")
+    router = APIRouter(prefix="/v1/jobs", tags=["lease"])
+    guarded = APIRouter(dependencies=[Depends(job_token)])  # under the prefix of router
+
+    @guarded.post("/{job}/attach")
     def attach(job: str, body: AttachBody) -> dict[str, Any]:
         try:
             knobs = [Knob.from_json(k) for k in body.knobs]
@@ -537,7 +556,7 @@ def lease_router(registry: JobRegistry) -> APIRouter:
         return {"session": session, "lease_ttl_s": status.lease_ttl_s,
                 "config": config.to_json(), "baseline": status.baseline.to_json()}
 
-    @router.get("/{job}/lease")
+    @guarded.get("/{job}/lease")
     def lease(job: str, session: str, version: int,
               wait_s: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
         try:
@@ -545,7 +564,7 @@ def lease_router(registry: JobRegistry) -> APIRouter:
         except SeedanceError as exc:
             raise _http(exc) from None
 
-    @router.post("/{job}/ack")
+    @guarded.post("/{job}/ack")
     def ack(job: str, body: AckBody) -> dict[str, bool]:
         try:
             registry.ack(job, body.session, version=body.version, step=body.step,
@@ -558,6 +577,7 @@ def lease_router(registry: JobRegistry) -> APIRouter:
     def jobs() -> list[dict[str, Any]]:
         return [s.to_json() for s in registry.jobs()]
 
+    router.include_router(guarded)
     return router
 
 

@@ -25,6 +25,7 @@ from opentelemetry.trace import Span, Tracer
 
 from collectors._tracing import traceparent_context
 from tuner._knobs import Config, Knob, KnobValue
+from tuner._token import find_token
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,11 @@ class _Lease:
 
     def __init__(self, url: str, *, job: str, kind: str, world_size: int,
                  lease_ttl_s: float | None, applied_version: Callable[[], int],
-                 timeout_s: float = 5.0) -> None:
-        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+                 timeout_s: float = 5.0, token: str | None = None) -> None:
+        token = token if token is not None else find_token()
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), timeout=timeout_s,
+            headers={"Authorization": f"Bearer {token}"} if token else None)
         self._job = job
         self._kind = kind
         self._world_size = world_size

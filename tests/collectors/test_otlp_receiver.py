@@ -7,6 +7,7 @@ import bisect
 import contextlib
 import gzip
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -84,10 +85,12 @@ class Receiver:
 
 
 @contextlib.contextmanager
-def receiver(forwarder: Forwarder | None = None) -> Iterator[Receiver]:
+def receiver(forwarder: Forwarder | None = None,
+             ingest_token: str | None = None) -> Iterator[Receiver]:
     sink, stats, encodings = Sink(), ReceiverStats(), []
     app = FastAPI()
-    app.include_router(otlp_router(sink, max_body_bytes=LIMIT, forwarder=forwarder, stats=stats))
+    app.include_router(otlp_router(sink, max_body_bytes=LIMIT, forwarder=forwarder, stats=stats,
+                                   ingest_token=ingest_token))
 
     @app.middleware("http")
     async def record_encoding(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -157,6 +160,27 @@ def test_stock_sdk_exporter_in_another_process(rx: Receiver, compression: str) -
     assert decoded.metrics["test.counter"].monotonic
     assert decoded.metrics["test.gauge"].unit == "By"
     assert all(p.time_ns > 0 for p in decoded.points)
+
+
+@pytest.mark.integration
+def test_with_an_ingest_token_only_exporters_that_send_it_get_in() -> None:
+    spec = {"resource": {"service.name": "sdk-sender"}, "gauge": [[1.0, {}]], "counter": [1],
+            "histogram": [1.0], "bounds": [5.0], "attrs": {}}
+    with receiver(ingest_token="ingest-s3cret") as rx:
+        def send(headers: str | None) -> None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+            if headers is not None:
+                env["OTEL_EXPORTER_OTLP_HEADERS"] = headers
+            subprocess.run([sys.executable, str(HERE / "otlp_sdk_sender.py"), rx.endpoint,
+                            "none", json.dumps(spec)], check=True, timeout=60, env=env)
+
+        send(None)
+        send("Authorization=Bearer%20a-guess")
+        assert rx.sink.received == [] and rx.stats.requests_unauthorised == 2
+        send("Authorization=Bearer%20ingest-s3cret")  # the standard OTel way to send it
+        assert len(rx.sink.received) == 1 and rx.stats.requests_accepted == 1
+        r = httpx.post(rx.endpoint, content=_good_body(), headers=PB)
+        assert r.status_code == 401 and b"OTEL_EXPORTER_OTLP_HEADERS" in r.content
 
 
 def test_real_otlp_json_example_over_http(rx: Receiver) -> None:

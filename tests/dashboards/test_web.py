@@ -99,7 +99,8 @@ class StandInJob:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.http = httpx.Client(base_url=url, timeout=10)
+        self.http = httpx.Client(base_url=url, timeout=10,
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
         body = self.http.post(f"/v1/jobs/{JOB}/attach", json={
             "knobs": KNOBS, "baseline": {"micro_batch": 2}, "lease_ttl_s": 30}).json()
         self.session = body["session"]

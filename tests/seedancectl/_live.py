@@ -17,7 +17,7 @@ import uvicorn
 
 from seedancectl._config import SidecarConfig
 from seedancectl._sidecar import Sidecar
-from tests.servers import free_port
+from tests.servers import free_port, job_token_in_env
 
 TOKEN = "test-token-0123456789"
 KNOBS = [
@@ -64,20 +64,24 @@ class SimulatedJob:
 
     def __init__(self, live: Live, job: str = "gpt") -> None:
         self.live, self.job = live, job
-        reply = live.http.post(f"/v1/jobs/{job}/attach", json={
+        self.http = httpx.Client(base_url=live.url, timeout=10,
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+        reply = self.http.post(f"/v1/jobs/{job}/attach", json={
             "knobs": KNOBS, "baseline": {}, "lease_ttl_s": 60})
         assert reply.status_code == 200, reply.text
         self.session = reply.json()["session"]
         self.version = reply.json()["config"]["version"]
 
     def lease(self) -> dict[str, Any]:
-        return self.live.get(f"/v1/jobs/{self.job}/lease", session=self.session,  # type: ignore
-                             version=-1, wait_s=0)
+        reply = self.http.get(f"/v1/jobs/{self.job}/lease",
+                              params={"session": self.session, "version": -1, "wait_s": 0})
+        assert reply.status_code == 200, reply.text
+        return reply.json()  # type: ignore[no-any-return]
 
     def ack_latest(self, step: int = 1) -> dict[str, Any]:
         lease = self.lease()
         self.version = lease["config"]["version"]
-        reply = self.live.http.post(f"/v1/jobs/{self.job}/ack", json={
+        reply = self.http.post(f"/v1/jobs/{self.job}/ack", json={
             "session": self.session, "version": self.version, "step": step,
             "status": "applied", "actions": [{**a, "status": "done"} for a in lease["actions"]]})
         assert reply.status_code == 200, reply.text
@@ -141,7 +145,8 @@ def live_sidecar(tmp_path: Path, **overrides: Any) -> Iterator[Live]:
         time.sleep(0.02)
     live = Live(sidecar, f"http://127.0.0.1:{port}", token_file)
     try:
-        yield live
+        with job_token_in_env(TOKEN):
+            yield live
     finally:
         live.http.close()
         server.should_exit = True

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.seedancectl._live import TOKEN, Live, SimulatedJob, Webhook, live_sidecar
+from tests.seedancectl._live import KNOBS, TOKEN, Live, SimulatedJob, Webhook, live_sidecar
 
 pytestmark = pytest.mark.integration
 
@@ -265,3 +265,26 @@ def test_generated_token_is_written_once_with_private_mode(tmp_path: Path) -> No
     given.write_text("from-file\n")
     assert resolve_token(config.model_copy(update={"token_file": given}),
                          {"SEEDANCE_TOKEN": "from-env"}) == ("from-file", given)
+
+
+def test_a_job_token_the_operator_issued_holds_that_jobs_lease_only(tmp_path: Path) -> None:
+    issued = tmp_path / "gpt.token"
+    issued.write_text("issued-to-gpt-only\n")
+    with live_sidecar(tmp_path, jobs={"gpt": {"token_file": issued}}) as live:
+        body = {"knobs": KNOBS, "baseline": {}, "lease_ttl_s": 60}
+
+        def attach(job: str, token: str | None) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return live.http.post(f"/v1/jobs/{job}/attach", json=body,
+                                  headers=headers).status_code
+
+        assert attach("gpt", None) == 401
+        assert attach("gpt", "a-guess") == 403
+        assert attach("other", "issued-to-gpt-only") == 403
+        assert attach("gpt", "issued-to-gpt-only") == 200
+        assert attach("other", TOKEN) == 200  # the sidecar's own token holds any job's lease
+        assert {j["job"] for j in live.get("/v1/jobs")} == {"gpt", "other"}
+        # the job token is no operator credential
+        reply = live.post("/v1/jobs/gpt/tuning", {"by": "x", "action": "pause"},
+                          token="issued-to-gpt-only")
+        assert reply.status_code == 403

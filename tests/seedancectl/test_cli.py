@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 from seedancectl.cli import app
 from tests.seedancectl._live import Live, SimulatedJob, live_sidecar
 from tests.servers import free_port
+from tuner._token import TOKEN_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -22,10 +24,12 @@ pytestmark = pytest.mark.integration
 def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Live]:
     monkeypatch.chdir(tmp_path)  # no seedance-data/token of the developer's is found
     monkeypatch.delenv("SEEDANCE_TOKEN", raising=False)
+    monkeypatch.delenv("SEEDANCE_TOKEN_FILE", raising=False)
     monkeypatch.delenv("SEEDANCE_SIDECAR", raising=False)
     with live_sidecar(tmp_path, jobs={"gpt": {"tune": True, "knobs": ["threads"]}}) as live:
         live.post("/v1/jobs/gpt/tuning", {"by": "setup", "action": "pause"})  # quiet search
         SimulatedJob(live)
+        os.environ.pop(TOKEN_ENV)  # live_sidecar set it for jobs; the CLI must find none
         yield live
 
 

@@ -43,6 +43,33 @@ def test_bad_field_is_named_in_one_line(tmp_path: Path, text: str, expected: str
     assert str(path) in message and expected in message
 
 
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("", "tls_cert_file"),
+    ('tls_cert_file = "c.pem"\ntls_key_file = "k.pem"', "ingest_token_file"),
+    ("allow_insecure_listen = true", "ingest_token_file"),
+    ('tls_cert_file = "c.pem"', "set both or neither"),
+])
+def test_listening_beyond_loopback_needs_tls_and_an_ingest_token(
+        tmp_path: Path, extra: str, expected: str) -> None:
+    path = tmp_path / "exposed.toml"
+    path.write_text(f'[sidecar]\nlisten = "0.0.0.0:4318"\n{extra}\n')
+    with pytest.raises(ConfigError, match=expected):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize("extra", [
+    'tls_cert_file = "c.pem"\ntls_key_file = "k.pem"\ningest_token_file = "ingest.token"',
+    "allow_insecure_listen = true\nallow_insecure_ingest = true",
+])
+def test_listening_beyond_loopback_when_the_operator_says_how(tmp_path: Path,
+                                                              extra: str) -> None:
+    path = tmp_path / "exposed.toml"
+    path.write_text(f'[sidecar]\nlisten = "0.0.0.0:4318"\n{extra}\n')
+    config = load_config(path, environ={})
+    assert not config.loopback
+    assert load_config(environ={"SEEDANCE_LISTEN": "[::1]:4318"}).loopback
+
+
 def test_missing_and_unparsable_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "nope.toml", environ={})

@@ -163,3 +163,63 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, env={**os.environ})
     assert bad_trace.returncode == 2
     assert "no NVML trace" in bad_trace.stderr and "Traceback" not in bad_trace.stderr
+
+
+@pytest.mark.integration
+def test_the_sidecar_serves_tls_and_the_job_attaches_over_it(tmp_path: Path) -> None:
+    """A real self-signed certificate (openssl), a real sidecar process serving TLS, and the
+    in-job lease client trusting that certificate through SSL_CERT_FILE."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   timeout=60)
+    (tmp_path / "token").write_text("tls-token\n")
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        f'[sidecar]\nlisten = "127.0.0.1:{free_port()}"\nstore = "{tmp_path / "m.db"}"\n'
+        f'state_db = "sqlite:///{tmp_path / "state.db"}"\nnvml = "off"\n'
+        f'token_file = "{tmp_path / "token"}"\n'
+        f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n')
+    port = config.read_text().split("127.0.0.1:")[1].split('"')[0]
+    log = (tmp_path / "sidecar.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "seedancectl.sidecar", "--config",
+                             str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"https://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "sidecar.log").read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1, verify=str(cert)).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "sidecar never became ready"
+            time.sleep(0.2)
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+            httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+        job = subprocess.run(
+            [sys.executable, "-c", ATTACH_OVER_TLS, url], capture_output=True, text=True,
+            timeout=120, env={**os.environ, "SSL_CERT_FILE": str(cert),
+                              "SEEDANCE_TOKEN": "tls-token"})
+        assert job.returncode == 0, job.stderr
+        jobs = httpx.get(f"{url}/v1/jobs", verify=str(cert)).json()
+        assert [j["job"] for j in jobs] == ["tls-job"]
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
+
+
+ATTACH_OVER_TLS = """
+import sys, time
+from tuner.serve_client import attach_serving
+session = attach_serving(job="tls-job", sidecar=sys.argv[1], apply=lambda values: None)
+deadline = time.monotonic() + 60
+while session.version == 0:
+    session.boundary()
+    assert time.monotonic() < deadline, "never attached"
+    time.sleep(0.1)
+session.close()
+"""

@@ -23,12 +23,13 @@ from torch import nn
 
 from collectors._points import CONFIG_VERSION_ATTR
 from tests.rendezvous import file_rendezvous
-from tests.servers import free_port
+from tests.servers import free_port, job_token_in_env
 from tuner._lease import JobRegistry, lease_router
 from tuner.client import Session, attach
 from workloads.process_group import rank_process_group
 
 TTL_S = 1.0
+TOKEN = "job-token-for-tests"
 STEP_PAUSE_S = 0.02
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,7 @@ class LeaseServer:
 
     def start(self) -> None:
         app = FastAPI()
-        app.include_router(lease_router(self.registry))
+        app.include_router(lease_router(self.registry, lambda job, token: token == TOKEN))
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                      log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
@@ -67,7 +68,8 @@ def server() -> Iterator[LeaseServer]:
     registry.start()
     srv = LeaseServer(registry, free_port())
     srv.start()
-    yield srv
+    with job_token_in_env(TOKEN):
+        yield srv
     if srv._server is not None and not srv._server.should_exit:
         srv.stop()
     registry.shutdown()

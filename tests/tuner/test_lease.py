@@ -246,12 +246,43 @@ def test_reaper_thread_finds_a_lapse() -> None:
 # ---- HTTP ---------------------------------------------------------------------------------------
 
 
+SIDECAR_TOKEN = "sidecar-token"
+JOB_TOKENS = {"gpt": "gpt-token", "other": "other-token"}
+
+
+def _authorise(job: str, token: str) -> bool:
+    """As the sidecar does: its own token for every job, a job's own token for that job."""
+    return token in (SIDECAR_TOKEN, JOB_TOKENS.get(job))
+
+
 @pytest.fixture
 def http(registry: JobRegistry) -> Iterator[TestClient]:
     app = FastAPI()
-    app.include_router(lease_router(registry))
-    with TestClient(app) as client:
+    app.include_router(lease_router(registry, _authorise))
+    with TestClient(app, headers={"Authorization": f"Bearer {SIDECAR_TOKEN}"}) as client:
         yield client
+
+
+def test_attach_lease_and_ack_need_the_jobs_token(http: TestClient,
+                                                  registry: JobRegistry) -> None:
+    anonymous = {"Authorization": ""}
+    r = http.post("/v1/jobs/gpt/attach", json=attach_body(), headers=anonymous)
+    assert r.status_code == 401 and "SEEDANCE_TOKEN" in r.json()["detail"]
+    r = http.post("/v1/jobs/gpt/attach", json=attach_body(),
+                  headers={"Authorization": "Bearer other-token"})  # another job's token
+    assert r.status_code == 403 and "'gpt'" in r.json()["detail"]
+    with pytest.raises(UnknownJobError):
+        registry.status("gpt")  # nothing was attached by the refused calls
+    session = http.post("/v1/jobs/gpt/attach", json=attach_body(),
+                        headers={"Authorization": "Bearer gpt-token"}).json()["session"]
+    for method, path, kwargs in (
+            ("GET", "/v1/jobs/gpt/lease", {"params": {"session": session, "version": 0}}),
+            ("POST", "/v1/jobs/gpt/ack", {"json": {"session": session, "version": 1,
+                                                    "step": 1, "status": "applied"}})):
+        r = http.request(method, path, headers=anonymous, **kwargs)  # type: ignore[arg-type]
+        assert r.status_code == 401, (path, r.text)
+    assert registry.status("gpt").last_step is None
+    assert http.get("/v1/jobs", headers=anonymous).status_code == 200  # reading stays open
 
 
 def attach_body(**overrides: object) -> dict[str, object]:
@@ -298,7 +329,10 @@ def test_router_errors_are_404_409_422_with_one_line(http: TestClient) -> None:
 
 def test_the_sidecar_serves_the_lease_router(tmp_path: Path) -> None:
     sidecar = Sidecar(SidecarConfig(store=tmp_path / "m.db", nvml="off"))
+    sidecar.token = "the-sidecars-token"  # start() would read it; no lifespan here
     client = TestClient(sidecar.app())  # no lifespan: only the routing is under test
-    r = client.post("/v1/jobs/gpt/attach", json=attach_body())
+    assert client.post("/v1/jobs/gpt/attach", json=attach_body()).status_code == 401
+    r = client.post("/v1/jobs/gpt/attach", json=attach_body(),
+                    headers={"Authorization": "Bearer the-sidecars-token"})
     assert r.status_code == 200, r.text
     assert sidecar.jobs.status("gpt").session == r.json()["session"]
