@@ -144,6 +144,22 @@ class JobStatus:
 LapseCallback = Callable[[JobStatus], None]
 
 
+AttachOutcome = Literal["new", "resumed", "merged"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttachEvent:
+    """What an attach did to the job's baseline: ``new`` (the job's proposal, first attach),
+    ``resumed`` (the stored baseline kept; ``ignored`` the proposed values that differ from it)
+    or ``merged`` (the job declared other knobs: stored values kept where still valid)."""
+
+    job: str
+    session: str
+    outcome: AttachOutcome
+    baseline_version: int
+    ignored: tuple[str, ...] = ()
+
+
 @dataclass(kw_only=True)
 class _Job:
     name: str
@@ -212,6 +228,7 @@ class JobRegistry:
         self._jobs: dict[str, _Job] = {}
         self._cond = threading.Condition()
         self._on_lapse: list[LapseCallback] = []
+        self._on_attach: list[Callable[[AttachEvent], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -240,8 +257,10 @@ class JobRegistry:
         config the job should run.
 
         `knobs` are all the job's knobs (the client declares the built-ins too: their domains
-        depend on the job, e.g. its thread count). `baseline` is the job's proposal; a known job
-        keeps the registry's baseline and desired config when they fit the declared knobs.
+        depend on the job, e.g. its thread count). `baseline` is the job's proposal, taken only
+        at a job's first attach: a known job keeps the registry's baseline and desired config
+        when they fit the declared knobs, else the stored values wherever still valid (a new
+        baseline is a change, approved and audited, never an attach).
         `version` is the config version the job runs now; new versions go above it. Only rank 0
         holds a lease (SessionError otherwise).
         """
@@ -267,19 +286,38 @@ class JobRegistry:
                               last_version=max(0, int(version), self._issued(job)))
                 record.baseline = record.desired = Config(self._next_version(record), proposed)
                 self._jobs[job] = record
+                event = AttachEvent(job=job, session=session, outcome="new",
+                                    baseline_version=record.baseline.version)
             else:
                 record.last_version = max(record.last_version, int(version))
+                outcome: AttachOutcome = "resumed"
                 if not (_fits(space, record.baseline) and _fits(space, record.desired)):
-                    record.baseline = record.desired = Config(self._next_version(record), proposed)
+                    # the job declares other knobs (a new version of it): what it ran under
+                    # the stored baseline stays wherever still valid; only new knobs take
+                    # the job's values. A job never replaces its baseline by attaching.
+                    merged = _merge(space, record.baseline.values, proposed)
+                    record.baseline = record.desired = Config(self._next_version(record), merged)
                     record.change_id = record.traceparent = None
                     record.actions.clear()
+                    outcome = "merged"
+                ignored = sorted(k for k, v in proposed.items()
+                                 if record.baseline.values.get(k) != v)
+                event = AttachEvent(job=job, session=session, outcome=outcome,
+                                    baseline_version=record.baseline.version,
+                                    ignored=tuple(ignored))
                 record.kind, record.world_size, record.space = kind, world_size, space
                 record.session, record.ttl_s = session, ttl_s
                 record.expires_at, record.state = now + ttl_s, "attached"
             self._cond.notify_all()
+            callbacks, desired = list(self._on_attach), record.desired
             log.info("job %s attached (session %s, world size %d, %d knobs, config v%d)",
-                     job, session, world_size, len(space.knobs), record.desired.version)
-            return session, record.desired
+                     job, session, world_size, len(space.knobs), desired.version)
+        for callback in callbacks:
+            try:
+                callback(event)
+            except Exception:
+                log.exception("attach callback failed for job %s", job)
+        return session, desired
 
     def lease(self, job: str, session: str, known_version: int, wait_s: float) -> Lease:
         """Renew the lease and return the desired config: at once when its version differs
@@ -384,6 +422,12 @@ class JobRegistry:
         with self._cond:
             return self._status(self._record(job))
 
+    def on_attach(self, callback: Callable[[AttachEvent], None]) -> None:
+        """Call ``callback(event)`` after each attach (from the caller's thread; exceptions
+        are logged), for the audit log."""
+        with self._cond:
+            self._on_attach.append(callback)
+
     def on_lapse(self, callback: LapseCallback) -> None:
         """Call `callback(status)` once each time a job's lease lapses (from the reaper thread;
         exceptions are logged). By then the registry has reset the desired config to the
@@ -472,6 +516,18 @@ class JobRegistry:
             baseline=record.baseline, desired=record.desired, change_id=record.change_id,
             acked_version=applied[-1].version if applied else None,
             last_step=record.acks[-1].step if record.acks else None)
+
+
+def _merge(space: KnobSpace, stored: Mapping[str, KnobValue],
+           proposed: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+    """Each declared knob at its stored value where that is still valid, else the job's."""
+    out = {}
+    for name, knob in space.knobs.items():
+        try:
+            out[name] = knob.validate(stored[name]) if name in stored else proposed[name]
+        except KnobError:
+            out[name] = proposed[name]
+    return out
 
 
 def _fits(space: KnobSpace, config: Config) -> bool:

@@ -70,7 +70,7 @@ from collectors._tracing import Tracing, new_traceparent, null_tracing
 from policies._findings import Finding
 from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
 from tuner._knobs import KnobSpace, KnobValue
-from tuner._lease import JobRegistry, JobStatus
+from tuner._lease import AttachEvent, JobRegistry, JobStatus
 from tuner._measure import (
     Comparison,
     MeasureConfig,
@@ -348,6 +348,7 @@ class RolloutController:
         self._engine = state_engine(db_url)
         _metadata.create_all(self._engine)
         registry.on_lapse(self._on_lapse)
+        registry.on_attach(self._on_attach)
         self._recover()
 
     # ---- public API --------------------------------------------------------------------------
@@ -742,6 +743,22 @@ class RolloutController:
         with self._lock:
             for change in self.changes(job=status.job, states=sorted(ACTIVE)):
                 self._fail(change, f"the lease lapsed (no call for {status.lease_ttl_s:g} s)")
+
+    def _on_attach(self, event: AttachEvent) -> None:
+        """Every attach is in the audit log, with what it did to the baseline."""
+        reason = {
+            "new": "first attach: the job's launch config is its baseline",
+            "resumed": "re-attached: the stored baseline stays"
+                       + (f" (the job proposed other values of {', '.join(event.ignored)}: "
+                          "ignored; a new baseline is a change)" if event.ignored else ""),
+            "merged": "re-attached with other knobs: the stored values stay where still "
+                      "valid, new knobs take the job's",
+        }[event.outcome]
+        with self._engine.begin() as conn:
+            self._event(conn, None, event.job, "attach", f"job:{event.job}", reason,
+                        version_after=event.baseline_version,
+                        detail={"session": event.session, "outcome": event.outcome,
+                                "ignored": list(event.ignored)})
 
     def _recover(self) -> None:
         for change in self.changes(states=sorted(IN_FLIGHT)):

@@ -288,3 +288,30 @@ def test_a_job_token_the_operator_issued_holds_that_jobs_lease_only(tmp_path: Pa
         reply = live.post("/v1/jobs/gpt/tuning", {"by": "x", "action": "pause"},
                           token="issued-to-gpt-only")
         assert reply.status_code == 403
+
+
+def test_attaching_again_never_replaces_the_baseline_and_is_audited(live: Live) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def attach(baseline: dict[str, Any], knobs: list[dict[str, Any]] = KNOBS) -> Any:
+        reply = live.http.post("/v1/jobs/gpt/attach", headers=headers, json={
+            "knobs": knobs, "baseline": baseline, "lease_ttl_s": 60})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    first = attach({"threads": 4})
+    assert first["baseline"]["values"]["threads"] == 4
+    # a second attach (a restarted job, or someone holding a token) proposing other values
+    second = attach({"threads": 1, "precision.ffn": "bf16"})
+    assert second["baseline"]["values"] == first["baseline"]["values"]
+    assert second["config"]["values"]["precision.ffn"] == "fp32"
+    # a job declaring one knob less (a new version of it): the stored values stay
+    fewer = [k for k in KNOBS if k["name"] != "kv.value_bits"]
+    third = attach({"threads": 2}, fewer)
+    assert third["baseline"]["values"]["threads"] == 4 and "kv.value_bits" not in (
+        third["baseline"]["values"])
+    assert live.get("/v1/changes") == []  # no change was made behind the operator's back
+    attaches = [e for e in live.get("/v1/audit") if e["kind"] == "attach"]
+    assert [e["detail"]["outcome"] for e in attaches] == ["new", "resumed", "merged"]
+    assert attaches[1]["detail"]["ignored"] == ["precision.ffn", "threads"]
+    assert attaches[1]["actor"] == "job:gpt" and "ignored" in attaches[1]["reason"]
