@@ -169,6 +169,7 @@ class SidecarConfig(_Section):
     policy_close_after: int = Field(default=2, ge=1)
     tuning_interval_s: float = Field(default=1.0, gt=0)
     tuning_start_after_s: float = Field(default=15.0, ge=0)
+    tuning_revisit_after_s: float | None = Field(default=300.0, gt=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)
     approval: ApprovalConfig = ApprovalConfig()
     rollout: RolloutSection = RolloutSection()

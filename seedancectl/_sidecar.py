@@ -364,7 +364,8 @@ class Sidecar:
         return _PausableSearch(
             bounded, storage_url=self.config.state_db, knobs=names,
             config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
-                                seed=job_config.seed),
+                                seed=job_config.seed,
+                                revisit_after_s=self.config.tuning_revisit_after_s),
             paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
 
     def _auto_bounds(self) -> dict[str, Any]:

@@ -211,6 +211,8 @@ class Trip:
     group: str | None = None
     job_failed: bool = False
     """The job itself reported the config failing (it raised there): never to be tried again."""
+    inconclusive: bool = False
+    """The test ran out of pairs or time without an answer: the config may still pay."""
 
 
 class Guardrail(abc.ABC):
@@ -711,7 +713,8 @@ class RolloutController:
         change = self._move(change, "rolled_back", by=by, reason=trip.reason,
                             version_before=before, plan={**change.plan, "ended_because": (
                                 trip.reason), "rollback": trip.kind,
-                                "job_failed": trip.job_failed},
+                                "job_failed": trip.job_failed,
+                                "inconclusive": trip.inconclusive},
                             detail={"rollback": trip.kind, "group": trip.group,
                                     "action": action, "restore": restore}, spans={})
         self._end_open(opened, error=f"rolled back: {trip.reason}")
@@ -961,7 +964,7 @@ def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
     if pairs >= config.max_pairs or elapsed_s >= config.trial_budget_s:
         spent = (f"{pairs} pairs" if pairs >= config.max_pairs
                  else f"the trial's {config.trial_budget_s:g} s")
-        return Trip(kind="config", reason=(
+        return Trip(kind="config", inconclusive=True, reason=(
             f"no measured gain in {spent}: gain {_interval_text(comparison)}"))
     return None
 

@@ -66,6 +66,10 @@ LEASE_ATTR = "seedance:lease_until_s"
 UNSAFE_PREFIX = "seedance:unsafe:"
 ORIGIN_ATTR = "seedance:origin"
 RETRY_ATTR = "seedance:retryable"
+MEASURED_AT_ATTR = "seedance:revisitable_measured_at_s"
+SEEN_PREFIX = "seedance:measured_at_s:"
+"""Study attribute per config: when a change last measured it, in either arm."""
+"""When a config that may be measured again (kept, a baseline, inconclusive) was measured."""
 REFERENCE_ATTR = "seedance:reference"
 PRIORS_ATTR = "seedance:priors"
 LEVEL_PREFIX = "seedance:level:"
@@ -308,10 +312,16 @@ class SearchConfig:
     max_ask_attempts: int = 20
     seed: int | None = None
     sample_after_moves: bool = False
+    revisit_after_s: float | None = 300.0
+    """Once every single move from the baseline was tried, a neighbour measured longer ago than
+    this is measured again, the best measured first (None: never). A config kept while a
+    neighbour process loaded the box can lose once it is gone: a step back is one move."""
 
     def __post_init__(self) -> None:
         if not self.study_name:
             raise ValueError("SearchConfig.study_name must not be empty")
+        if self.revisit_after_s is not None and not self.revisit_after_s > 0:
+            raise ValueError("SearchConfig.revisit_after_s must be > 0 or None")
         if self.direction not in ("maximize", "minimize"):
             raise ValueError(f"SearchConfig.direction must be maximize or minimize, "
                              f"got {self.direction!r}")
@@ -411,7 +421,12 @@ class SearchDriver:
         self.renew(number)
         return bool(trial.should_prune())
 
-    def tell(self, number: int, value: float) -> None:
+    def tell(self, number: int, value: float, *, revisit: bool = False) -> None:
+        """Complete the trial; with ``revisit`` its config may be measured again once stale
+        (``SearchConfig.revisit_after_s``)."""
+        if revisit:
+            self._storage.set_trial_user_attr(self._trial_id(number), MEASURED_AT_ATTR,
+                                              self._clock())
         self.study.tell(number, value, skip_if_finished=True)
         self._mine.pop(number, None)
 
@@ -480,23 +495,59 @@ class SearchDriver:
         self.reap()
         params = {k: baseline[k] for k in self.distributions}
         seen = _seen(self.study)
-        for move in single_moves(params, self.distributions, self.priors()):
+        moves = [m for m in single_moves(params, self.distributions, self.priors())
+                 if not (low_risk_only and knobs.risk_of(m.values) == "high")]
+        for move in moves:
             config = {**params, **move.values}
-            if config_key(config) in seen:
+            if config_key(config) not in seen:
+                return self._start(config, move.why)
+        return self._revisit(params, moves)
+
+    def _revisit(self, params: Mapping[str, Any], moves: Sequence[Move]) -> Proposal | None:
+        """Once every move was tried: the neighbour that may be measured again (kept, once a
+        baseline, or inconclusive) and whose newest measurement is older than
+        ``revisit_after_s``, the best measured first; None when there is none."""
+        if self.config.revisit_after_s is None:
+            return None
+        now = self._clock()
+        newest: dict[str, FrozenTrial] = {}  # config -> its newest measurement
+        busy = unsafe_keys(self.study)
+        for t in self.study.get_trials(deepcopy=False):  # in trial-number order
+            key = config_key(t.params)
+            if t.state in (TrialState.RUNNING, TrialState.WAITING):
+                busy.add(key)
+            elif t.state == TrialState.COMPLETE and t.value is not None:
+                newest[key] = t
+        attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        stale: list[tuple[float, float, dict[str, Any]]] = []  # (value, measured at, config)
+        for config in ({**params, **m.values} for m in moves):
+            key = config_key(config)
+            last = newest.get(key)
+            if last is None or MEASURED_AT_ATTR not in last.user_attrs or key in busy:
                 continue
-            if low_risk_only and knobs.risk_of(move.values) == "high":
-                continue
-            self.study.enqueue_trial(config, user_attrs={ORIGIN_ATTR: move.why})
-            while True:
-                trial = self.study.ask(self.distributions)
-                if config_key(trial.params) == config_key(config):
-                    return self._lease(trial)
-                # a stale enqueued trial (a crash between enqueue and ask): not this baseline's
-                self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason",
-                                                  "stale enqueued trial")
-                self._storage.set_trial_user_attr(trial._trial_id, RETRY_ATTR, True)
-                self.study.tell(trial, state=TrialState.FAIL)
-        return None
+            # as a baseline arm it may have been measured since its own trial
+            at = max(float(last.user_attrs[MEASURED_AT_ATTR]), attrs.get(SEEN_PREFIX + key, 0))
+            if now - at >= self.config.revisit_after_s:
+                stale.append((float(last.value), at, config))  # type: ignore[arg-type]
+        if not stale:
+            return None
+        value, at, config = max(stale, key=lambda item: item[0])
+        return self._start(config, f"revisit: last measured {now - at:.0f} s ago "
+                                   f"(objective {value:.4g})")
+
+    def _start(self, config: dict[str, Any], why: str) -> Proposal:
+        """A leased trial of ``config`` (enqueued, so its params are exactly these)."""
+        self.study.enqueue_trial(config, user_attrs={ORIGIN_ATTR: why},
+                                 skip_if_exists=False)
+        while True:
+            trial = self.study.ask(self.distributions)
+            if config_key(trial.params) == config_key(config):
+                return self._lease(trial)
+            # a stale enqueued trial (a crash between enqueue and ask): not this baseline's
+            self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason",
+                                              "stale enqueued trial")
+            self._storage.set_trial_user_attr(trial._trial_id, RETRY_ATTR, True)
+            self.study.tell(trial, state=TrialState.FAIL)
 
     def moves_left(self, baseline: Mapping[str, Any]) -> int:
         """How many single moves from ``baseline`` were not tried yet (0: the search waits)."""
@@ -558,6 +609,10 @@ class SearchDriver:
         if change.state == "kept" and value is not None and anchor is not None:
             self._set_level(change.candidate, value / anchor[0])
         self._record_baseline(change, anchor)
+        if change.windows:  # both arms were measured just now
+            for values in (change.baseline, change.candidate):
+                self._storage.set_study_system_attr(self.study._study_id,
+                                                    SEEN_PREFIX + self._key(values), self._clock())
         last = self.study._storage.get_trial(self._trial_id(number))
         if last.state.is_finished():
             return
@@ -569,7 +624,10 @@ class SearchDriver:
         elif change.state == "rolled_back" and change.plan.get("ended_because") == PRUNED:
             self.prune(number)
         elif change.state in ("kept", "rolled_back") and value is not None:
-            self.tell(number, value)
+            # worth measuring again later: kept, or not answered in time (a measured
+            # regression or a gain too small to want is settled)
+            revisit = change.state == "kept" or bool(change.plan.get("inconclusive"))
+            self.tell(number, value, revisit=revisit)
         elif change.state == "failed":
             self.fail(number, reason=f"change {change.id} failed: the job died", unsafe=True)
         else:
@@ -656,7 +714,8 @@ class SearchDriver:
         reference, level = anchor
         self.study.add_trial(optuna.trial.create_trial(
             params=params, distributions=self.distributions, value=reference * level,
-            user_attrs={ORIGIN_ATTR: f"baseline windows of change {change.id}"}))
+            user_attrs={ORIGIN_ATTR: f"baseline windows of change {change.id}",
+                        MEASURED_AT_ATTR: self._clock()}))
 
     def _lease(self, trial: Trial) -> Proposal:
         self._mine[trial.number] = trial

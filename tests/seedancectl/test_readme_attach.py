@@ -68,15 +68,12 @@ def test_the_readme_snippet_tunes_a_batchnorm_cnn_on_default_settings(tmp_path: 
     job_file = tmp_path / "job.py"
     job_file.write_text(JOB_PRELUDE.format(seconds=JOB_SECONDS)
                         + snippet.replace("http://127.0.0.1:4318", url), encoding="utf-8")
-    token = tmp_path / "token"
-    token.write_text("readme-test-token\n")
-    token.chmod(0o600)
+    # store, state DB and token at their defaults under seedance-data/ (cwd is tmp_path):
+    # the sidecar generates the token there, and the job, started in the same folder, finds
+    # it there, as a newcomer's would
     config = tmp_path / "sidecar.toml"
     config.write_text(textwrap.dedent(f"""\
         listen = "127.0.0.1:{port}"
-        store = "{tmp_path / 'metrics.db'}"
-        state_db = "sqlite:///{tmp_path / 'state.db'}"
-        token_file = "{token}"
         nvml = "off"
 
         [approval]

@@ -398,3 +398,50 @@ def test_a_config_the_job_reports_failing_is_rolled_back_and_never_proposed_agai
     assert "expected scalar type Half" in done.plan["ended_because"]
     from tuner._search import unsafe_keys
     assert config_key({"micro_batch": 4}) in unsafe_keys(search.study)
+
+
+def test_a_config_kept_under_a_passing_load_is_left_once_its_measurement_is_stale(
+        rollout: dict[str, Any]) -> None:
+    # SIMULATED: while a neighbour loads the box, micro-batch 4 runs faster than the job's 8;
+    # once it is gone, 8 is faster again. The kept 4 is measured again after revisit_after_s.
+    from tuner._search import TuningLoop
+    ctl, registry, clock = rollout["ctl"], rollout["registry"], rollout["clock"]
+    loaded = True
+
+    def step_s(values: Any) -> float:
+        fast = 4 if loaded else 8
+        return 0.010 if values["micro_batch"] == fast else 0.013
+
+    with TimeSeriesStore(Path(rollout["url"].removeprefix("sqlite:///")).parent
+                         / "drift.db") as store:
+        job = SimJob(registry, store, job="drift", step_s=step_s, tokens_per_step=1)
+        ctl.query = store.query
+        ctl.set_mode(job.job, "auto", by="test")
+        search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                              config=SearchConfig(study_name="drift", seed=0,
+                                                  revisit_after_s=300.0), clock=clock)
+        loop = TuningLoop(ctl)
+        loop.add_search(job.job, search)
+
+        def run_until(done: Any, rounds: int = 200) -> None:
+            for _ in range(rounds):
+                loop.step()
+                job.run(8)
+                if done():
+                    return
+            raise AssertionError([(c.candidate, c.state) for c in ctl.changes(job=job.job)])
+
+        run_until(lambda: registry.status(job.job).baseline.values["micro_batch"] == 4)
+        run_until(lambda: search.moves_left(registry.status(job.job).baseline.values) == 0
+                  and not ctl.changes(job=job.job, states=["approved", "applying",
+                                                           "observing"]))
+        loaded = False
+        for _ in range(20):  # fresh results: nothing to revisit yet
+            loop.step()
+            job.run(8)
+        assert registry.status(job.job).baseline.values["micro_batch"] == 4
+        clock.now += 301
+        run_until(lambda: registry.status(job.job).baseline.values["micro_batch"] == 8)
+    revisits = [t for t in search.study.trials
+                if str(t.user_attrs.get("seedance:origin", "")).startswith("revisit")]
+    assert revisits and revisits[-1].params == {"micro_batch": 8}
