@@ -45,6 +45,13 @@ class ScrapeConfig(_Section):
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
 
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> ScrapeConfig:
+        if self.timeout_s > self.interval_s:
+            raise ValueError(f"timeout_s ({self.timeout_s:g}) must be <= interval_s "
+                             f"({self.interval_s:g}): scrapes would pile up")
+        return self
+
 
 class KnobBound(_Section):
     """What auto-approval allows for one knob: a range (``low``..``high``) or ``allowed`` values.
@@ -285,7 +292,12 @@ def load_config(
             raise ConfigError(f"{path}: cannot read: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-        data = data.get("sidecar", data)
+        if "sidecar" in data:
+            outside = sorted(set(data) - {"sidecar"})
+            if outside:
+                raise ConfigError(f"{path}: {', '.join(outside)}: outside [sidecar], where "
+                                  "nothing reads it (move it under [sidecar])")
+            data = data["sidecar"]
     data.update(_env_overrides(os.environ if environ is None else environ))
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:

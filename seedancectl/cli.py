@@ -109,8 +109,10 @@ def sidecar(
         "job": job, "listen": listen, "store": store, "upstream_otlp_endpoint": upstream,
         "prometheus_port": prometheus_port, "nvml": nvml,
     })
+    from seedancectl._preflight import preflight
     from seedancectl._sidecar import Sidecar, run_sidecar
 
+    preflight(settings)  # unwritable paths, missing token files: one line, before the banner
     built = Sidecar(settings)  # a bad trace or scrape URL fails here, before the banner
     err.print(f"[bold]seedance sidecar[/] job={settings.job} listening on "
               f"http://{settings.listen} store={settings.store}", soft_wrap=True)
@@ -119,8 +121,12 @@ def sidecar(
 
 @config_app.command("check")
 def config_check(path: Annotated[Path, typer.Argument(help="TOML file to check.")]) -> None:
-    """Validate a configuration file and print the effective settings."""
+    """Validate a configuration file (and what the sidecar checks before it starts: writable
+    paths, token files) and print the effective settings."""
+    from seedancectl._preflight import preflight
+
     settings = load_config(path)
+    preflight(settings)
     stdout.print(f"[green]ok[/] {escape(str(path))}", soft_wrap=True)
     print_json(settings.model_dump(mode="json"))
 

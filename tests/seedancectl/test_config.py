@@ -85,3 +85,53 @@ def test_durations_and_instants() -> None:
     assert parse_instant_ns("1970-01-01T00:00:01") == 1_000_000_000
     with pytest.raises(TimeParseError):
         parse_instant_ns("yesterday")
+
+
+def test_a_scrape_timeout_longer_than_its_interval_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "scrape.toml"
+    path.write_text('[sidecar]\n[[sidecar.scrape]]\nurl = "http://127.0.0.1:9400/metrics"\n'
+                    "interval_s = 1\n")  # the default timeout_s is 2
+    with pytest.raises(ConfigError, match=r"scrape\.0.*timeout_s \(2\) must be <= interval_s"):
+        load_config(path, environ={})
+
+
+def test_a_key_outside_the_sidecar_table_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "stray.toml"
+    path.write_text('listen = "127.0.0.1:5000"\n[sidecar]\njob = "x"\n')
+    with pytest.raises(ConfigError, match="listen: outside \\[sidecar\\]"):
+        load_config(path, environ={})
+
+
+def _checked(tmp_path: Path, text: str) -> str:
+    from seedancectl._preflight import preflight
+
+    path = tmp_path / "pre.toml"
+    path.write_text("[sidecar]\n" + text)
+    with pytest.raises(ConfigError) as info:
+        preflight(load_config(path, environ={}))
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_preflight_names_what_the_sidecar_could_not_use(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "empty.token").write_text("\n")
+    assert "token_file" in _checked(tmp_path, f'token_file = "{tmp_path / "nope"}"\n')
+    assert "is empty" in _checked(tmp_path, f'token_file = "{tmp_path / "empty.token"}"\n')
+    assert "jobs.gpt.token_file" in _checked(
+        tmp_path, f'[sidecar.jobs.gpt]\ntoken_file = "{tmp_path / "nope"}"\n')
+    assert "store" in _checked(tmp_path, f'store = "{tmp_path / "a-file" / "m.db"}"\n')
+    assert "is a folder" in _checked(tmp_path, f'store = "{tmp_path}"\n')
+    assert "state_db" in _checked(
+        tmp_path, f'store = "{tmp_path / "m.db"}"\n'
+                  f'state_db = "sqlite:///{tmp_path / "a-file" / "s.db"}"\n')
+
+
+def test_preflight_passes_a_usable_config_without_creating_anything(tmp_path: Path) -> None:
+    from seedancectl._preflight import preflight
+
+    path = tmp_path / "ok.toml"
+    path.write_text(f'[sidecar]\nstore = "{tmp_path / "new" / "m.db"}"\n'
+                    f'state_db = "sqlite:///{tmp_path / "new" / "s.db"}"\n')
+    preflight(load_config(path, environ={}))
+    assert not (tmp_path / "new").exists()

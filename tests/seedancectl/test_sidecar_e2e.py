@@ -223,3 +223,17 @@ while session.version == 0:
     time.sleep(0.1)
 session.close()
 """
+
+
+def test_startup_failures_are_one_line_before_the_banner(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'[sidecar]\nlisten = "127.0.0.1:{free_port()}"\nnvml = "off"\n'
+                      f'store = "{tmp_path / "m.db"}"\ntoken_file = "{tmp_path / "missing"}"\n')
+    for args in (["seedancectl.sidecar", "--config", str(config)],
+                 ["seedancectl.cli", "config", "check", str(config)]):
+        done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "token_file" in done.stderr and str(tmp_path / "missing") in done.stderr
+        assert "Traceback" not in done.stderr and "listening on" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
