@@ -45,6 +45,9 @@ class LeaseServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Serve; jobs attached while it serves find its token in $SEEDANCE_TOKEN."""
+        self._token_env = job_token_in_env(TOKEN)
+        self._token_env.__enter__()
         app = FastAPI()
         app.include_router(lease_router(self.registry, lambda job, token: token == TOKEN))
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
@@ -60,6 +63,7 @@ class LeaseServer:
         assert self._server is not None and self._thread is not None
         self._server.should_exit = True
         self._thread.join(30)
+        self._token_env.__exit__(None, None, None)
 
 
 @pytest.fixture
@@ -68,8 +72,7 @@ def server() -> Iterator[LeaseServer]:
     registry.start()
     srv = LeaseServer(registry, free_port())
     srv.start()
-    with job_token_in_env(TOKEN):
-        yield srv
+    yield srv
     if srv._server is not None and not srv._server.should_exit:
         srv.stop()
     registry.shutdown()

@@ -17,8 +17,8 @@ import torch
 from opentelemetry.sdk.metrics import MeterProvider
 from torch import nn
 
-from tests.servers import free_port, job_token_in_env
-from tests.tuner.test_client import TOKEN, LeaseServer
+from tests.servers import free_port
+from tests.tuner.test_client import LeaseServer
 from tuner._lease import Ack, JobRegistry
 from tuner.client import attach
 from tuner.precision import DTYPES
@@ -142,8 +142,7 @@ def server() -> Iterator[LeaseServer]:
     registry.start()
     srv = LeaseServer(registry, free_port())
     srv.start()
-    with job_token_in_env(TOKEN):
-        yield srv
+    yield srv
     srv.stop()
     registry.shutdown()
 
