@@ -325,8 +325,34 @@ TUNING_METRICS: tuple[MetricSpec, ...] = (
                "objective's own unit"),
 )
 
+HEALTH_METRICS: tuple[MetricSpec, ...] = (
+    # seedancectl/_health.py: the sidecar's parts that can fail quietly.
+    MetricSpec(name="seedance.scrape.up", unit="1", kind=G, source="sidecar",
+               attributes=("service.name", "source"),
+               description="1 when the last scrape of a source (its URL) worked, else 0"),
+    MetricSpec(name="seedance.scrape.errors", unit="{scrape}", kind=S, source="sidecar",
+               attributes=("service.name", "source"),
+               description="Scrapes of a source that failed (down, timeout, garbage)"),
+    MetricSpec(name="seedance.forward.failures", unit="{body}", kind=S, source="sidecar",
+               attributes=("service.name", "signal", "outcome"),
+               description="OTLP bodies the upstream did not take (outcome failed) or that "
+               "never reached it (dropped: its queue was full), per signal"),
+    MetricSpec(name="seedance.ingest.dropped_points", unit="{point}", kind=S,
+               source="sidecar", attributes=("service.name", "limit"),
+               description="Points of new series dropped by the cardinality limit (limit "
+               "metric: max_series_per_metric; job: max_series_per_job)"),
+    MetricSpec(name="seedance.ingest.rejected_requests", unit="{request}", kind=S,
+               source="sidecar", attributes=("service.name", "reason"),
+               description="OTLP requests answered 4xx or 5xx (reason any) and those without "
+               "the ingest token (reason unauthorised)"),
+    MetricSpec(name="seedance.store.writable", unit="1", kind=G, source="sidecar",
+               attributes=("service.name",),
+               description="1 when the store's last flush committed; 0 while it cannot "
+               "(disk full, read-only): /readyz says why"),
+)
+
 CATALOGUE: tuple[MetricSpec, ...] = (
     GPU_METRICS + TRAINING_METRICS + PROFILE_METRICS + COLLECTIVE_METRICS + SERVING_METRICS
-    + SCRAPE_METRICS + POLICY_METRICS + TUNING_METRICS
+    + SCRAPE_METRICS + POLICY_METRICS + TUNING_METRICS + HEALTH_METRICS
 )
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

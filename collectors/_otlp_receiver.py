@@ -354,8 +354,12 @@ def otlp_router(
         except Exception as e:  # the receiver never dies of its sink; the client retries
             logger.exception("OTLP %s sink failed on %d items", signal.unit, items)
             counters._add(sink_errors=1)
-            return reject(503, f"sink failed, retry later: {e!r}", content_type,
-                          **{f"{signal.unit}_rejected": items})
+            response = reject(503, f"sink failed, retry later: {e}", content_type,
+                              **{f"{signal.unit}_rejected": items})
+            # a sink that knows when to come back (a store whose disk is full) says so;
+            # OTLP exporters honour Retry-After on 503
+            response.headers["Retry-After"] = str(getattr(e, "retry_after_s", 1))
+            return response
         counters._add(requests_accepted=1, **{f"{signal.unit}_accepted": items})
         if signal.forwarder is not None:
             signal.forwarder.submit(raw, request.headers)

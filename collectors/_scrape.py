@@ -411,6 +411,8 @@ class ScrapeStats:
     scrapes_failed: int = 0
     points_total: int = 0
     last_error: str | None = None
+    up: bool | None = None
+    """Whether the last scrape worked (None before the first)."""
 
 
 _ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
@@ -479,10 +481,10 @@ class Scraper:
             s = self._stats
             if result.ok:
                 self._stats = ScrapeStats(s.scrapes_ok + 1, s.scrapes_failed,
-                                          s.points_total + result.points, s.last_error)
+                                          s.points_total + result.points, s.last_error, True)
             else:
                 self._stats = ScrapeStats(s.scrapes_ok, s.scrapes_failed + 1, s.points_total,
-                                          result.error)
+                                          result.error, False)
             was_failing, self._failing = self._failing, not result.ok
         if not result.ok:
             level = logging.DEBUG if was_failing else logging.WARNING

@@ -98,6 +98,13 @@ class StoreError(SeedanceError):
     """The store cannot do what was asked: bad input, a file that is not a store, I/O trouble."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot commit (disk full, read-only) and its buffer is full: the writer should
+    try again later; nothing of this write was taken."""
+
+    retry_after_s = 5
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreConfig:
     """Knobs of a :class:`TimeSeriesStore`; a retention of ``None`` keeps data forever."""
@@ -108,8 +115,13 @@ class StoreConfig:
     rollup_1m_retention_s: float | None = 30 * 86_400.0
     rollup_1h_retention_s: float | None = 365 * 86_400.0
     busy_timeout_s: float = 10.0
+    max_bytes: int | None = None
+    """The most disk the file may take (SQLite's max_page_count); past it commits fail as on a
+    full disk, and the store says so (``write_error``) until retention frees pages."""
 
     def __post_init__(self) -> None:
+        if self.max_bytes is not None and self.max_bytes < 64 * 1024:
+            raise StoreError(f"StoreConfig.max_bytes must be >= 65536, got {self.max_bytes!r}")
         for field in ("flush_interval_s", "busy_timeout_s", "raw_retention_s",
                       "rollup_1m_retention_s", "rollup_1h_retention_s"):
             value = getattr(self, field)
@@ -239,11 +251,12 @@ class TimeSeriesStore:
                  raw_retention_s: float | None = 2 * 86_400.0,
                  rollup_1m_retention_s: float | None = 30 * 86_400.0,
                  rollup_1h_retention_s: float | None = 365 * 86_400.0,
-                 busy_timeout_s: float = 10.0) -> None:
+                 busy_timeout_s: float = 10.0, max_bytes: int | None = None) -> None:
         self.config = StoreConfig(
             flush_interval_s=flush_interval_s, max_buffered_points=max_buffered_points,
             raw_retention_s=raw_retention_s, rollup_1m_retention_s=rollup_1m_retention_s,
-            rollup_1h_retention_s=rollup_1h_retention_s, busy_timeout_s=busy_timeout_s)
+            rollup_1h_retention_s=rollup_1h_retention_s, busy_timeout_s=busy_timeout_s,
+            max_bytes=max_bytes)
         self.path = Path(path)
         self.readonly = readonly
         self._lock = threading.Lock()  # guards the pending buffer
@@ -255,6 +268,8 @@ class TimeSeriesStore:
         self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
         self._last_maintenance = 0.0
         self._closed = False
+        self.write_error: str | None = None
+        """Why the last flush failed (None: it committed); buffered points wait for the next."""
         self._conn = self._connect()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -281,6 +296,9 @@ class TimeSeriesStore:
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
             self._retry(lambda: self._prepare(conn))
+            if self.config.max_bytes is not None and not self.readonly:
+                page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                conn.execute(f"PRAGMA max_page_count={self.config.max_bytes // page}")
         except sqlite3.DatabaseError as e:
             conn.close()
             raise StoreError(f"{self.path} is not a seedance store: {e}") from e
@@ -381,6 +399,10 @@ class TimeSeriesStore:
         if times_ns.shape[0] == 0:
             return
         with self._lock:
+            if self.write_error is not None and self._buffered >= self.config.max_buffered_points:
+                raise StoreUnavailable(
+                    f"store {self.path} cannot commit ({self.write_error}); "
+                    f"{self._buffered} points wait: retry later")
             pending = self._pending.get((name, akey))
             if pending is None:
                 pending = self._pending[(name, akey)] = _Pending(json.loads(akey))
@@ -389,8 +411,8 @@ class TimeSeriesStore:
             self._buffered += times_ns.shape[0]
 
     def _flush_if_full(self) -> None:
-        if self._buffered >= self.config.max_buffered_points:
-            self.flush()
+        if self._buffered >= self.config.max_buffered_points and self.write_error is None:
+            self.flush()  # while commits fail, the flush loop retries; writers are refused
 
     def flush(self) -> None:
         """Commit every buffered point in one transaction (a no-op on a read-only store)."""
@@ -402,11 +424,13 @@ class TimeSeriesStore:
             if batch:
                 try:
                     self._retry(lambda: self._commit(batch))
-                except BaseException:
+                except BaseException as e:
                     self._series_ids.clear()
                     self._chunk_counts.clear()
                     self._requeue(batch)
+                    self.write_error = f"{type(e).__name__}: {e}"
                     raise
+                self.write_error = None
             if time.monotonic() - self._last_maintenance >= _MAINTENANCE_EVERY_S:
                 self.prune()
 

@@ -154,6 +154,7 @@ class SidecarConfig(_Section):
     job: str = "default"
     listen: str = "127.0.0.1:4318"
     store: Path = Path("seedance-data/metrics.db")
+    store_max_mib: float | None = Field(default=None, ge=0.0625)
     state_db: str = "sqlite:///seedance-data/state.db"
     upstream_otlp_endpoint: str | None = None
     prometheus_port: int | None = Field(default=None, ge=1, le=65535)
@@ -161,6 +162,8 @@ class SidecarConfig(_Section):
     nvml_interval_s: float = Field(default=1.0, gt=0)
     export_interval_s: float = Field(default=1.0, gt=0)
     max_body_bytes: int = Field(default=8 * 2**20, gt=0)
+    max_series_per_metric: int = Field(default=2000, ge=1)
+    max_series_per_job: int = Field(default=20_000, ge=1)
     scrape: tuple[ScrapeConfig, ...] = ()
     token_file: Path | None = None
     ingest_token_file: Path | None = None

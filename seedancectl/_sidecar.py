@@ -11,6 +11,7 @@ and tells a person, through the webhook, about every proposal that waits for the
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import inspect
 import json
@@ -25,24 +26,29 @@ from pathlib import Path
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import insert
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 
 import policies.detectors
+from collectors._cardinality import CardinalityLimit, SeriesLimiter
 from collectors._errors import SeedanceError
 from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
 from collectors._otlp_decode import DecodedMetrics
 from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats, otlp_router
 from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
+from collectors._scrape import Scraper
 from collectors._store import TimeSeriesStore
 from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, StoreWindow, WindowSource
 from policies.detectors import ComputePriorsDetector
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
+from seedancectl._health import readiness, register_health_metrics
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
@@ -131,6 +137,8 @@ class Sidecar:
         self.registry.register(self.latest)
         self.store: TimeSeriesStore | None = None
         self.stats = ReceiverStats()
+        self.limiter = SeriesLimiter(CardinalityLimit(
+            max_per_metric=config.max_series_per_metric, max_per_job=config.max_series_per_job))
         self.jobs = JobRegistry(lease_ttl_s=config.lease_ttl_s)
         self.engine: PolicyEngine | None = None
         self.controller: RolloutController | None = None
@@ -140,6 +148,8 @@ class Sidecar:
         self.token_path: Path | None = None
         self._environ = os.environ if environ is None else environ
         self._ledger: VersionLedger | None = None
+        self.state_db_error: tuple[float, str] | None = None
+        """(monotonic time, message) of the last state-DB write the API saw fail."""
         self._job_tokens: dict[str, str] = {}
         self._forwarder = (
             Forwarder(ForwarderConfig(url=config.upstream_otlp_endpoint))
@@ -169,8 +179,12 @@ class Sidecar:
         return self._started
 
     def sink(self, decoded: DecodedMetrics) -> None:
-        """Where every source's metrics go: the store and the Prometheus view."""
+        """Where every source's metrics go: the store and the Prometheus view, series within
+        the cardinality limit only."""
         assert self.store is not None, "sink called before start()"
+        admitted = self.limiter.admit(decoded.points)
+        if len(admitted) != len(decoded.points):
+            decoded = dataclasses.replace(decoded, points=admitted)
         self.store.write(decoded.points)
         self.latest.update(decoded)
 
@@ -184,7 +198,8 @@ class Sidecar:
                                 for name, job in config.jobs.items()
                                 if job.token_file is not None}
             config.store.parent.mkdir(parents=True, exist_ok=True)
-            self.store = TimeSeriesStore(config.store)
+            self.store = TimeSeriesStore(config.store, max_bytes=(
+                None if config.store_max_mib is None else int(config.store_max_mib * 2**20)))
             self.traces.start()
             self._telemetry = setup_telemetry(
                 TelemetryConfig(job=f"{config.job}-sidecar",
@@ -192,6 +207,7 @@ class Sidecar:
                 store_sink=self.sink,
             )
             self._gpu_sampler.register(self._telemetry.meter("seedance.nvml"))
+            register_health_metrics(self._telemetry.meter("seedance.sidecar"), self)
             self._gpu_sampler.start()
             self._scrapers = build_scrapers(config, sink=self.sink)
             for scraper in self._scrapers:
@@ -444,6 +460,15 @@ class Sidecar:
 
     # ---- HTTP ---------------------------------------------------------------------------------
 
+    @property
+    def scrapers(self) -> list[Scraper]:
+        return list(self._scrapers)
+
+    def forwarders(self) -> dict[str, Forwarder]:
+        """The upstream forwarders that run, by signal."""
+        found = {"metrics": self._forwarder, "traces": self.traces.forwarder}
+        return {signal: f for signal, f in found.items() if f is not None}
+
     def may_hold_lease(self, job: str, token: str) -> bool:
         """The sidecar's own token, or the one the operator issued to this job alone."""
         mine = [t for t in (self.token, self._job_tokens.get(job)) if t]
@@ -476,9 +501,19 @@ class Sidecar:
 
         @app.get("/readyz")
         def readyz(response: Response) -> dict[str, object]:
-            ready = self._started and self.store is not None
-            response.status_code = 200 if ready else 503
-            return {"ready": ready, "job": self.config.job}
+            reasons = readiness(self)
+            response.status_code = 503 if reasons else 200
+            return {"ready": not reasons, "job": self.config.job, "reasons": reasons}
+
+        @app.exception_handler(OperationalError)
+        async def state_db_unwritable(_: Request, exc: OperationalError) -> JSONResponse:
+            """A state DB that cannot write (disk full, read-only) is a 503 with the reason,
+            and the sidecar is unready until it writes again."""
+            reason = str(exc.orig) if exc.orig is not None else str(exc).splitlines()[0]
+            self.state_db_error = (time.monotonic(), reason)
+            log.error("state DB write failed: %s", reason)
+            return JSONResponse({"detail": f"state DB not writable: {reason}"}, status_code=503,
+                                headers={"Retry-After": "30"})
 
         @app.get("/metrics")
         def metrics() -> Response:

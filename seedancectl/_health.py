@@ -1,0 +1,79 @@
+"""Whether the sidecar can do its job, told truthfully: ``readiness`` for ``/readyz`` and the
+API, and metrics of every part that can fail quietly (scrapes, forwarding, the cardinality
+limit, the store), exported with the sidecar's own telemetry."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+if TYPE_CHECKING:
+    from seedancectl._sidecar import Sidecar
+
+STATE_DB_ERROR_TTL_S = 60.0
+"""A state-DB write failure keeps the sidecar unready this long after it was last seen."""
+
+
+def readiness(sidecar: Sidecar) -> list[str]:
+    """Why the sidecar is not ready now; empty when it is."""
+    if not sidecar.started or sidecar.store is None:
+        return ["starting or stopping"]
+    reasons = []
+    if sidecar.store.write_error is not None:
+        reasons.append(f"store not writable: {sidecar.store.write_error}")
+    failed = sidecar.state_db_error
+    if failed is not None and time.monotonic() - failed[0] < STATE_DB_ERROR_TTL_S:
+        reasons.append(f"state DB not writable: {failed[1]}")
+    return reasons
+
+
+def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
+    """Observable instruments read at each export (``docs/metrics.md``)."""
+
+    def scrapes_up(_: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(1 if s.stats.up else 0, {"source": s.source.url})
+                for s in sidecar.scrapers if s.stats.up is not None]
+
+    def scrape_errors(_: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(s.stats.scrapes_failed, {"source": s.source.url})
+                for s in sidecar.scrapers]
+
+    def forwarding(_: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for signal, forwarder in sidecar.forwarders().items():
+            out += [Observation(forwarder.failed, {"signal": signal, "outcome": "failed"}),
+                    Observation(forwarder.dropped, {"signal": signal, "outcome": "dropped"})]
+        return out
+
+    def dropped(_: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(sidecar.limiter.dropped[reason], {"limit": reason})
+                for reason in ("metric", "job")]
+
+    def writable(_: CallbackOptions) -> Iterable[Observation]:
+        store = sidecar.store
+        return [] if store is None else [Observation(0 if store.write_error else 1)]
+
+    def rejected(_: CallbackOptions) -> Iterable[Observation]:
+        stats = sidecar.stats
+        return [Observation(stats.requests_rejected, {"reason": "any"}),
+                Observation(stats.requests_unauthorised, {"reason": "unauthorised"})]
+
+    meter.create_observable_gauge("seedance.scrape.up", [scrapes_up], unit="1",
+                                  description="1 when the last scrape of a source worked")
+    meter.create_observable_counter("seedance.scrape.errors", [scrape_errors],
+                                    unit="{scrape}", description="Failed scrapes, per source")
+    meter.create_observable_counter("seedance.forward.failures", [forwarding], unit="{body}",
+                                    description="Bodies the upstream did not take (failed) "
+                                    "or that never reached it (dropped: queue full)")
+    meter.create_observable_counter("seedance.ingest.dropped_points", [dropped],
+                                    unit="{point}", description="Points of new series "
+                                    "dropped by the cardinality limit (per metric, per job)")
+    meter.create_observable_gauge("seedance.store.writable", [writable], unit="1",
+                                  description="1 when the store's last flush committed")
+    meter.create_observable_counter("seedance.ingest.rejected_requests", [rejected],
+                                    unit="{request}",
+                                    description="OTLP requests answered 4xx/5xx (any) and those "
+                                    "without the ingest token (unauthorised)")

@@ -1,0 +1,55 @@
+"""A job never waits on its sidecar: with the sidecar killed (SIGKILL, mid-export), SIGTERM
+stops the serving job and a training job within a grace period, their OTLP exporters and
+lease threads bounded. Real processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults._sidecar import ROOT, TOKEN, SidecarProcess
+
+pytestmark = pytest.mark.integration
+
+GRACE_S = 10.0
+"""Well inside Kubernetes' default 30 s; the job used to need SIGKILL."""
+
+
+@pytest.mark.parametrize("job", [
+    ["-m", "workloads.serve_tuned", "--job", "serve", "--duration-s", "600",
+     "--export-interval-s", "1"],
+    ["-m", "workloads.train_family", "--family", "mlp", "--job", "train", "--seconds", "600"],
+], ids=["serving", "training"])
+def test_sigterm_stops_the_job_within_its_grace_period_when_the_sidecar_is_gone(
+        tmp_path: Path, job: list[str]) -> None:
+    log = (tmp_path / "job.log").open("wb")
+    with SidecarProcess(tmp_path) as sidecar:
+        proc = subprocess.Popen([sys.executable, *job, "--sidecar", sidecar.url],
+                                stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT),
+                                     "SEEDANCE_TOKEN": TOKEN})
+        try:
+            sidecar.wait_for("the job to attach", lambda: sidecar.http.get(
+                "/v1/jobs").json(), timeout_s=120)
+            sidecar.proc.kill()  # gone mid-whatever: no goodbye, connections refused
+            sidecar.proc.wait(10)
+            time.sleep(3)  # the job's exporter and lease are retrying by now
+            assert proc.poll() is None, (tmp_path / "job.log").read_text()[-2000:]
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(GRACE_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the job was still running {GRACE_S:g} s after SIGTERM:\n"
+                            + (tmp_path / "job.log").read_text()[-2000:])
+            assert code == 0, (tmp_path / "job.log").read_text()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            log.close()
