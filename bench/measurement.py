@@ -83,6 +83,9 @@ ALTERNATIVES: Mapping[str, RolloutConfig] = {
     "max_pairs=16": RolloutConfig(max_pairs=16),
     "min_window_s=1": RolloutConfig(measure=MeasureConfig(min_window_s=1.0)),
     "window_cv=0.03": RolloutConfig(measure=MeasureConfig(window_cv=0.03)),
+    "max_window_s=4": RolloutConfig(measure=MeasureConfig(max_window_s=4.0)),
+    "max_window_s=4,min_window_s=1": RolloutConfig(measure=MeasureConfig(
+        max_window_s=4.0, min_window_s=1.0)),
 }
 """Settings replayed besides the defaults; a window can only be cut shorter than recorded, so
 only settings that shorten windows are replayed for the window size (``load_noise`` says what

@@ -95,7 +95,9 @@ class ChangedPointsExporter(MetricExporter):
             if self._exported.get(key) != signature:
                 points.append(point)
                 pending[key] = signature
-        return replace(metric, data=replace(data, data_points=points)) if points else None
+        if not points:
+            return None
+        return replace(metric, data=replace(data, data_points=points))  # type: ignore[arg-type]
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self.inner.force_flush(timeout_millis=timeout_millis)
