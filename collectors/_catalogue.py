@@ -345,6 +345,10 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
                source="sidecar", attributes=("service.name", "reason"),
                description="OTLP requests answered 4xx or 5xx (reason any) and those without "
                "the ingest token (reason unauthorised)"),
+    MetricSpec(name="seedance.store.buffered_points", unit="{point}", kind=G,
+               source="sidecar", attributes=("service.name",),
+               description="Points waiting for the store's next commit (the backlog); past "
+               "half the buffer, a job holding more than half of it gets 429"),
     MetricSpec(name="seedance.store.writable", unit="1", kind=G, source="sidecar",
                attributes=("service.name",),
                description="1 when the store's last flush committed; 0 while it cannot "

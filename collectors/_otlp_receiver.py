@@ -354,8 +354,8 @@ def otlp_router(
         except Exception as e:  # the receiver never dies of its sink; the client retries
             logger.exception("OTLP %s sink failed on %d items", signal.unit, items)
             counters._add(sink_errors=1)
-            response = reject(503, f"sink failed, retry later: {e}", content_type,
-                              **{f"{signal.unit}_rejected": items})
+            response = reject(getattr(e, "http_status", 503), f"sink failed, retry later: {e}",
+                              content_type, **{f"{signal.unit}_rejected": items})
             # a sink that knows when to come back (a store whose disk is full) says so;
             # OTLP exporters honour Retry-After on 503
             response.headers["Retry-After"] = str(getattr(e, "retry_after_s", 1))

@@ -410,6 +410,20 @@ class TimeSeriesStore:
             pending.values.append(values)
             self._buffered += times_ns.shape[0]
 
+    @property
+    def buffered(self) -> int:
+        """Points waiting for the next flush."""
+        return self._buffered
+
+    def buffered_by(self, attribute: str) -> dict[str, int]:
+        """Points waiting for the next flush, by the value of ``attribute`` ("" without it)."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for pending in self._pending.values():
+                key = str(pending.attrs.get(attribute, ""))
+                out[key] = out.get(key, 0) + sum(t.shape[0] for t in pending.times)
+        return out
+
     def _flush_if_full(self) -> None:
         if self._buffered >= self.config.max_buffered_points and self.write_error is None:
             self.flush()  # while commits fail, the flush loop retries; writers are refused

@@ -56,6 +56,10 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
         store = sidecar.store
         return [] if store is None else [Observation(0 if store.write_error else 1)]
 
+    def buffered(_: CallbackOptions) -> Iterable[Observation]:
+        store = sidecar.store
+        return [] if store is None else [Observation(store.buffered)]
+
     def rejected(_: CallbackOptions) -> Iterable[Observation]:
         stats = sidecar.stats
         return [Observation(stats.requests_rejected, {"reason": "any"}),
@@ -73,6 +77,9 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
                                     "dropped by the cardinality limit (per metric, per job)")
     meter.create_observable_gauge("seedance.store.writable", [writable], unit="1",
                                   description="1 when the store's last flush committed")
+    meter.create_observable_gauge("seedance.store.buffered_points", [buffered],
+                                  unit="{point}", description="Points waiting for the store's "
+                                  "next commit (the backlog)")
     meter.create_observable_counter("seedance.ingest.rejected_requests", [rejected],
                                     unit="{request}",
                                     description="OTLP requests answered 4xx/5xx (any) and those "

@@ -122,6 +122,13 @@ class _SidecarLoop(TuningLoop):
         super().step()
 
 
+class IngestBackpressure(SeedanceError):
+    """A source sent more than its share of what the store can buffer: retry later (429)."""
+
+    http_status = 429
+    retry_after_s = 2
+
+
 class Sidecar:
     """Owns the sidecar's parts and their lifecycle; start() and shutdown() are idempotent.
 
@@ -182,6 +189,7 @@ class Sidecar:
         """Where every source's metrics go: the store and the Prometheus view, series within
         the cardinality limit only."""
         assert self.store is not None, "sink called before start()"
+        self._fair_share(decoded)
         admitted = self.limiter.admit(decoded.points)
         if len(admitted) != len(decoded.points):
             decoded = dataclasses.replace(decoded, points=admitted)
@@ -459,6 +467,20 @@ class Sidecar:
                 reason=reason, detail=json.dumps(dict(detail or {}), sort_keys=True)))
 
     # ---- HTTP ---------------------------------------------------------------------------------
+
+    def _fair_share(self, decoded: DecodedMetrics) -> None:
+        """One source cannot take the store's whole buffer: while it is over half full, a job
+        holding more than half of it is told to come back later (429), the others go on."""
+        store = self.store
+        assert store is not None
+        half = store.config.max_buffered_points // 2
+        if store.buffered < half or not decoded.points:
+            return
+        job = str(decoded.points[0].attributes.get("service.name", ""))
+        waiting = store.buffered_by("service.name").get(job, 0)
+        if waiting > half:
+            raise IngestBackpressure(f"job {job!r} has {waiting} points waiting for the store "
+                                     f"(over half its buffer): retry later")
 
     @property
     def scrapers(self) -> list[Scraper]:
