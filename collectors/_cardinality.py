@@ -1,7 +1,8 @@
 """A bound on distinct series, so a flood of attribute values cannot take the sidecar's memory
-or its store: past ``max_per_metric`` series of one metric, or ``max_per_job`` series of one
-job (``service.name``), points of new series are dropped and counted, as the OpenTelemetry
-SDK does with its own cardinality limit. Series already admitted always get through."""
+or its store: past ``max_per_metric`` series of one metric from one job, or ``max_per_job``
+series of one job (``service.name``), points of new series are dropped and counted, as the
+OpenTelemetry SDK does with its own cardinality limit. Series already admitted always get
+through, and one job's flood never takes another job's room."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class SeriesLimiter:
         self.limit = limit or CardinalityLimit()
         self._lock = threading.Lock()
         self._seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
-        self._per_metric: Counter[str] = Counter()
+        self._per_metric: Counter[tuple[str, str]] = Counter()  # (job, metric)
         self._per_job: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         """Points dropped, by the limit that dropped them ("metric" or "job")."""
@@ -45,14 +46,14 @@ class SeriesLimiter:
                 key = (p.name, frozenset(p.attributes.items()))
                 if key not in self._seen:
                     job = str(p.attributes.get(JOB_ATTR, ""))
-                    if self._per_metric[p.name] >= limit.max_per_metric:
+                    if self._per_metric[(job, p.name)] >= limit.max_per_metric:
                         self.dropped["metric"] += 1
                         continue
                     if self._per_job[job] >= limit.max_per_job:
                         self.dropped["job"] += 1
                         continue
                     self._seen.add(key)
-                    self._per_metric[p.name] += 1
+                    self._per_metric[(job, p.name)] += 1
                     self._per_job[job] += 1
                 kept.append(p)
         return kept

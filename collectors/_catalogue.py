@@ -340,7 +340,8 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.ingest.dropped_points", unit="{point}", kind=S,
                source="sidecar", attributes=("service.name", "limit"),
                description="Points of new series dropped by the cardinality limit (limit "
-               "metric: max_series_per_metric; job: max_series_per_job)"),
+               "metric: max_series_per_metric, series of one metric from one job; job: "
+               "max_series_per_job)"),
     MetricSpec(name="seedance.ingest.rejected_requests", unit="{request}", kind=S,
                source="sidecar", attributes=("service.name", "reason"),
                description="OTLP requests answered 4xx or 5xx (reason any) and those without "

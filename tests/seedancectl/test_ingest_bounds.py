@@ -1,0 +1,43 @@
+"""The sidecar's sink keeps one source from taking what all share: the series limit and the
+store buffer's fair share, on a real store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collectors._cardinality import CardinalityLimit, SeriesLimiter
+from collectors._otlp_decode import DecodedMetrics
+from collectors._points import Point
+from collectors._store import TimeSeriesStore
+from seedancectl._config import SidecarConfig
+from seedancectl._sidecar import IngestBackpressure, Sidecar
+
+
+def _points(job: str, n: int, *, metric: str = "m", start: int = 0) -> list[Point]:
+    return [Point(metric, float(i), 10**18 + i, {"service.name": job, "id": str(start + i)})
+            for i in range(n)]
+
+
+def test_the_series_limit_keeps_known_series_and_counts_the_rest() -> None:
+    limiter = SeriesLimiter(CardinalityLimit(max_per_metric=3, max_per_job=5))
+    assert len(limiter.admit(_points("a", 5))) == 3  # per metric
+    assert limiter.dropped["metric"] == 2
+    assert len(limiter.admit(_points("a", 3))) == 3  # known series always get through
+    assert len(limiter.admit(_points("a", 3, metric="other"))) == 2  # per job: 5 in all
+    assert limiter.dropped["job"] == 1 and limiter.series() == 5
+    assert len(limiter.admit(_points("b", 3, metric="other"))) == 3  # another job: its own room
+
+
+def test_a_job_over_half_the_buffer_waits_and_the_others_go_on(tmp_path: Path) -> None:
+    sidecar = Sidecar(SidecarConfig(store=tmp_path / "m.db", nvml="off"))
+    with TimeSeriesStore(tmp_path / "m.db", max_buffered_points=1000,
+                         flush_interval_s=3600) as store:
+        sidecar.store = store  # no flush loop runs: the buffer only grows
+        for start in range(0, 600, 100):
+            sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=start)))
+        with pytest.raises(IngestBackpressure, match="greedy"):
+            sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=600)))
+        sidecar.sink(DecodedMetrics(points=_points("polite", 10)))
+        assert store.buffered_by("service.name") == {"greedy": 600, "polite": 10}
