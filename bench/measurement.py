@@ -79,13 +79,11 @@ ALTERNATIVES: Mapping[str, RolloutConfig] = {
     "planned_pairs=4": RolloutConfig(measure=MeasureConfig(planned_pairs=4)),
     "planned_pairs=16": RolloutConfig(measure=MeasureConfig(planned_pairs=16)),
     "noise_floor=0.01": RolloutConfig(measure=MeasureConfig(noise_floor=0.01)),
-    "trial_budget_s=90": RolloutConfig(trial_budget_s=90.0),
+    "trial_budget_s=60": RolloutConfig(trial_budget_s=60.0),
     "max_pairs=16": RolloutConfig(max_pairs=16),
     "min_window_s=1": RolloutConfig(measure=MeasureConfig(min_window_s=1.0)),
     "window_cv=0.03": RolloutConfig(measure=MeasureConfig(window_cv=0.03)),
     "max_window_s=4": RolloutConfig(measure=MeasureConfig(max_window_s=4.0)),
-    "max_window_s=4,min_window_s=1": RolloutConfig(measure=MeasureConfig(
-        max_window_s=4.0, min_window_s=1.0)),
 }
 """Settings replayed besides the defaults; a window can only be cut shorter than recorded, so
 only settings that shorten windows are replayed for the window size (``load_noise`` says what

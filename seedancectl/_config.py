@@ -100,7 +100,7 @@ class RolloutSection(_Section):
 
     min_pairs: int = Field(default=3, ge=1)
     max_pairs: int = Field(default=24, ge=1)
-    trial_budget_s: float = Field(default=60.0, gt=0)
+    trial_budget_s: float = Field(default=90.0, gt=0)
     min_gain: float = Field(default=0.03, ge=0)
     max_slowdown: float = Field(default=0.4, ge=0, lt=1)
     early_stop_pairs: int = Field(default=2, ge=1)

@@ -285,7 +285,7 @@ class RolloutConfig:
 
     min_pairs: int = 3
     max_pairs: int = 24
-    trial_budget_s: float = 60.0
+    trial_budget_s: float = 90.0
     min_gain: float = 0.03
     max_slowdown: float = 0.4
     proposal_ttl_s: float = 3600.0
