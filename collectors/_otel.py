@@ -101,6 +101,9 @@ class TelemetryConfig:
     otlp_protocol: OtlpProtocol = field(default_factory=_default_protocol)
     prometheus_port: int | None = None
     resource_attributes: Mapping[str, str | bool | int | float] = field(default_factory=dict)
+    export_timeout_s: float = 2.0
+    """How long one OTLP export may take, retries included: a job's exporter never holds the
+    job (at exit above all) for long when the sidecar is gone."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not self.job.strip():
@@ -114,6 +117,10 @@ class TelemetryConfig:
                 or not math.isfinite(interval) or interval <= 0):
             raise TelemetryConfigError(
                 f"export_interval_s must be a finite number > 0, got {interval!r}")
+        if not (isinstance(self.export_timeout_s, (int, float))
+                and math.isfinite(self.export_timeout_s) and self.export_timeout_s > 0):
+            raise TelemetryConfigError(
+                f"export_timeout_s must be a finite number > 0, got {self.export_timeout_s!r}")
         if self.otlp_protocol not in _PROTOCOLS:
             raise TelemetryConfigError(
                 f"otlp_protocol must be one of {_PROTOCOLS}, got {self.otlp_protocol!r}")
@@ -193,13 +200,15 @@ def _otlp_exporter(config: TelemetryConfig) -> MetricExporter:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcExporter,
         )
-        return GrpcExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY)
+        return GrpcExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY,
+                            timeout=config.export_timeout_s)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpExporter,
     )
     if endpoint is not None and not endpoint.rstrip("/").endswith(_METRICS_PATH):
         endpoint = endpoint.rstrip("/") + _METRICS_PATH
-    return HttpExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY)
+    return HttpExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY,
+                        timeout=config.export_timeout_s)
 
 
 def histogram_views() -> list[View]:

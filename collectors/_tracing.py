@@ -127,11 +127,12 @@ def _otlp_span_exporter(config: TelemetryConfig) -> SpanExporter:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
         )
-        return GrpcExporter(endpoint=endpoint)
+        return GrpcExporter(endpoint=endpoint, timeout=config.export_timeout_s)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
-    return HttpExporter(endpoint=None if endpoint is None else traces_endpoint_for(endpoint))
+    return HttpExporter(endpoint=None if endpoint is None else traces_endpoint_for(endpoint),
+                        timeout=config.export_timeout_s)
 
 
 # ---- the provider ----------------------------------------------------------------------------
