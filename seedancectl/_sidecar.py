@@ -193,8 +193,9 @@ class Sidecar:
         admitted = self.limiter.admit(decoded.points)
         if len(admitted) != len(decoded.points):
             decoded = dataclasses.replace(decoded, points=admitted)
-        self.store.write(decoded.points)
+        # the view first: while the store refuses writes, /metrics still shows why
         self.latest.update(decoded)
+        self.store.write(decoded.points)
 
     def start(self) -> None:
         with self._lock:
@@ -474,8 +475,8 @@ class Sidecar:
         store = self.store
         assert store is not None
         half = store.config.max_buffered_points // 2
-        if store.buffered < half or not decoded.points:
-            return
+        if store.buffered < half or not decoded.points or store.write_error is not None:
+            return  # (a store that cannot commit refuses everyone itself: 503)
         job = str(decoded.points[0].attributes.get("service.name", ""))
         waiting = store.buffered_by("service.name").get(job, 0)
         if waiting > half:
