@@ -9,10 +9,12 @@ the spec lists as retryable (429, 502, 503, 504), so exporters send the batch ag
 
 from __future__ import annotations
 
+import email.utils
 import hmac
 import logging
 import queue
 import threading
+import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -120,6 +122,8 @@ class Forwarder:
         self.sent = 0
         self.failed = 0
         self.dropped = 0
+        self.deferred = 0
+        """Tries the upstream asked to repeat later (429/503 with Retry-After)."""
         self._queue: queue.Queue[tuple[bytes, dict[str, str]] | None] = queue.Queue(
             config.max_queue
         )
@@ -200,14 +204,33 @@ class Forwarder:
                     with self._lock:
                         self.dropped += 1
                     continue
-                self._send(client, item[0], {**item[1], **headers})
+                self._deliver(client, item[0], {**item[1], **headers})
 
-    def _send(self, client: httpx.Client, body: bytes, headers: dict[str, str]) -> None:
+    def _deliver(self, client: httpx.Client, body: bytes, headers: dict[str, str]) -> None:
+        """Send ``body``; when the upstream answers 429 or 503 with Retry-After, wait that
+        long (at most MAX_RETRY_AFTER_S; shutdown cuts it short) and try again, up to
+        MAX_ATTEMPTS in all. Bodies arriving meanwhile queue, and past ``max_queue`` are
+        dropped and counted: memory stays bounded while the upstream is away."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            wait_s = self._send(client, body, headers, last=attempt == MAX_ATTEMPTS)
+            if wait_s is None or self._stopping.wait(wait_s):
+                return
+
+    def _send(self, client: httpx.Client, body: bytes, headers: dict[str, str], *,
+              last: bool) -> float | None:
+        """One try; the seconds the upstream asked to wait before another (None: done)."""
+        wait_s = None
         try:
             response = client.post(self.config.url, content=body, headers=headers)
             ok, why = response.is_success, f"HTTP {response.status_code}"
+            if response.status_code in (429, 503):
+                wait_s = _retry_after_s(response.headers.get("Retry-After"))
         except Exception as e:  # the loop never dies: any failure is one failed body
             ok, why = False, repr(e)
+        if not ok and wait_s is not None and not last:
+            with self._lock:
+                self.deferred += 1
+            return wait_s
         with self._lock:
             if ok:
                 self.sent += 1
@@ -219,6 +242,26 @@ class Forwarder:
             logger.warning("OTLP forwarding to %s failed (%s); counting failures quietly",
                            self.config.url, why)
         self._failing = not ok
+        return None
+
+
+MAX_ATTEMPTS = 3
+MAX_RETRY_AFTER_S = 60.0
+
+
+def _retry_after_s(header: str | None) -> float | None:
+    """Retry-After in seconds (a number or an HTTP date), capped; None when absent or bad."""
+    if header is None:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(header)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 _T = TypeVar("_T")

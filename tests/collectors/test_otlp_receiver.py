@@ -356,6 +356,50 @@ def test_forwarder_counts_upstream_failures_and_goes_on() -> None:
     assert (forwarder.sent, forwarder.failed, forwarder.dropped) == (0, 3, 0)
 
 
+def test_forwarder_honours_retry_after_then_delivers() -> None:
+    arrivals: list[float] = []
+    app = FastAPI()
+
+    @app.post("/v1/metrics")
+    async def busy(request: Request) -> Response:  # 503 + Retry-After: 1, then takes it
+        arrivals.append(time.monotonic())
+        await request.body()
+        if len(arrivals) == 1:
+            return Response(status_code=503, headers={"Retry-After": "1"})
+        return Response(status_code=200)
+
+    with serve(app) as url:
+        forwarder = Forwarder(ForwarderConfig(url=url + "/v1/metrics", timeout_s=5))
+        forwarder.start()
+        assert forwarder.submit(b"x", {"content-type": "application/x-protobuf"})
+        _wait_for(lambda: forwarder.sent == 1)
+        forwarder.shutdown(timeout_s=10)
+    assert (forwarder.sent, forwarder.failed, forwarder.deferred) == (1, 0, 1)
+    assert arrivals[1] - arrivals[0] >= 0.95  # it waited as asked before trying again
+
+
+def test_forwarder_stops_within_its_deadline_while_the_upstream_hangs() -> None:
+    app = FastAPI()
+    release = threading.Event()
+
+    @app.post("/v1/metrics")
+    def hang() -> Response:
+        release.wait(30)
+        return Response(status_code=200)
+
+    with serve(app) as url:
+        forwarder = Forwarder(ForwarderConfig(url=url + "/v1/metrics", timeout_s=20,
+                                              max_queue=4))
+        forwarder.start()
+        results = [forwarder.submit(b"x", {}) for _ in range(10)]
+        began = time.monotonic()
+        forwarder.shutdown(timeout_s=1.0)
+        stopped_after = time.monotonic() - began
+        release.set()
+    assert results.count(False) >= 10 - 4 - 1  # the queue stayed bounded: the rest dropped
+    assert stopped_after < 5.0, stopped_after  # its deadline, not the upstream's 20 s
+
+
 @pytest.mark.parametrize("field_name,kwargs", [
     ("url", {"url": "ftp://x"}),
     ("timeout_s", {"url": "http://x", "timeout_s": 0}),

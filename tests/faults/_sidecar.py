@@ -142,3 +142,15 @@ def gauge_request(metric: str, series: range, *, times: int = 1, job: str = "flo
             a = dp.attributes.add()
             a.key, a.value.string_value = "id", str(i)
     return request.SerializeToString()
+
+
+ARTIFACT = ROOT / "test-artifacts" / "faults.json"
+
+
+def record(case: str, **figures: Any) -> None:
+    """Add one case's measured figures to ``test-artifacts/faults.json`` (docs/reliability.md
+    quotes them)."""
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(ARTIFACT.read_text()) if ARTIFACT.exists() else {}
+    data[case] = {**figures, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    ARTIFACT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._sidecar import ROOT, TOKEN, SidecarProcess
+from tests.faults._sidecar import ROOT, TOKEN, SidecarProcess, record
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +42,15 @@ def test_sigterm_stops_the_job_within_its_grace_period_when_the_sidecar_is_gone(
             time.sleep(3)  # the job's exporter and lease are retrying by now
             assert proc.poll() is None, (tmp_path / "job.log").read_text()[-2000:]
             proc.send_signal(signal.SIGTERM)
+            began = time.monotonic()
             try:
                 code = proc.wait(GRACE_S)
             except subprocess.TimeoutExpired:
                 pytest.fail(f"the job was still running {GRACE_S:g} s after SIGTERM:\n"
                             + (tmp_path / "job.log").read_text()[-2000:])
+            record(f"sigterm_without_sidecar_{job[1].rsplit('.', 1)[-1]}",
+                   exited_after_s=round(time.monotonic() - began, 2), exit_code=code,
+                   grace_s=GRACE_S)
             assert code == 0, (tmp_path / "job.log").read_text()[-2000:]
         finally:
             if proc.poll() is None:

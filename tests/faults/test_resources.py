@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._sidecar import PROTOBUF, TOKEN, SidecarProcess, gauge_request
+from tests.faults._sidecar import PROTOBUF, TOKEN, SidecarProcess, gauge_request, record
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +36,9 @@ def test_a_cardinality_flood_is_dropped_counted_and_memory_stays_flat(tmp_path: 
             sidecar.metric("seedance_ingest_dropped_points_total", limit="metric") or 0)
             >= 79_500 and sidecar.metric("seedance_ingest_dropped_points_total",
                                          limit="metric"))
+        record("cardinality_flood", series_sent=80_000, series_admitted=500,
+               points_dropped=dropped, rss_after_first_20000_mib=round(after_first, 1),
+               rss_growth_over_next_60000_mib=round(grown, 1))
         assert dropped == 80_000 - 500
         assert grown < 20, f"RSS grew {grown:.1f} MiB over 60,000 refused series"
         # the admitted series are all there, in the store and on /metrics
@@ -98,6 +101,9 @@ def test_a_full_disk_under_the_store_is_refused_visible_and_heals(small_disk: Pa
                 break
             assert r.status_code == 200
         assert refused is not None and refused.headers["Retry-After"]
+        record("store_disk_full", requests_accepted_after_full=i,
+               retry_after_s=int(refused.headers["Retry-After"]),
+               readyz_reasons=ready["reasons"])
         assert sidecar.proc.poll() is None
         filler.unlink()
         sidecar.wait_for("the store to heal", lambda: sidecar.http.get(
@@ -129,6 +135,8 @@ def test_a_full_disk_under_the_state_db_is_a_503_with_the_reason(small_disk: Pat
                                                              "PATH": "/usr/bin:/bin"})
         assert cli.returncode != 0 and "state DB not writable" in cli.stderr, cli.stderr
         assert "Traceback" not in cli.stderr
+        record("state_db_disk_full", api_status=503, api_detail=r.json()["detail"],
+               cli_stderr=cli.stderr.strip())
         filler.unlink()
         r = sidecar.http.post("/v1/jobs/gpt/changes", headers=headers, json=propose)
         assert r.status_code == 201, r.text[:300]  # space is back: the change is made
