@@ -57,3 +57,33 @@ def test_sigterm_stops_the_job_within_its_grace_period_when_the_sidecar_is_gone(
                 proc.kill()
                 proc.wait(10)
             log.close()
+
+
+def test_a_job_that_dies_mid_trial_fails_the_trial_never_leaves_it_running(
+        tmp_path: Path) -> None:
+    log = (tmp_path / "job.log").open("wb")
+    with SidecarProcess(tmp_path, approval={"mode": "auto"}, jobs={"train": {"tune": True}},
+                        tuning_start_after_s=2, lease_ttl_s=3) as sidecar:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workloads.train_family", "--family", "mlp", "--job",
+             "train", "--seconds", "600", "--sidecar", sidecar.url],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN})
+        try:
+            trial = sidecar.wait_for("a trial in flight", lambda: next(
+                (c for c in sidecar.http.get("/v1/changes").json()
+                 if c["source"] == "trial" and c["state"] in ("applying", "observing")), None),
+                timeout_s=180)
+            proc.kill()  # the job dies mid-trial: no goodbye
+            proc.wait(10)
+            ended = sidecar.wait_for("the trial to be failed", lambda: next(
+                (c for c in sidecar.http.get("/v1/changes").json()
+                 if c["id"] == trial["id"] and c["state"] not in ("applying", "observing")),
+                None), timeout_s=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            log.close()
+        assert ended["state"] == "failed", ended
+        record("job_dies_mid_trial", change_state=ended["state"])
