@@ -45,6 +45,13 @@ VALUES: dict[str, tuple[str, ...]] = {
     "detector": ("input_bound", "memory_bound"),
     "network.io.direction": ("transmit", "receive"),
     "seedance.nonfinite.what": ("loss", "grad_norm"),
+    "job": ("train-a",),
+    "stage": ("evaluate",),
+    "source": ("http://127.0.0.1:9400/metrics",),
+    "signal": ("metrics",),
+    "outcome": ("failed", "dropped"),
+    "limit": ("metric", "job"),
+    "reason": ("any", "unauthorised"),
 }
 
 STATES = {"seedance.tuning.trials": ("complete", "pruned"),

@@ -44,9 +44,9 @@ def _toml(value: Any) -> str:
 class SidecarProcess:
     """One sidecar process; ``url``, ``log()``, ``rss_mib()``, ``stop()``."""
 
-    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+    def __init__(self, tmp_path: Path, *, port: int | None = None, **settings: Any) -> None:
         self.dir = tmp_path
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         token = tmp_path / "token"
         token.write_text(TOKEN + "\n")

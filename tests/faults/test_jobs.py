@@ -87,3 +87,62 @@ def test_a_job_that_dies_mid_trial_fails_the_trial_never_leaves_it_running(
             log.close()
         assert ended["state"] == "failed", ended
         record("job_dies_mid_trial", change_state=ended["state"])
+
+
+def test_a_sidecar_killed_mid_change_rolls_it_back_on_restart_and_loses_nothing(
+        tmp_path: Path) -> None:
+    """SIGKILL while a change is in flight: after a restart on the same files the change is
+    rolled back, the job is back on its baseline, and every point the store answered 200 for
+    before the kill is in it."""
+    from collectors._store import TimeSeriesStore
+    from tests.faults._sidecar import PROTOBUF, gauge_request
+
+    log = (tmp_path / "job.log").open("wb")
+    settings: dict[str, object] = {"approval": {"mode": "auto"}, "lease_ttl_s": 5}
+    sidecar = SidecarProcess(tmp_path, **settings)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workloads.train_family", "--family", "mlp", "--job", "train",
+         "--seconds", "600", "--sidecar", sidecar.url],
+        stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN})
+    try:
+        sidecar.wait_for("the job to attach", lambda: sidecar.http.get("/v1/jobs").json(),
+                         timeout_s=120)
+        sent = 0
+        for i in range(50):  # points answered 200 before the kill
+            r = sidecar.http.post("/v1/metrics", headers=PROTOBUF, content=gauge_request(
+                "kept.gauge", range(10), t0_ns=10**18 + i * 10**9))
+            assert r.status_code == 200
+            sent += 10
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        change = sidecar.http.post("/v1/jobs/train/changes", headers=headers, json={
+            "values": {"threads": 1}, "by": "alice", "reason": "fault test"}).json()
+        sidecar.wait_for("the change in flight", lambda: sidecar.http.get(
+            f"/v1/changes/{change['id']}").json()["state"] in ("applying", "observing"))
+        sidecar.proc.kill()
+        sidecar.stop()
+        again = SidecarProcess(tmp_path, port=sidecar.port, **settings)
+        try:
+            ended = again.wait_for("the change to be rolled back", lambda: (
+                c := again.http.get(f"/v1/changes/{change['id']}").json())["state"]
+                not in ("applying", "observing", "approved") and c)
+            assert ended["state"] == "rolled_back", ended
+            assert "restarted" in ended["plan"]["ended_because"]
+            back = again.wait_for("the job back on its baseline", lambda: next(
+                (j for j in again.http.get("/v1/jobs").json()
+                 if j["state"] == "attached" and j["acked_version"] is not None
+                 and j["acked_version"] >= j["desired"]["version"]), None), timeout_s=60)
+            assert back["desired"]["values"]["threads"] != 1
+        finally:
+            again.stop()
+        with TimeSeriesStore(tmp_path / "metrics.db", readonly=True,
+                             raw_retention_s=None) as store:
+            stored = len(store.query("kept.gauge", resolution="raw"))
+        record("sidecar_sigkill_mid_change", points_answered_200=sent, points_stored=stored,
+               change_after_restart=ended["state"])
+        assert stored == sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
