@@ -227,15 +227,17 @@ class GroupView:
                 if self.knobs.get(g) != precision and self.observed.get(g) != precision]
 
     def by_hand(self, groups: Sequence[str]) -> str:
-        """A note for each group the profiler saw computing in another precision than its
-        knob holds (fp32 where the job reports no knob): a cast by hand or an autocast."""
+        """What the profiler saw each group compute in, when not fp32; and when the job's
+        points say what its knob holds and that differs, that it was set outside the knob (a
+        cast by hand or an autocast)."""
         notes = []
         for g in groups:
             seen, knob = self.observed.get(g), self.knobs.get(g)
             if seen is None or seen == (knob or "fp32"):
                 continue
-            held = f"precision.{g} holds {knob}" if knob else f"no precision.{g} knob set it"
-            notes.append(f"; {g} computes in {seen} while {held} (a cast by hand or autocast)")
+            outside = (f" while precision.{g} holds {knob} (a cast by hand or autocast)"
+                       if knob else "")
+            notes.append(f"; {g} computes in {seen}{outside}")
         return "".join(notes)
 
 
