@@ -27,12 +27,15 @@ from typing import Any
 import pytest
 
 from tests.seedancectl._live import Live, live_sidecar
+from tuner._rollout import RolloutConfig
 
 pytestmark = pytest.mark.integration
 
 JOB = "serve"
 SEARCHED = ("kv.key_bits", "kv.value_bits", "prefix_cache.capacity_entries")
 SLO_S = 6.0
+TRIAL_S = RolloutConfig().trial_budget_s
+"""A trial ends within this much job time (plus its last window): the waits allow for it."""
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "serving_session.json"
 
 
@@ -95,7 +98,8 @@ def _operator_change(live: Live, job: subprocess.Popen[bytes],
     if change["state"] == "proposed":
         approved = live.post(f"/v1/changes/{change['id']}/approve", {"by": "oncall"})
         assert approved.status_code == 200, approved.text
-    return live.wait_state(change["id"], "kept", "rolled_back", "failed", timeout_s=90)
+    return live.wait_state(change["id"], "kept", "rolled_back", "failed",
+                           timeout_s=TRIAL_S + 60)
 
 
 def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breaches(
@@ -113,7 +117,7 @@ def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breac
     paused = live.post(f"/v1/jobs/{JOB}/tuning", {"by": "oncall", "action": "pause"})
     assert paused.status_code == 200, paused.text
     time.sleep(1.0)  # a tuning round that began before the pause may still propose its trial
-    _wait(live, job, "the search's change in flight ends", 90,
+    _wait(live, job, "the search's change in flight ends", TRIAL_S + 60,
           lambda: not [c for c in _changes(live)
                        if c["state"] in ("proposed", "approved", "applying", "observing")])
     # the trial in flight at the pause may have been kept too: the baseline is the last kept

@@ -14,6 +14,7 @@ from torch import nn
 
 from collectors._tracing import span_context
 from tests.seedancectl._live import live_sidecar
+from tuner._rollout import RolloutConfig
 from tuner.client import attach
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
                          export_interval_s=0.1)
         data = torch.Generator().manual_seed(0)
         change_id = None
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + RolloutConfig().trial_budget_s + 60  # a trial's budget
         try:
             while True:
                 assert time.monotonic() < deadline, "the change did not finish"
