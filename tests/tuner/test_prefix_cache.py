@@ -113,10 +113,13 @@ def test_knobs_build_a_config_and_bad_configs_name_the_field() -> None:
 
 @pytest.mark.integration
 def test_pinning_and_prewarm_beat_lru_on_the_real_serving_engine() -> None:
-    """Measured: the same seeded Zipf trace through the real engine, capacity equal."""
+    """The same seeded Zipf trace through the real engine, capacity equal: pinning and
+    prewarming hit more often. What that buys in latency is a timing, measured with repeats in
+    ``bench/serving.py`` (``bench/results/serving.json``); one run's p99 of 70 requests is
+    its slowest request, which a neighbour on a shared box decides."""
     from workloads.serving_experiments import policy_runs
 
     runs = policy_runs(requests=70, repeats=1)
     lru, warm = runs["lru"], runs["pinned+prewarm"]
-    assert warm["hit_rate"] > lru["hit_rate"]
-    assert warm["p99_s"] < lru["p99_s"], runs
+    assert warm["hit_rate"] > lru["hit_rate"], runs
+    assert all(r["lost"] == 0 for r in warm["runs"] + lru["runs"])
