@@ -313,7 +313,7 @@ TUNING_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.tuning.changes", unit="{change}", kind=S,
                source="rollout controller", attributes=("service.name", "state"),
                description="Changes that entered a state (state proposed|approved|applying|"
-               "observing|kept|rolled_back|rejected|expired|failed)"),
+               "observing|kept|rolled_back|rejected|expired|failed|manual_intervention_required)"),
     MetricSpec(name="seedance.tuning.rollbacks", unit="{rollback}", kind=S,
                source="rollout controller", attributes=("service.name", "scope", "cause"),
                description="Rollbacks, scope full|local|config (the trip's kind), cause the "

@@ -34,7 +34,7 @@ from policies._cost_models import (
     split_communication,
     unpack_uint,
 )
-from policies._detector import Detector
+from policies._detector import Detector, SelfCheck
 from policies._engine import (
     ACTIVE_FINDINGS_METRIC,
     ERRORS_METRIC,
@@ -84,6 +84,7 @@ __all__ = [
     "SEED_UTILISATION_GRID",
     "SEVERITIES",
     "Detector",
+    "SelfCheck",
     "EngineConfig",
     "EvaluationReport",
     "Evidence",

@@ -33,3 +33,22 @@ class Detector(ABC):
     @abstractmethod
     def evaluate(self, window: StoreWindow) -> list[Finding]:
         """The findings this window shows (empty when all is well or data is missing)."""
+
+
+class SelfCheck(ABC):
+    """A condition of the sidecar itself (its store cannot write, a rollback failed), reported
+    as findings so the operator sees it where every other finding is.
+
+    Unlike a detector it reads no window: it reports what its owner knows now, with no
+    hysteresis (a fact, not a noisy signal): a finding opens on the first pass that returns it
+    and closes on the first that does not. Findings name ``detector`` = ``name``.
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Stable and unique among the engine's detectors and self checks."""
+
+    @abstractmethod
+    def findings(self) -> list[Finding]:
+        """The conditions that hold now (empty when all is well)."""

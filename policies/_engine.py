@@ -20,7 +20,7 @@ from opentelemetry import metrics
 from opentelemetry._logs import LoggerProvider, SeverityNumber, get_logger_provider
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from policies._detector import Detector
+from policies._detector import Detector, SelfCheck
 from policies._findings import Finding, more_severe
 from policies._state_db import FindingStore
 from policies._window import WindowSource
@@ -66,6 +66,7 @@ class _Track:
     bad: int = 0
     clean: int = 0
     finding: Finding | None = None
+    saved: bool = True
 
 
 @dataclass(slots=True)
@@ -98,11 +99,13 @@ class PolicyEngine:
         meter_provider: MeterProvider | None = None,
         logger_provider: LoggerProvider | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        self_checks: Sequence[SelfCheck] = (),
     ) -> None:
-        names = [d.name for d in detectors]
+        names = [d.name for d in detectors] + [c.name for c in self_checks]
         if len(set(names)) != len(names):
-            raise ValueError(f"detectors: names must be unique, got {names}")
+            raise ValueError(f"detectors and self checks: names must be unique, got {names}")
         self.detectors = tuple(detectors)
+        self.self_checks = tuple(self_checks)
         self.source = source
         self.config = config or EngineConfig()
         self.findings = FindingStore(db_url)
@@ -149,7 +152,27 @@ class PolicyEngine:
                             self._apply(detector.name, job, found, now, report)
                     except Exception as e:  # nor a state DB that cannot save its findings
                         self._failed(detector.name, job, "save", e, report)
+            for check in self.self_checks:
+                self._check_self(check, now, report)
         return report
+
+    def _check_self(self, check: SelfCheck, now: int, report: EvaluationReport) -> None:
+        """A self check's findings open and close at once, and are held even when the state DB
+        cannot save them (that may be the very condition they report)."""
+        try:
+            found = [f for f in check.findings() if f.detector == check.name]
+        except Exception as e:
+            self._failed(check.name, "*", "evaluate", e, report)
+            return
+        with self._lock:
+            jobs = {f.job for f in found} | {j for d, j, _ in self._tracks if d == check.name}
+        for job in sorted(jobs):
+            try:
+                with self._lock:
+                    self._apply(check.name, job, [f for f in found if f.job == job], now,
+                                report, open_after=1, close_after=1, hold_unsaved=True)
+            except Exception as e:
+                self._failed(check.name, job, "save", e, report)
 
     def _failed(self, detector: str, job: str, stage: str, error: Exception,
                 report: EvaluationReport) -> None:
@@ -160,7 +183,10 @@ class PolicyEngine:
         self._errors.add(1, {"detector": detector, "job": job, "stage": stage})
 
     def _apply(self, detector: str, job: str, found: Iterable[Finding], now: int,
-               report: EvaluationReport) -> None:
+               report: EvaluationReport, *, open_after: int | None = None,
+               close_after: int | None = None, hold_unsaved: bool = False) -> None:
+        open_after = self.config.open_after if open_after is None else open_after
+        close_after = self.config.close_after if close_after is None else close_after
         bad: dict[Key, Finding] = {}
         for finding in found:
             if finding.detector != detector or finding.job != job:
@@ -175,32 +201,38 @@ class PolicyEngine:
             track.bad, track.clean = track.bad + 1, 0
             if track.finding is not None:
                 self._refresh(track, finding, report)
-            elif track.bad >= self.config.open_after:
-                self._open(track, finding, now, report)
+            elif track.bad >= open_after:
+                self._open(track, finding, now, report, hold_unsaved=hold_unsaved)
         for key in [k for k in self._tracks if k[:2] == (detector, job) and k not in bad]:
             track = self._tracks[key]
             track.bad, track.clean = 0, track.clean + 1
             if track.finding is None:
                 del self._tracks[key]
-            elif track.clean >= self.config.close_after:
+            elif track.clean >= close_after:
                 self._close(key, track, now, report)
 
-    def _open(self, track: _Track, finding: Finding, now: int, report: EvaluationReport) -> None:
+    def _open(self, track: _Track, finding: Finding, now: int, report: EvaluationReport, *,
+              hold_unsaved: bool = False) -> None:
         opened = finding.replace(id=uuid.uuid4().hex, opened_at_ns=now, closed_at_ns=None)
-        self.findings.save(opened)
-        track.finding = opened
+        if not hold_unsaved:
+            self.findings.save(opened)
+        track.finding, track.saved = opened, not hold_unsaved
         report.opened.append(opened)
         self._emit(opened, FINDING_OPENED_EVENT, now)
+        if hold_unsaved:  # open already: a save that fails is tried again at the next pass
+            self.findings.save(opened)
+            track.saved = True
 
     def _refresh(self, track: _Track, finding: Finding, report: EvaluationReport) -> None:
         assert track.finding is not None
         current = track.finding
         latest = finding.replace(id=current.id, opened_at_ns=current.opened_at_ns,
                                  closed_at_ns=None)
-        if latest != current:
+        if latest != current or not track.saved:
             self.findings.save(latest)
-            track.finding = latest
-            report.updated.append(latest)
+            track.finding, track.saved = latest, True
+            if latest != current:
+                report.updated.append(latest)
 
     def _close(self, key: Key, track: _Track, now: int, report: EvaluationReport) -> None:
         assert track.finding is not None

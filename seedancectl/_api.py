@@ -162,9 +162,9 @@ def api_router(sidecar: Sidecar) -> APIRouter:
     def findings(job: str | None = None, all: bool = False) -> list[dict[str, Any]]:
         if sidecar.engine is None:
             raise HTTPException(503, "the sidecar is starting or stopping")
-        store = sidecar.engine.findings
-        found = store.history(job=job) if all else [
-            f for f in store.active() if job is None or f.job == job]
+        # active: as the engine holds them (a finding the state DB could not save is there)
+        found = sidecar.engine.findings.history(job=job) if all else [
+            f for f in sidecar.engine.active() if job is None or f.job == job]
         return [f.to_dict() for f in found]
 
     @read.get("/findings/{finding_id}")

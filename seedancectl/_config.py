@@ -105,6 +105,7 @@ class RolloutSection(_Section):
     max_slowdown: float = Field(default=0.4, ge=0, lt=1)
     early_stop_pairs: int = Field(default=2, ge=1)
     ack_timeout_s: float = Field(default=60.0, gt=0)
+    restore_attempts: int = Field(default=3, ge=1)
     window_timeout_s: float = Field(default=600.0, gt=0)
     warmup_steps: int = Field(default=1, ge=0)
     min_steps: int = Field(default=3, ge=1)

@@ -1,6 +1,8 @@
 """Whether the sidecar can do its job, told truthfully: ``readiness`` for ``/readyz`` and the
-API, and metrics of every part that can fail quietly (scrapes, forwarding, the cardinality
-limit, the store), exported with the sidecar's own telemetry."""
+API, findings for what an operator must act on (a store or state DB that cannot write, a
+rollback the job could not carry out), and metrics of every part that can fail quietly
+(scrapes, forwarding, the cardinality limit, the store), exported with the sidecar's own
+telemetry."""
 
 from __future__ import annotations
 
@@ -10,24 +12,96 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from policies import Evidence, Finding, Measurement, SelfCheck
+from tuner._restore import Restore
+from tuner._rollout import MANUAL
+
 if TYPE_CHECKING:
     from seedancectl._sidecar import Sidecar
 
 STATE_DB_ERROR_TTL_S = 60.0
 """A state-DB write failure keeps the sidecar unready this long after it was last seen."""
+SIDECAR = "(sidecar)"
+"""The ``job`` of findings about the sidecar itself (no job can be named so by a client)."""
+UNWRITABLE = "sidecar_unwritable"
+ROLLBACK_FAILED = "rollback_failed"
+
+
+def unwritable(sidecar: Sidecar) -> dict[str, str]:
+    """Each part that cannot write now (``store``, ``state_db``): the reason."""
+    parts = {}
+    if sidecar.store is not None and sidecar.store.write_error is not None:
+        parts["store"] = f"store not writable: {sidecar.store.write_error}"
+    failed = sidecar.state_db_error
+    if failed is not None and time.monotonic() - failed[0] < STATE_DB_ERROR_TTL_S:
+        parts["state_db"] = f"state DB not writable: {failed[1]}"
+    return parts
 
 
 def readiness(sidecar: Sidecar) -> list[str]:
     """Why the sidecar is not ready now; empty when it is."""
     if not sidecar.started or sidecar.store is None:
         return ["starting or stopping"]
-    reasons = []
-    if sidecar.store.write_error is not None:
-        reasons.append(f"store not writable: {sidecar.store.write_error}")
-    failed = sidecar.state_db_error
-    if failed is not None and time.monotonic() - failed[0] < STATE_DB_ERROR_TTL_S:
-        reasons.append(f"state DB not writable: {failed[1]}")
-    return reasons
+    return list(unwritable(sidecar).values())
+
+
+_CONSEQUENCE = {
+    "store": "points wait in memory and ingest answers 503 once the buffer is full",
+    "state_db": "no change can be journaled, so none starts, and findings may not be saved",
+}
+
+
+class UnwritableCheck(SelfCheck):
+    """The store or the state DB cannot write (disk full, read-only): critical, as every
+    decision the sidecar makes reads one and writes the other."""
+
+    name = UNWRITABLE
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    def findings(self) -> list[Finding]:
+        buffered = 0 if self.sidecar.store is None else self.sidecar.store.buffered
+        return [Finding(
+            detector=UNWRITABLE, job=SIDECAR, resource={"part": part}, severity="critical",
+            evidence=Evidence(
+                summary=f"{reason}; {_CONSEQUENCE[part]}",
+                model="the part's last write failed (sidecar readiness, /readyz)",
+                measurements=(Measurement(name="store_buffered_points", value=buffered,
+                                          unit="{point}"),)))
+            for part, reason in unwritable(self.sidecar).items()]
+
+
+class RollbackFailedCheck(SelfCheck):
+    """A rollback the job could not carry out after its retries: the job may run a config or
+    model state nobody checked, so a person must look (the change waits in
+    ``manual_intervention_required``)."""
+
+    name = ROLLBACK_FAILED
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    def findings(self) -> list[Finding]:
+        controller = self.sidecar.controller
+        if controller is None:
+            return []
+        found = []
+        for change in controller.changes(states=[MANUAL]):
+            restore = Restore.from_plan(change.plan)
+            attempts = 0 if restore is None else restore.attempt
+            problem = "unknown" if restore is None else restore.problem
+            found.append(Finding(
+                detector=ROLLBACK_FAILED, job=change.job, resource={"change": change.id},
+                severity="critical", evidence=Evidence(
+                    summary=(f"the rollback of change {change.id} failed {attempts} times "
+                             f"(the last: {problem}); nothing else is tried on this job until "
+                             f"`seedancectl rollback {change.job}` gets the job's ack"),
+                    model="restore confirmation: the job acks its baseline and the rollback "
+                          "action (tuner._restore)",
+                    measurements=(Measurement(name="restore_attempts", value=attempts,
+                                              unit="{attempt}"),))))
+        return found
 
 
 def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:

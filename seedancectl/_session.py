@@ -36,7 +36,8 @@ T = TypeVar("T")
 _PROGRESS = re.compile(r"^step (?P<step>\d+) loss (?P<loss>\S+) ")
 
 SEARCH_DONE = "the search tried every single move from the kept config"
-FINAL_STATES = frozenset({"kept", "rolled_back", "rejected", "expired", "failed"})
+FINAL_STATES = frozenset({"kept", "rolled_back", "rejected", "expired", "failed",
+                          "manual_intervention_required"})
 ACTIVE_STATES = frozenset({"proposed", "approved", "applying", "observing"})
 TOKEN = "session-token-do-not-reuse"  # loopback only; the session's own sidecar
 

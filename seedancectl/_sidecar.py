@@ -48,7 +48,12 @@ from policies import Detector, EngineConfig, Finding, PolicyEngine, StoreWindow,
 from policies.detectors import ComputePriorsDetector
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
-from seedancectl._health import readiness, register_health_metrics
+from seedancectl._health import (
+    RollbackFailedCheck,
+    UnwritableCheck,
+    readiness,
+    register_health_metrics,
+)
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
@@ -242,7 +247,8 @@ class Sidecar:
                                 window_s=config.policy_window_s,
                                 open_after=config.policy_open_after,
                                 close_after=config.policy_close_after),
-            meter_provider=self._telemetry.provider)
+            meter_provider=self._telemetry.provider,
+            self_checks=[UnwritableCheck(self), RollbackFailedCheck(self)])
         guardrails: list[Guardrail] = [NonFiniteLoss(),
                                        GradientCollapseFindings(self.engine.active)]
         guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(
@@ -256,6 +262,7 @@ class Sidecar:
                 max_slowdown=rollout.max_slowdown,
                 early_stop_pairs=rollout.early_stop_pairs,
                 ack_timeout_s=rollout.ack_timeout_s, window_timeout_s=rollout.window_timeout_s,
+                restore_attempts=rollout.restore_attempts,
                 proposal_ttl_s=config.approval.proposal_ttl_s,
                 default_mode=config.approval.mode,
                 auto_bounds=self._auto_bounds(),

@@ -23,6 +23,11 @@ Life of a change (``tick()`` advances every active one; a sidecar thread calls i
 - Guardrails roll back at once: non-finite loss -> FULL rollback action; a gradient-collapse /
   underflow finding on group G -> LOCAL rollback action for G and precision.G back to fp32;
   a measured regression -> config rollback only. A lapsed lease fails the change.
+- ``rolled_back`` is confirmed when the job acks its baseline and ran the rollback action
+  (``tuner._restore``); until then no other change of the job starts. A restore that fails is
+  sent again up to ``restore_attempts`` times, then the change is
+  ``manual_intervention_required`` (the sidecar opens a finding) until an operator's rollback
+  gets the job's ack; then it is ``rolled_back`` again.
 
 Every change is one OpenTelemetry trace (``tracing``): a root span ``change`` from proposal to
 verdict with children ``propose``, ``approve``, ``apply`` and ``observe`` (one of each per
@@ -82,13 +87,15 @@ from tuner._measure import (
     window_config,
     windows_from_json,
 )
+from tuner._restore import RESTORE_KEY, Restore, restore_outcome
 
 log = logging.getLogger(__name__)
 
 State = Literal["proposed", "approved", "applying", "observing", "kept", "rolled_back",
-                "rejected", "expired", "failed"]
+                "rejected", "expired", "failed", "manual_intervention_required"]
 Source = Literal["trial", "finding", "operator"]
 Mode = Literal["auto", "suggest", "off"]
+MANUAL: State = "manual_intervention_required"
 RollbackKind = Literal["config", "full", "local"]
 
 TRANSITIONS: Mapping[str, frozenset[str]] = {
@@ -97,10 +104,13 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
     "applying": frozenset({"observing", "rolled_back", "failed"}),
     "observing": frozenset({"kept", "rolled_back", "failed"}),
     "kept": frozenset({"rolled_back"}),
-    "rolled_back": frozenset(), "rejected": frozenset(), "expired": frozenset(),
-    "failed": frozenset(),
+    "rolled_back": frozenset({MANUAL}), MANUAL: frozenset({"rolled_back"}),
+    "rejected": frozenset(), "expired": frozenset(), "failed": frozenset(),
 }
-"""Legal transitions; ``kept -> rolled_back`` only by an operator's ``rollback``."""
+"""Legal transitions; ``kept -> rolled_back`` only by an operator's ``rollback``;
+``rolled_back <-> manual_intervention_required`` only as its restore fails or is confirmed."""
+ENDED: frozenset[str] = frozenset({"rolled_back", "rejected", "expired", "failed"})
+"""The verdicts of a change that was tried or refused (the search learns from them)."""
 ACTIVE: frozenset[str] = frozenset({"proposed", "approved", "applying", "observing"})
 IN_FLIGHT: frozenset[str] = frozenset({"applying", "observing"})
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -290,6 +300,8 @@ class RolloutConfig:
     max_slowdown: float = 0.4
     proposal_ttl_s: float = 3600.0
     ack_timeout_s: float = 60.0
+    restore_attempts: int = 3
+    """Times a rollback's baseline is sent before the change needs a person."""
     window_timeout_s: float = 600.0
     early_stop_pairs: int = 2
     default_mode: Mode = "suggest"
@@ -300,6 +312,9 @@ class RolloutConfig:
         if not 1 <= self.min_pairs <= self.max_pairs:
             raise ValueError(f"RolloutConfig.min_pairs must be >= 1 and <= max_pairs, got "
                              f"{self.min_pairs} and {self.max_pairs}")
+        if self.restore_attempts < 1:
+            raise ValueError(f"RolloutConfig.restore_attempts must be >= 1, "
+                             f"got {self.restore_attempts}")
         if self.early_stop_pairs < 1:
             raise ValueError(f"RolloutConfig.early_stop_pairs must be >= 1, "
                              f"got {self.early_stop_pairs}")
@@ -349,6 +364,7 @@ class RolloutController:
         self._observers: list[ChangeObserver] = []
         self._engine = state_engine(db_url)
         _metadata.create_all(self._engine)
+        self._restoring: set[str] = set()  # rolled back, the job's ack of its baseline to come
         registry.on_lapse(self._on_lapse)
         registry.on_attach(self._on_attach)
         self._recover()
@@ -439,6 +455,9 @@ class RolloutController:
         With ``change_id``, only that change and only while it is in flight: a caller who saw
         it in flight must not undo a kept change if it ended meanwhile."""
         with self._lock:
+            unrestored = self._unrestored(job)
+            if unrestored is not None and change_id in (None, unrestored.id):
+                return self._send_restore(unrestored, by=by, reason=reason, fresh=True)
             current = self._in_flight(job)
             if change_id is not None and (current is None or current.id != change_id):
                 raise RolloutError(f"job {job}: change {change_id} is not in flight")
@@ -490,6 +509,13 @@ class RolloutController:
             except Exception:
                 log.exception("rollout: change %s of job %s failed to advance; going on",
                               change.id, change.job)
+        for change_id in sorted(self._restoring):
+            try:
+                with self._lock:
+                    self._confirm_restore(self.get(change_id))
+            except Exception:
+                log.exception("rollout: the restore of change %s failed to advance; going on",
+                              change_id)
 
     def close(self) -> None:
         """Release the connection pool; a second call is harmless."""
@@ -505,7 +531,7 @@ class RolloutController:
                            reason=f"not approved within {self.config.proposal_ttl_s:g} s")
             return
         if change.state == "approved":
-            if self._in_flight(change.job) is None:
+            if self._in_flight(change.job) is None and self._unrestored(change.job) is None:
                 self._start(change)
             return
         if not self._attached(change.job):
@@ -732,6 +758,10 @@ class RolloutController:
             self._event_only(change, "restored", by, f"baseline sent as v{config.version}",
                              version_before=before, version_after=config.version)
             attributes["seedance.config.version.after"] = config.version
+            change = self._save(change, plan={**change.plan, RESTORE_KEY: Restore(
+                version=config.version, values=restore, action=action, attempt=1,
+                sent_at_s=self._clock()).to_json()})
+            self._restoring.add(change.id)
         # else the job returns to its baseline itself when it re-attaches
         self._span(change, "rollback", traceparent=span, start_ns=start_ns,
                    attributes=attributes)
@@ -764,6 +794,10 @@ class RolloutController:
                                 "ignored": list(event.ignored)})
 
     def _recover(self) -> None:
+        for change in self.changes(states=["rolled_back"]):
+            restore = Restore.from_plan(change.plan)
+            if restore is not None and not restore.confirmed:
+                self._restoring.add(change.id)
         for change in self.changes(states=sorted(IN_FLIGHT)):
             try:
                 self._roll_back(change, Trip(kind="config", reason=(
@@ -784,6 +818,69 @@ class RolloutController:
             elif value not in bound:
                 return False
         return True
+
+    def _confirm_restore(self, change: Change) -> None:
+        """One look at a rollback's restore: confirmed, still to come, or failed (then sent
+        again, or, after ``restore_attempts``, the change needs a person)."""
+        restore = Restore.from_plan(change.plan)
+        if restore is None or restore.confirmed or change.state not in ("rolled_back", MANUAL):
+            self._restoring.discard(change.id)
+            return
+        if not self._attached(change.job):
+            return  # it gets its baseline when it attaches again; the attempt's clock runs on
+        outcome = restore_outcome(restore, self.registry.acks(change.job), now_s=self._clock(),
+                                  ack_timeout_s=self.config.ack_timeout_s)
+        if outcome is None:
+            return
+        if outcome == "confirmed":
+            self._restoring.discard(change.id)
+            change = self._save(change, plan={**change.plan, RESTORE_KEY: replace(
+                restore, confirmed=True, problem=None).to_json()}, event=(
+                "restore_confirmed", f"the job acked its baseline v{restore.version}"
+                + (" and ran the rollback" if restore.action else ""), restore.version))
+            if change.state == MANUAL:
+                self._move(change, "rolled_back", by="job", reason=(
+                    f"the job is back on its baseline (v{restore.version} acked)"))
+            return
+        if restore.attempt < self.config.restore_attempts:
+            self._send_restore(change, by="controller", reason=outcome)
+            return
+        self._restoring.discard(change.id)
+        change = self._save(change, plan={**change.plan, RESTORE_KEY: replace(
+            restore, problem=outcome).to_json()})
+        if change.state != MANUAL:
+            self._move(change, MANUAL, by="controller", reason=(
+                f"the rollback failed {restore.attempt} times, the last: {outcome}; the job "
+                "may run a config or model state nobody checked. Find out why, then "
+                f"`seedancectl rollback {change.job}` to try again"))
+
+    def _send_restore(self, change: Change, *, by: str, reason: str,
+                      fresh: bool = False) -> Change:
+        """Send the rollback's baseline (and action) again; ``fresh``: an operator's retry,
+        which starts a new round of attempts."""
+        restore = Restore.from_plan(change.plan)
+        if restore is None:
+            raise RolloutError(f"change {change.id} has no rollback to send again")
+        if not self._attached(change.job):
+            raise RolloutError(f"job {change.job} is not attached: it returns to its baseline "
+                               "when it attaches again")
+        config = self.registry.set_desired(change.job, restore.values, change_id=change.id)
+        if restore.action is not None:
+            config = self.registry.push_action(change.job, restore.action)
+        attempt = 1 if fresh else restore.attempt + 1
+        sent = replace(restore, version=config.version, attempt=attempt,
+                       sent_at_s=self._clock(), problem=reason, confirmed=False)
+        self._restoring.add(change.id)
+        return self._save(change, plan={**change.plan, RESTORE_KEY: sent.to_json()},
+                          event=("restore_retry", f"attempt {attempt} of "
+                                 f"{self.config.restore_attempts} as v{config.version} "
+                                 f"({by}): {reason}", config.version))
+
+    def _unrestored(self, job: str) -> Change | None:
+        """The job's rollback whose restore is not confirmed yet, or that needs a person."""
+        waiting = [self.get(c) for c in sorted(self._restoring)]
+        found = [c for c in waiting if c.job == job] or self.changes(job=job, states=[MANUAL])
+        return found[0] if found else None
 
     def _in_flight(self, job: str) -> Change | None:
         found = self.changes(job=job, states=sorted(IN_FLIGHT))
@@ -890,7 +987,7 @@ class RolloutController:
         log.info("change %s (%s): %s -> %s by %s: %s", change.id, change.job, change.state, to,
                  by, reason)
         self._trace_move(change, moved, by, reason)
-        if not TRANSITIONS[to] or to == "kept":
+        if (to in ENDED and change.state != MANUAL) or to == "kept":
             for observer in list(self._observers):
                 try:
                     observer.on_finished(moved)
@@ -898,15 +995,16 @@ class RolloutController:
                     log.exception("rollout observer %r failed on change %s", observer, moved.id)
         return moved
 
-    def _save(self, change: Change, *, event: tuple[str, str, int | None],
+    def _save(self, change: Change, *, event: tuple[str, str, int | None] | None = None,
               **fields: Any) -> Change:
         saved = replace(change, **fields)
         with self._engine.begin() as conn:
             conn.execute(update(changes_table).where(changes_table.c.id == change.id).values(
                 updated_at_ns=_ns(self._clock()), body=saved.to_json()))
-            kind, reason, version = event
-            self._event(conn, saved, change.job, kind, "controller", reason,
-                        version_after=version, detail={"plan": saved.plan})
+            if event is not None:
+                kind, reason, version = event
+                self._event(conn, saved, change.job, kind, "controller", reason,
+                            version_after=version, detail={"plan": saved.plan})
         return saved
 
     def _event_only(self, change: Change, kind: str, by: str, reason: str, *,

@@ -5,7 +5,8 @@
 const TOKEN_KEY = "seedance.token";
 const ACTOR_KEY = "seedance.actor";
 const REFRESH_MS = 5000;
-const FINAL = new Set(["kept", "rolled_back", "rejected", "expired", "failed"]);
+const FINAL = new Set(["kept", "rolled_back", "rejected", "expired", "failed",
+  "manual_intervention_required"]);
 const IN_FLIGHT = new Set(["approved", "applying", "observing"]);
 const SVG = "http://www.w3.org/2000/svg";
 const PLOT = { width: 420, height: 140, left: 56, right: 8, top: 10, bottom: 22 };

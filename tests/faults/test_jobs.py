@@ -152,3 +152,71 @@ def test_a_sidecar_killed_mid_change_rolls_it_back_on_restart_and_loses_nothing(
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+BLOWS_UP = """
+import sys, time
+import torch
+from torch import nn
+import tuner.client
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+session = tuner.client.attach(model, optimizer, job="train", sidecar=sys.argv[1],
+                              global_batch=32, export_interval_s=0.5)
+lr_scale = session.knob("lr_scale", 1.0, choices=[1.0, 1e30], description="fault drill")
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    x = torch.randn(32, 64)
+    y = (x.sum(dim=1) > 0).long()
+    with session.step(tokens=32, samples=32):
+        for group in optimizer.param_groups:
+            group["lr"] = 0.01 * lr_scale.value
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        session.record_loss(loss)
+        optimizer.step(); optimizer.zero_grad()
+    time.sleep(0.02)
+session.close()
+"""
+
+
+def test_a_rollback_the_job_cannot_carry_out_needs_a_person_and_says_so(tmp_path: Path) -> None:
+    """A change blows the loss up; its full rollback needs a model snapshot the job never took
+    (nothing lowered a precision), so the job cannot carry it out: the sidecar sends it
+    ``restore_attempts`` times, then the change is ``manual_intervention_required`` and a
+    critical finding says why."""
+    job_file = tmp_path / "job.py"
+    job_file.write_text(BLOWS_UP)
+    log = (tmp_path / "job.log").open("wb")
+    with SidecarProcess(tmp_path, policy_interval_s=1) as sidecar:
+        proc = subprocess.Popen([sys.executable, str(job_file), sidecar.url], stdout=log,
+                                stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT),
+                                     "SEEDANCE_TOKEN": TOKEN})
+        try:
+            sidecar.wait_for("the job to attach", lambda: sidecar.http.get(
+                "/v1/jobs").json(), timeout_s=120)
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            change = sidecar.http.post("/v1/jobs/train/changes", headers=headers, json={
+                "values": {"lr_scale": 1e30}, "by": "alice", "reason": "fault drill"}).json()
+            assert sidecar.http.post(f"/v1/changes/{change['id']}/approve", headers=headers,
+                                     json={"by": "alice"}).status_code == 200
+            stuck = sidecar.wait_for("the change to need a person", lambda: (
+                c := sidecar.http.get(f"/v1/changes/{change['id']}").json())["state"]
+                == "manual_intervention_required" and c, timeout_s=120)
+            finding = sidecar.wait_for("the finding", lambda: next(
+                (f for f in sidecar.http.get("/v1/findings").json()
+                 if f["detector"] == "rollback_failed"), None), timeout_s=30)
+        finally:
+            proc.kill()
+            proc.wait(10)
+            log.close()
+    kinds = [e["kind"] for e in stuck["events"]]
+    assert kinds.count("restore_retry") == 2, kinds  # three attempts in all (the default)
+    assert "no snapshot has been taken" in stuck["plan"]["restore"]["problem"]
+    assert finding["severity"] == "critical" and finding["job"] == "train"
+    assert finding["resource"] == {"change": change["id"]}
+    record("rollback_fails", attempts=stuck["plan"]["restore"]["attempt"],
+           change_state=stuck["state"], finding=finding["detector"])

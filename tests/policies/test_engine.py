@@ -20,8 +20,10 @@ from policies import (
     Detector,
     EngineConfig,
     Finding,
+    Evidence,
     FrameStore,
     PolicyEngine,
+    SelfCheck,
     StoreWindow,
     WindowSource,
     sqlite_url,
@@ -218,6 +220,48 @@ def test_a_finding_that_cannot_be_saved_is_contained_counted_and_retried(
         second = engine.evaluate_once(_segment_end(1))
         assert [f.detector for f in second.opened] == ["low_utilisation"] and not second.errors
     assert telemetry.counter(ERRORS_METRIC) == {("low_utilisation", "train-a", "save"): 1}
+
+
+class DiskCheck(SelfCheck):
+    """Reports what a test says holds now, as the sidecar's unwritable-store check would."""
+
+    name = "store_unwritable"
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+
+    def findings(self) -> list[Finding]:
+        return [] if self.error is None else [Finding(
+            detector=self.name, job="(sidecar)", resource={"part": "store"},
+            severity="critical", evidence=Evidence(summary=self.error, model="last write"))]
+
+
+def test_a_self_check_opens_and_closes_at_once_even_when_its_finding_cannot_be_saved(
+        tmp_path: Path, telemetry: Telemetry) -> None:
+    disk = DiskCheck()
+    with PolicyEngine([LowUtilisationDetector()], WindowSource(_store("ggg")),
+                      db_url=sqlite_url(tmp_path / "state.db"), self_checks=[disk],
+                      config=EngineConfig(interval_s=1.0, window_s=DECADE - 1, open_after=3),
+                      meter_provider=telemetry.meters, logger_provider=telemetry.loggers
+                      ) as engine:
+        assert not engine.evaluate_once(_segment_end(0)).opened
+        with sqlite3.connect(tmp_path / "state.db") as db:  # the state DB is full too
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON findings "
+                       "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+        disk.error = "store not writable: database or disk is full"
+        first = engine.evaluate_once(_segment_end(1))
+        assert [f.detector for f in first.opened] == ["store_unwritable"]  # no hysteresis
+        assert "disk is full" in first.errors[("store_unwritable", "(sidecar)")]
+        assert [f.evidence.summary for f in engine.active()] == [disk.error]  # held unsaved
+        assert any("store not writable" in str(r.log_record.body)
+                   for r in telemetry.logs.get_finished_logs())
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            db.execute("DROP TRIGGER refuse")
+        engine.evaluate_once(_segment_end(2))
+        assert [f.detector for f in engine.findings.active()] == ["store_unwritable"]  # saved
+        disk.error = None
+        closed = engine.evaluate_once(_segment_end(2))
+        assert [f.detector for f in closed.closed] == ["store_unwritable"] and not engine.active()
 
 
 def test_config_and_names_are_validated(tmp_path: Path, telemetry: Telemetry) -> None:

@@ -45,14 +45,23 @@ class SimJob:
         self.count: dict[int, int] = {}
         self.total: dict[int, float] = {}
         self.actions: list[dict[str, Any]] = []
+        self.action_error: str | None = None
+        """Set: every action raises this, as a job with nothing to roll back to would."""
+        self.refuse: Callable[[Mapping[str, Any]], str | None] = lambda values: None
+        """The error of applying these values (None: they apply)."""
 
     def run(self, steps: int = 8) -> None:
         lease = self.registry.lease(self.job, self.session, -1, 0.0)
         self.actions += [dict(a) for a in lease.actions]
-        self.config = lease.config
+        ran = [{**a, "status": "failed" if self.action_error else "done",
+                "error": self.action_error} for a in lease.actions]
+        error = self.refuse(lease.config.values)
+        if error is None:
+            self.config = lease.config
+        self.registry.ack(self.job, self.session, version=lease.config.version, step=self.step,
+                          status="applied" if error is None else "failed", error=error,
+                          actions=ran)
         version = self.config.version
-        self.registry.ack(self.job, self.session, version=version, step=self.step,
-                          status="applied", actions=lease.actions)
         attrs = {"service.name": self.job, CONFIG_VERSION_ATTR: str(version)}
         for _ in range(steps):
             wall = self.step_s(self.config.values) * (1 + self.noise * self.rng.standard_normal())

@@ -74,8 +74,11 @@ def drive(ctl: RolloutController, job: SimJob, change_id: str, rounds: int = 40)
 def test_transition_table_is_closed_and_terminal_states_stay() -> None:
     states = set(TRANSITIONS)
     assert all(targets <= states for targets in TRANSITIONS.values())
-    for terminal in ("rolled_back", "rejected", "expired", "failed"):
+    for terminal in ("rejected", "expired", "failed"):
         assert not TRANSITIONS[terminal]
+    # a rollback leaves its state only while its restore is unconfirmed
+    assert TRANSITIONS["rolled_back"] == {"manual_intervention_required"}
+    assert TRANSITIONS["manual_intervention_required"] == {"rolled_back"}
 
 
 def test_illegal_transitions_raise(parts: dict[str, Any]) -> None:
@@ -250,6 +253,105 @@ def test_a_guardrail_that_raises_fails_closed(parts: dict[str, Any]) -> None:
     assert any("RaisingGuardrail could not check" in (e["reason"] or "")
                for e in ctl.events(change_id=change.id))
     assert registry.status(job.job).desired.values["micro_batch"] == 8
+
+
+def blows_up_at_micro_batch_4(values: Any, step: int) -> float:
+    return float("inf") if values["micro_batch"] == 4 else 3.0
+
+
+def test_a_rollback_counts_once_the_job_acks_its_baseline_and_ran_the_rollback(
+        parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
+                 loss=blows_up_at_micro_batch_4)
+    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "rolled_back"
+    assert not ctl.get(change.id).plan["restore"]["confirmed"]
+    nxt = ctl.propose(job.job, {"prefetch": 4}, reason="next", source="trial")
+    ctl.approve(nxt.id, "alice")
+    ctl.tick()
+    assert ctl.get(nxt.id).state == "approved"  # waits: the job is not back on its baseline
+    job.run(1)
+    ctl.tick()
+    assert ctl.get(change.id).plan["restore"]["confirmed"]
+    assert "restore_confirmed" in [e["kind"] for e in ctl.events(change_id=change.id)]
+    ctl.tick()
+    assert ctl.get(nxt.id).state == "applying"
+
+
+def test_a_rollback_the_job_cannot_carry_out_is_retried_then_waits_for_a_person(
+        parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
+                 loss=blows_up_at_micro_batch_4)
+    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "rolled_back"
+    job.action_error = "CheckpointError: no snapshot to return to"
+    for _ in range(CONFIG.restore_attempts):
+        job.run(1)
+        ctl.tick()
+    stuck = ctl.get(change.id)
+    assert stuck.state == "manual_intervention_required"
+    assert "no snapshot to return to" in stuck.plan["restore"]["problem"]
+    kinds = [e["kind"] for e in ctl.events(change_id=change.id)]
+    assert kinds.count("restore_retry") == CONFIG.restore_attempts - 1
+    assert kinds[-1] == "manual_intervention_required"
+    nxt = ctl.propose(job.job, {"prefetch": 4}, reason="next", source="trial")
+    ctl.approve(nxt.id, "alice")
+    for _ in range(3):
+        job.run(1)
+        ctl.tick()
+    assert ctl.get(nxt.id).state == "approved"  # nothing else is tried on that job
+    assert ctl.get(change.id).state == "manual_intervention_required"  # no more retries
+
+    job.action_error = None  # the operator fixed the cause and tries again
+    ctl.rollback(job.job, "bob", "snapshot store remounted")
+    job.run(1)
+    ctl.tick()
+    done = ctl.get(change.id)
+    assert done.state == "rolled_back" and done.plan["restore"]["confirmed"]
+    ctl.tick()
+    assert ctl.get(nxt.id).state == "applying"
+
+
+def test_a_baseline_the_job_refuses_or_never_acks_is_sent_again(parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
+    ctl = controller(parts)
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="operator")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "kept"
+    ctl.rollback(job.job, "bob", "paged")
+    job.refuse = lambda values: "RuntimeError: out of memory" if values["micro_batch"] == 8 \
+        else None
+    job.run(1)
+    ctl.tick()
+    retry = [e for e in ctl.events(change_id=change.id) if e["kind"] == "restore_retry"]
+    assert len(retry) == 1 and "out of memory" in retry[0]["reason"]
+    job.refuse = lambda values: None
+    parts["clock"].now += CONFIG.ack_timeout_s + 1  # the job went quiet: no ack in time
+    ctl.tick()
+    retry = [e for e in ctl.events(change_id=change.id) if e["kind"] == "restore_retry"]
+    assert len(retry) == 2 and "no ack" in retry[1]["reason"]
+    job.run(1)
+    ctl.tick()
+    assert ctl.get(change.id).plan["restore"]["confirmed"]
+    assert parts["registry"].status(job.job).baseline.values["micro_batch"] == 8
+
+
+def test_an_unconfirmed_restore_is_watched_again_after_a_restart(parts: dict[str, Any]) -> None:
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
+                 loss=blows_up_at_micro_batch_4)
+    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "rolled_back"
+    ctl.close()
+    again = controller(parts, guardrails=[NonFiniteLoss()])
+    job.run(1)
+    again.tick()
+    assert again.get(change.id).plan["restore"]["confirmed"]
 
 
 def test_lapsed_lease_fails_the_change(parts: dict[str, Any]) -> None:
