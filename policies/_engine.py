@@ -137,9 +137,15 @@ class PolicyEngine:
         # to apply each verdict, so ``active()`` (a guardrail reads it every rollout tick)
         # never waits for an evaluation.
         with self._evaluating:
+            for check in self.self_checks:  # first: they report what may break the rest
+                self._check_self(check, now, report)
             with self._lock:
                 tracked = {job for _, job, _ in self._tracks}
-            jobs = set(self.source.jobs()) | tracked
+            try:
+                jobs = set(self.source.jobs()) | tracked
+            except Exception as e:  # a store that cannot be read: no detector can run
+                self._failed("*", "*", "jobs", e, report)
+                return report
             for detector in self.detectors:
                 for job in sorted(jobs):
                     try:
@@ -152,8 +158,6 @@ class PolicyEngine:
                             self._apply(detector.name, job, found, now, report)
                     except Exception as e:  # nor a state DB that cannot save its findings
                         self._failed(detector.name, job, "save", e, report)
-            for check in self.self_checks:
-                self._check_self(check, now, report)
         return report
 
     def _check_self(self, check: SelfCheck, now: int, report: EvaluationReport) -> None:

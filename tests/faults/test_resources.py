@@ -6,6 +6,7 @@ store's own size cap (SQLite's max_page_count), which fails the same way."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._sidecar import PROTOBUF, TOKEN, SidecarProcess, gauge_request, record
+from tests.faults._sidecar import PROTOBUF, ROOT, TOKEN, SidecarProcess, gauge_request, record
 
 pytestmark = pytest.mark.integration
 
@@ -77,18 +78,26 @@ def _fill(folder: Path) -> Path:
 
 def test_a_full_disk_under_the_store_is_refused_visible_and_heals(small_disk: Path,
                                                                   tmp_path: Path) -> None:
-    with SidecarProcess(tmp_path, store=small_disk / "metrics.db") as sidecar:
+    with SidecarProcess(tmp_path, store=small_disk / "metrics.db",
+                        policy_interval_s=1) as sidecar:
         body = gauge_request("disk.gauge", range(50), times=20)
         assert sidecar.http.post("/v1/metrics", headers=PROTOBUF, content=body).status_code \
             == 200
         filler = _fill(small_disk)
-        sidecar.wait_for("the store to fail", lambda: sidecar.http.get(
-            "/readyz").status_code == 503)
+        # points keep coming (the store's writer only fails when it has something to commit)
+        sidecar.wait_for("the store to fail", lambda: sidecar.http.post(
+            "/v1/metrics", headers=PROTOBUF, content=gauge_request(
+                "disk.gauge", range(50), times=1, t0_ns=10**17)).status_code in (200, 503)
+            and sidecar.http.get("/readyz").status_code == 503)
         ready = sidecar.http.get("/readyz").json()
         assert ready["ready"] is False
         assert any("store not writable" in r and "full" in r for r in ready["reasons"]), ready
         sidecar.wait_for("seedance_store_writable 0", lambda: sidecar.metric(
             "seedance_store_writable") == 0)
+        finding = sidecar.wait_for("a finding that says why", lambda: next(
+            (f for f in sidecar.http.get("/v1/findings").json()
+             if f["detector"] == "sidecar_unwritable"), None))
+        assert finding["severity"] == "critical" and finding["resource"] == {"part": "store"}
         # ingest answers 503 with Retry-After once the bounded buffer is full, never 200
         # and buffering forever
         refused = None
@@ -103,13 +112,16 @@ def test_a_full_disk_under_the_store_is_refused_visible_and_heals(small_disk: Pa
         assert refused is not None and refused.headers["Retry-After"]
         record("store_disk_full", requests_accepted_after_full=i,
                retry_after_s=int(refused.headers["Retry-After"]),
-               readyz_reasons=ready["reasons"])
+               readyz_reasons=ready["reasons"], finding=finding["evidence"]["summary"])
         assert sidecar.proc.poll() is None
         filler.unlink()
         sidecar.wait_for("the store to heal", lambda: sidecar.http.get(
             "/readyz").status_code == 200, timeout_s=60)
         sidecar.wait_for("seedance_store_writable 1", lambda: sidecar.metric(
             "seedance_store_writable") == 1)
+        sidecar.wait_for("the finding to close", lambda: not any(
+            f["detector"] == "sidecar_unwritable"
+            for f in sidecar.http.get("/v1/findings").json()))
 
 
 def test_a_full_disk_under_the_state_db_is_a_503_with_the_reason(small_disk: Path,
@@ -140,3 +152,26 @@ def test_a_full_disk_under_the_state_db_is_a_503_with_the_reason(small_disk: Pat
         filler.unlink()
         r = sidecar.http.post("/v1/jobs/gpt/changes", headers=headers, json=propose)
         assert r.status_code == 201, r.text[:300]  # space is back: the change is made
+
+
+def test_a_store_on_a_read_only_file_system_is_refused_in_one_line(small_disk: Path,
+                                                                    tmp_path: Path) -> None:
+    """The disk went read-only while the sidecar was down (Linux refuses to remount a file
+    system read-only under open writers, so this is how the case reaches a sidecar): it
+    refuses to start, in one line that names the path, and leaves nothing behind."""
+    with SidecarProcess(tmp_path, store=small_disk / "metrics.db") as sidecar:
+        assert sidecar.http.post("/v1/metrics", headers=PROTOBUF, content=gauge_request(
+            "ro.gauge", range(10))).status_code == 200
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "seedancectl.sidecar", "--config",
+             str(tmp_path / "sidecar.toml")], capture_output=True, text=True, timeout=120,
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1 and str(small_disk) in lines[0], done.stderr
+    assert "listening" not in done.stdout + done.stderr
+    record("store_read_only_at_start", exit_code=done.returncode, error=lines[0])
