@@ -453,11 +453,13 @@ class RolloutController:
                  ) -> Change:
         """Roll back the job's change in flight, else its last kept change (config only).
         With ``change_id``, only that change and only while it is in flight: a caller who saw
-        it in flight must not undo a kept change if it ended meanwhile."""
+        it in flight must not undo a kept change if it ended meanwhile. A change whose rollback
+        needs a person (``manual_intervention_required``) gets its rollback sent again, with a
+        fresh round of attempts."""
         with self._lock:
-            unrestored = self._unrestored(job)
-            if unrestored is not None and change_id in (None, unrestored.id):
-                return self._send_restore(unrestored, by=by, reason=reason, fresh=True)
+            stuck = self.changes(job=job, states=[MANUAL])
+            if stuck and change_id in (None, stuck[-1].id):  # a person's retry of the restore
+                return self._send_restore(stuck[-1], by=by, reason=reason, fresh=True)
             current = self._in_flight(job)
             if change_id is not None and (current is None or current.id != change_id):
                 raise RolloutError(f"job {job}: change {change_id} is not in flight")

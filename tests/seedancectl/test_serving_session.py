@@ -117,6 +117,10 @@ def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breac
     paused = live.post(f"/v1/jobs/{JOB}/tuning", {"by": "oncall", "action": "pause"})
     assert paused.status_code == 200, paused.text
     time.sleep(1.0)  # a tuning round that began before the pause may still propose its trial
+    for change in _changes(live):  # the search's trial in flight: ended now, not at its budget
+        if change["state"] in ("applying", "observing"):
+            live.post(f"/v1/jobs/{JOB}/rollback", {"by": "oncall", "reason": "drill next",
+                                                   "change": change["id"]})  # 409 if it ended
     _wait(live, job, "the search's change in flight ends", TRIAL_S + 60,
           lambda: not [c for c in _changes(live)
                        if c["state"] in ("proposed", "approved", "applying", "observing")])

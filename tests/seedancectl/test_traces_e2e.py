@@ -14,15 +14,16 @@ from torch import nn
 
 from collectors._tracing import span_context
 from tests.seedancectl._live import live_sidecar
-from tuner._rollout import RolloutConfig
 from tuner.client import attach
 
 pytestmark = pytest.mark.integration
 FINAL = ("kept", "rolled_back", "failed")
+TRIAL_S = 15.0
+"""The trial's budget here: this test is about its trace, not its measurement."""
 
 
 def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
-    with live_sidecar(tmp_path) as live:
+    with live_sidecar(tmp_path, rollout={"trial_budget_s": TRIAL_S}) as live:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -30,7 +31,7 @@ def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
                          export_interval_s=0.1)
         data = torch.Generator().manual_seed(0)
         change_id = None
-        deadline = time.monotonic() + RolloutConfig().trial_budget_s + 60  # a trial's budget
+        deadline = time.monotonic() + TRIAL_S + 60  # a trial's budget and a margin
         try:
             while True:
                 assert time.monotonic() < deadline, "the change did not finish"
