@@ -53,6 +53,7 @@ _HITS = "seedance.serve.prefix_cache.hits"
 _QUERIES = "seedance.serve.prefix_cache.queries"
 _MISSES = "seedance.serve.prefix_cache.misses"
 _EVICTIONS = "seedance.serve.prefix_cache.evictions"
+_DISTINCT = "seedance.serve.prefix_cache.distinct_prefixes"
 _GENERATED = "seedance.serve.generation_tokens"
 
 # Advised by the GenAI semantic conventions for these three metrics.
@@ -141,6 +142,7 @@ class ServingInstrumentation:
         self._queries = meter.create_counter(_QUERIES, **_described(_QUERIES))
         self._misses = meter.create_counter(_MISSES, **_described(_MISSES))
         self._evictions = meter.create_counter(_EVICTIONS, **_described(_EVICTIONS))
+        self._distinct = meter.create_gauge(_DISTINCT, **_described(_DISTINCT))
         self._generated = meter.create_counter(_GENERATED, **_described(_GENERATED))
         meter.create_observable_gauge(
             _TOKENS_PER_S, callbacks=[self._observe_tokens_per_s],
@@ -298,3 +300,8 @@ class ServingInstrumentation:
     def prefix_cache_evicted(self, entries: int = 1) -> None:
         """Entries evicted from the prefix cache."""
         self._evictions.add(entries, self._attributes())
+
+    def prefix_cache_distinct(self, prefixes: int) -> None:
+        """Distinct prefixes among the cache's recent look-ups: no pinned or prewarmed top-k
+        above it does anything, so the search keeps those knobs below it."""
+        self._distinct.set(prefixes, self._attributes())

@@ -57,6 +57,7 @@ from seedancectl._health import (
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
+from tuner._ceilings import observed_ceilings
 from tuner._lease import JobRegistry, JobStatus, lease_router
 from tuner._measure import MeasureConfig
 from tuner._rollout import (
@@ -379,6 +380,8 @@ class Sidecar:
 
     def _new_search(self, status: JobStatus) -> SearchDriver | None:
         job, job_config = status.job, self.config.job_config(status.job)
+        assert self.store is not None
+        query = self.store.query
         space = status.knobs.knobs
         searchable = status.knobs.searchable().knobs
         wanted = (list(job_config.knobs) if job_config.knobs is not None
@@ -398,6 +401,7 @@ class Sidecar:
             config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
                                 seed=job_config.seed,
                                 revisit_after_s=self.config.tuning_revisit_after_s),
+            ceilings=lambda: observed_ceilings(query, job),
             paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
 
     def _auto_bounds(self) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from policies._findings import Finding
 from policies.detectors import EXPECTED_GAIN
+from tuner._ceilings import above_ceiling
 from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue
 from tuner._measure import Comparison
 from tuner._rollout import ACTIVE, PRUNED, Change, RolloutController
@@ -349,8 +350,11 @@ class SearchDriver:
     def __init__(self, space: KnobSpace, *, storage_url: str, config: SearchConfig,
                  knobs: Sequence[str] | None = None, clock: Callable[[], float] = time.time,
                  sampler: BaseSampler | None = None,
-                 pruner: optuna.pruners.BasePruner | None = None) -> None:
+                 pruner: optuna.pruners.BasePruner | None = None,
+                 ceilings: Callable[[], Mapping[str, float]] = dict) -> None:
         self.config = config
+        self.ceilings = ceilings
+        """The job's observed ceilings (``tuner._ceilings``), read at each proposal."""
         self.distributions = search_space(space, knobs)
         self._clock = clock
         self._storage = optuna.storages.RDBStorage(storage_url)
@@ -495,13 +499,19 @@ class SearchDriver:
         self.reap()
         params = {k: baseline[k] for k in self.distributions}
         seen = _seen(self.study)
-        moves = [m for m in single_moves(params, self.distributions, self.priors())
+        moves = [m for m in self._moves(params)
                  if not (low_risk_only and knobs.risk_of(m.values) == "high")]
         for move in moves:
             config = {**params, **move.values}
             if config_key(config) not in seen:
                 return self._start(config, move.why)
         return self._revisit(params, moves)
+
+    def _moves(self, params: Mapping[str, Any]) -> list[Move]:
+        """``single_moves`` less those above a ceiling the job's telemetry shows."""
+        ceilings = self.ceilings()
+        return [m for m in single_moves(params, self.distributions, self.priors())
+                if not above_ceiling(m.values, ceilings)]
 
     def _revisit(self, params: Mapping[str, Any], moves: Sequence[Move]) -> Proposal | None:
         """Once every move was tried: the neighbour that may be measured again (kept, once a
@@ -554,7 +564,7 @@ class SearchDriver:
         params = {k: baseline[k] for k in self.distributions}
         seen = _seen(self.study)
         return sum(config_key({**params, **m.values}) not in seen
-                   for m in single_moves(params, self.distributions, self.priors()))
+                   for m in self._moves(params))
 
     def propose_next(self, controller: RolloutController, job: str, *,
                      low_risk_only: bool = False) -> Change | None:

@@ -53,7 +53,7 @@ PREFIX_CACHE_KNOBS: tuple[Knob, ...] = (
 
 
 class PrefixCacheMetrics(Protocol):
-    """Where hits, misses and evictions go (``collectors.torch_serving.ServingInstrumentation``
+    """Where hits, misses, evictions and the distinct prefixes of recent look-ups go (``collectors.torch_serving.ServingInstrumentation``
     has these methods)."""
 
     def prefix_cache_hit(self, requests: int = 1) -> None: ...
@@ -61,6 +61,8 @@ class PrefixCacheMetrics(Protocol):
     def prefix_cache_miss(self, requests: int = 1) -> None: ...
 
     def prefix_cache_evicted(self, entries: int = 1) -> None: ...
+
+    def prefix_cache_distinct(self, prefixes: int) -> None: ...
 
 
 class _NullMetrics:
@@ -71,6 +73,9 @@ class _NullMetrics:
         return None
 
     def prefix_cache_evicted(self, entries: int = 1) -> None:
+        return None
+
+    def prefix_cache_distinct(self, prefixes: int) -> None:
         return None
 
 
@@ -158,6 +163,7 @@ class PrefixCache(Generic[V]):
         """The cached value for ``key`` (a hit), or None (a miss); either way a look-up that
         counts towards recent frequency."""
         self._note(key)
+        self._metrics.prefix_cache_distinct(len(self._counts))
         entry = self._entries.get(key)
         if entry is None:
             self._misses += 1

@@ -96,6 +96,7 @@ def test_metrics_go_to_the_serving_instrumentation() -> None:
     assert total["seedance.serve.prefix_cache.misses"] == 2
     assert total["seedance.serve.prefix_cache.queries"] == 3
     assert total["seedance.serve.prefix_cache.evictions"] == 1
+    assert total["seedance.serve.prefix_cache.distinct_prefixes"] == 2  # a and b, last value
 
 
 def test_knobs_build_a_config_and_bad_configs_name_the_field() -> None:

@@ -8,6 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from collectors._points import Point
 from collectors._store import TimeSeriesStore
 from policies._state_db import sqlite_url
 from tests.tuner._simjob import KNOBS, SimJob
@@ -445,3 +446,46 @@ def test_a_config_kept_under_a_passing_load_is_left_once_its_measurement_is_stal
     revisits = [t for t in search.study.trials
                 if str(t.user_attrs.get("seedance:origin", "")).startswith("revisit")]
     assert revisits and revisits[-1].params == {"micro_batch": 8}
+
+
+def test_top_k_moves_stay_under_the_distinct_prefixes_the_job_reports(tmp_path: Path) -> None:
+    """The serving job reports 10 distinct prefixes in its recent look-ups: pinning 16 would
+    pin nothing more, so from 8 the search tries 4 only; once traffic holds 40, 16 too."""
+    from tuner._ceilings import observed_ceilings
+    from tuner.prefix_cache import PREFIX_CACHE_KNOBS
+
+    space = KnobSpace.of(PREFIX_CACHE_KNOBS)
+    store = TimeSeriesStore(tmp_path / "metrics.db")
+    clock = Clock()
+    clock.now = 1.7e9
+
+    def report(prefixes: int, at_s: float) -> None:
+        store.write([Point("seedance.serve.prefix_cache.distinct_prefixes", float(prefixes),
+                           int(at_s * 1e9), {"service.name": "serve"})])
+        store.flush()
+
+    studies = iter(range(100))
+
+    def tried() -> list[int]:  # a fresh study each time
+        search = SearchDriver(space, storage_url=sqlite_url(tmp_path / f"{next(studies)}.db"),
+                              config=SearchConfig(study_name="topk", seed=0),
+                              knobs=["prefix_cache.pin_top_k"], clock=clock,
+                              ceilings=lambda: observed_ceilings(store.query, "serve",
+                                                                 now_s=clock.now))
+        seen = []
+        while (p := search.next_move(space.defaults(), space)) is not None:
+            seen.append(int(p.values["prefix_cache.pin_top_k"]))
+            search.tell(p.number, 1.0)
+        return seen
+
+    try:
+        assert sorted(tried()) == [4, 16]  # nothing reported yet: no ceiling
+        report(10, clock.now - 60)
+        assert tried() == [4]
+        report(40, clock.now - 30)
+        clock.now += 1
+        assert sorted(tried()) == [4, 16]
+        clock.now += 600  # the reports are old now: they bound nothing
+        assert sorted(tried()) == [4, 16]
+    finally:
+        store.close()
