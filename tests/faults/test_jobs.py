@@ -11,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 
 from tests.faults._sidecar import ROOT, TOKEN, SidecarProcess, record
+from tuner._search import config_key, unsafe_keys
 
 pytestmark = pytest.mark.integration
 
@@ -76,17 +78,24 @@ def test_a_job_that_dies_mid_trial_fails_the_trial_never_leaves_it_running(
                 timeout_s=180)
             proc.kill()  # the job dies mid-trial: no goodbye
             proc.wait(10)
-            ended = sidecar.wait_for("the trial to be failed", lambda: next(
-                (c for c in sidecar.http.get("/v1/changes").json()
-                 if c["id"] == trial["id"] and c["state"] not in ("applying", "observing")),
-                None), timeout_s=60)
+            ended = sidecar.wait_for("the trial to be failed", lambda: (
+                c := sidecar.http.get(f"/v1/changes/{trial['id']}").json())["state"]
+                not in ("applying", "observing") and c, timeout_s=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
             log.close()
         assert ended["state"] == "failed", ended
-        record("job_dies_mid_trial", change_state=ended["state"])
+        assert "lapsed" in ended["events"][-1]["reason"], ended["events"][-1]
+        # the study bars the config that was in force when the job died
+        study = optuna.load_study(study_name=trial["meta"]["study"],
+                                  storage=f"sqlite:///{tmp_path / 'state.db'}")
+        failed = study.trials[trial["meta"]["trial"]]
+        assert failed.state == optuna.trial.TrialState.FAIL
+        assert "the job died" in failed.user_attrs["seedance:fail_reason"]
+        assert config_key(failed.params) in unsafe_keys(study)
+        record("job_dies_mid_trial", change_state=ended["state"], trial_barred=True)
 
 
 def test_a_sidecar_killed_mid_change_rolls_it_back_on_restart_and_loses_nothing(

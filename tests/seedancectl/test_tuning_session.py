@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
 
 from collectors._store import TimeSeriesStore
@@ -28,7 +27,6 @@ from seedancectl._session import (
     Trial,
     run_training_session,
 )
-from tuner._search import config_key, unsafe_keys
 
 pytestmark = pytest.mark.integration
 
@@ -197,21 +195,3 @@ def test_sidecar_killed_mid_trial_job_returns_to_baseline_within_the_lease(
         at_step = int(re.search(r"from step (\d+)", switched)[1])  # type: ignore[index]
         session.wait_steps(at_step + 20, 300)  # trains on without its sidecar
         assert session.train is not None and session.train.poll() is None
-
-
-def test_job_killed_mid_trial_fails_the_trial_and_bars_its_config(tmp_path: Path) -> None:
-    config = SessionConfig(out=tmp_path, lease_ttl_s=3.0, warm_steps=20,
-                           rollout_settings={"loss_tolerance": 1.0})
-    with TrainingSession(config) as session:
-        change = session.wait(lambda: _candidate_in_force(session, measured=0), 600,
-                              "a trial's candidate in force", watch=(session.train,))
-        session.kill_job()
-        failed = session.wait_change(change["id"], ["failed", "kept", "rolled_back"], 120)
-        assert failed["state"] == "failed", failed
-        assert "lapsed" in failed["events"][-1]["reason"]
-        study = optuna.load_study(study_name=config.study,
-                                  storage=f"sqlite:///{tmp_path / 'state.db'}")
-        trial = study.trials[failed["meta"]["trial"]]
-        assert trial.state == optuna.trial.TrialState.FAIL
-        assert "the job died" in trial.user_attrs["seedance:fail_reason"]
-        assert config_key(trial.params) in unsafe_keys(study)
