@@ -828,8 +828,8 @@ class RolloutController:
         if restore is None or restore.confirmed or change.state not in ("rolled_back", MANUAL):
             self._restoring.discard(change.id)
             return
-        if not self._attached(change.job):
-            return  # it gets its baseline when it attaches again; the attempt's clock runs on
+        if not self._attached(change.job) or self.registry.status(change.job).state == "lapsed":
+            return  # it returns to its baseline itself; a late ack costs one attempt at most
         outcome = restore_outcome(restore, self.registry.acks(change.job), now_s=self._clock(),
                                   ack_timeout_s=self.config.ack_timeout_s)
         if outcome is None:

@@ -340,6 +340,25 @@ def test_a_baseline_the_job_refuses_or_never_acks_is_sent_again(parts: dict[str,
     assert parts["registry"].status(job.job).baseline.values["micro_batch"] == 8
 
 
+def test_a_job_whose_lease_lapsed_after_its_rollback_never_needs_a_person(
+        parts: dict[str, Any]) -> None:
+    """A job that went away returns to its baseline itself (the lease protocol): its silence
+    is no failed rollback, however long it lasts."""
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
+                 loss=blows_up_at_micro_batch_4)
+    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
+    ctl.approve(change.id, "alice")
+    assert drive(ctl, job, change.id).state == "rolled_back"
+    parts["clock"].now += 31
+    assert parts["registry"].reap() == [job.job]
+    for _ in range(CONFIG.restore_attempts + 1):
+        parts["clock"].now += CONFIG.ack_timeout_s + 1
+        ctl.tick()
+    assert ctl.get(change.id).state == "rolled_back"
+    assert "restore_retry" not in [e["kind"] for e in ctl.events(change_id=change.id)]
+
+
 def test_an_unconfirmed_restore_is_watched_again_after_a_restart(parts: dict[str, Any]) -> None:
     job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
                  loss=blows_up_at_micro_batch_4)
