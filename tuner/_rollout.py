@@ -511,7 +511,9 @@ class RolloutController:
             except Exception:
                 log.exception("rollout: change %s of job %s failed to advance; going on",
                               change.id, change.job)
-        for change_id in sorted(self._restoring):
+        with self._lock:
+            restoring = sorted(self._restoring)
+        for change_id in restoring:
             try:
                 with self._lock:
                     self._confirm_restore(self.get(change_id))
@@ -880,7 +882,7 @@ class RolloutController:
 
     def _unrestored(self, job: str) -> Change | None:
         """The job's rollback whose restore is not confirmed yet, or that needs a person."""
-        waiting = [self.get(c) for c in sorted(self._restoring)]
+        waiting = [self.get(c) for c in sorted(self._restoring)]  # under the lock
         found = [c for c in waiting if c.job == job] or self.changes(job=job, states=[MANUAL])
         return found[0] if found else None
 
