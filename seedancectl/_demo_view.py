@@ -20,7 +20,8 @@ from seedancectl._demo import DemoConfig, DemoError, DemoRun, Snapshot, write_su
 
 STATE_STYLE = {"kept": "green", "rolled_back": "red", "rejected": "yellow", "failed": "red",
                "expired": "yellow", "observing": "cyan", "applying": "cyan",
-               "approved": "cyan", "proposed": "magenta"}
+               "approved": "cyan", "proposed": "magenta",
+               "manual_intervention_required": "bold red"}
 
 
 def _num(value: float | None, fmt: str = "{:.4g}") -> str:
