@@ -68,6 +68,10 @@ UNSAFE_PREFIX = "seedance:unsafe:"
 ORIGIN_ATTR = "seedance:origin"
 RETRY_ATTR = "seedance:retryable"
 MEASURED_AT_ATTR = "seedance:revisitable_measured_at_s"
+UNDECIDED_GAIN_ATTR = "seedance:undecided_gain"
+"""The gain estimate of a trial that ran out of time undecided."""
+AGAIN = "again"
+"""Origin of a trial that measures an undecided, promising one again at once."""
 SEEN_PREFIX = "seedance:measured_at_s:"
 """Study attribute per config: when a change last measured it, in either arm."""
 """When a config that may be measured again (kept, a baseline, inconclusive) was measured."""
@@ -425,12 +429,17 @@ class SearchDriver:
         self.renew(number)
         return bool(trial.should_prune())
 
-    def tell(self, number: int, value: float, *, revisit: bool = False) -> None:
+    def tell(self, number: int, value: float, *, revisit: bool = False,
+             undecided_gain: float | None = None) -> None:
         """Complete the trial; with ``revisit`` its config may be measured again once stale
-        (``SearchConfig.revisit_after_s``)."""
+        (``SearchConfig.revisit_after_s``); an ``undecided_gain`` above zero (it ran out of
+        time with the estimate on the candidate's side) may be measured again at once."""
         if revisit:
             self._storage.set_trial_user_attr(self._trial_id(number), MEASURED_AT_ATTR,
                                               self._clock())
+        if undecided_gain is not None and math.isfinite(undecided_gain):
+            self._storage.set_trial_user_attr(self._trial_id(number), UNDECIDED_GAIN_ATTR,
+                                              undecided_gain)
         self.study.tell(number, value, skip_if_finished=True)
         self._mine.pop(number, None)
 
@@ -516,7 +525,9 @@ class SearchDriver:
     def _revisit(self, params: Mapping[str, Any], moves: Sequence[Move]) -> Proposal | None:
         """Once every move was tried: the neighbour that may be measured again (kept, once a
         baseline, or inconclusive) and whose newest measurement is older than
-        ``revisit_after_s``, the best measured first; None when there is none."""
+        ``revisit_after_s``, the best measured first; None when there is none. A neighbour
+        whose trial ran out of time undecided with its gain estimate above zero is measured
+        again at once, a single time: more data for an open question, not a stale answer."""
         if self.config.revisit_after_s is None:
             return None
         now = self._clock()
@@ -537,11 +548,16 @@ class SearchDriver:
                 continue
             # as a baseline arm it may have been measured since its own trial
             at = max(float(last.user_attrs[MEASURED_AT_ATTR]), attrs.get(SEEN_PREFIX + key, 0))
-            if now - at >= self.config.revisit_after_s:
-                stale.append((float(last.value), at, config))  # type: ignore[arg-type]
+            again = (float(last.user_attrs.get(UNDECIDED_GAIN_ATTR, 0.0)) > 0
+                     and last.user_attrs.get(ORIGIN_ATTR, "").split(":")[0] != AGAIN)
+            if again or now - at >= self.config.revisit_after_s:
+                stale.append((again, float(last.value), at, config))  # type: ignore[arg-type]
         if not stale:
             return None
-        value, at, config = max(stale, key=lambda item: item[0])
+        again, value, at, config = max(stale, key=lambda item: item[:2])
+        if again:
+            return self._start(config, f"{AGAIN}: undecided when its time ran out "
+                                       f"(objective {value:.4g})")
         return self._start(config, f"revisit: last measured {now - at:.0f} s ago "
                                    f"(objective {value:.4g})")
 
@@ -636,8 +652,9 @@ class SearchDriver:
         elif change.state in ("kept", "rolled_back") and value is not None:
             # worth measuring again later: kept, or not answered in time (a measured
             # regression or a gain too small to want is settled)
-            revisit = change.state == "kept" or bool(change.plan.get("inconclusive"))
-            self.tell(number, value, revisit=revisit)
+            undecided = bool(change.plan.get("inconclusive"))
+            self.tell(number, value, revisit=change.state == "kept" or undecided,
+                      undecided_gain=gain if undecided else None)
         elif change.state == "failed":
             self.fail(number, reason=f"change {change.id} failed: the job died", unsafe=True)
         else:

@@ -489,3 +489,25 @@ def test_top_k_moves_stay_under_the_distinct_prefixes_the_job_reports(tmp_path: 
         assert sorted(tried()) == [4, 16]
     finally:
         store.close()
+
+
+def test_an_undecided_trial_that_favours_its_candidate_is_measured_again_at_once(
+        tmp_path: Path) -> None:
+    """Out of time undecided at +10%: measured again as soon as the moves are done (once),
+    not 300 s later; one undecided at -5% waits its turn like any stale result."""
+    clock = Clock()
+    search = driver(tmp_path, clock=clock, revisit_after_s=300.0)
+    baseline = SPACE.defaults()
+    told = {}
+    while (p := search.next_move(baseline, SPACE)) is not None and len(told) < 2:
+        gain = 0.10 if p.values["micro_batch"] == 4 else -0.05
+        search.tell(p.number, 100 * (1 + gain), revisit=True, undecided_gain=gain)
+        told[config_key(p.values)] = gain
+    assert p is not None and p.values["micro_batch"] == 4  # again, at once
+    assert search.study.trials[p.number].user_attrs["seedance:origin"].startswith("again")
+    search.tell(p.number, 104.0, revisit=True, undecided_gain=0.04)
+    assert search.next_move(baseline, SPACE) is None  # once only; the rest waits
+    clock.now += 301
+    stale = search.next_move(baseline, SPACE)
+    assert stale is not None
+    assert search.study.trials[stale.number].user_attrs["seedance:origin"].startswith("revisit")
