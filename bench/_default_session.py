@@ -6,10 +6,22 @@ that attaches to the sidecar's URL."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from seedancectl._session import TOKEN, SessionConfig, TrainingSession
+
+
+def code_revision() -> str:
+    """The commit the sidecar and the jobs run (with "+changes" when tracked files differ), so a
+    result names the code it measured: each family's processes load the code as it is then."""
+    root = Path(__file__).resolve().parents[1]
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 class DefaultSettingsSession(TrainingSession):

@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench._default_session import DefaultSettingsSession  # noqa: E402
+from bench._default_session import DefaultSettingsSession, code_revision  # noqa: E402
 from bench._serving_family import bench_serving  # noqa: E402
 from seedancectl._session import SessionError, TrainingSession, Trial  # noqa: E402
 from workloads.families import FAMILIES, Built, family  # noqa: E402
@@ -597,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"=== {n} ===", flush=True)
         report["families"][n] = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                               time.gmtime()),
-                                 **run_family(n, args)}
+                                 "code_revision": code_revision(), **run_family(n, args)}
         report["summary"] = summary(report["families"], args.minutes)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
