@@ -21,7 +21,9 @@ def code_revision() -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                               check=False).stdout.strip()
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)bench/results")  # the results being written are no code change
+    return head + ("+changes" if changed else "")
 
 
 class DefaultSettingsSession(TrainingSession):

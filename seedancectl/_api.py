@@ -162,9 +162,11 @@ def api_router(sidecar: Sidecar) -> APIRouter:
     def findings(job: str | None = None, all: bool = False) -> list[dict[str, Any]]:
         if sidecar.engine is None:
             raise HTTPException(503, "the sidecar is starting or stopping")
-        # active: as the engine holds them (a finding the state DB could not save is there)
-        found = sidecar.engine.findings.history(job=job) if all else [
-            f for f in sidecar.engine.active() if job is None or f.job == job]
+        # active: the state DB's, and what the engine holds that it could not save
+        engine = sidecar.engine
+        active = {f.id: f for f in (*engine.findings.active(), *engine.active())}
+        found = engine.findings.history(job=job) if all else [
+            f for f in active.values() if job is None or f.job == job]
         return [f.to_dict() for f in found]
 
     @read.get("/findings/{finding_id}")

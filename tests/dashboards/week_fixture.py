@@ -123,7 +123,8 @@ class ReplayJob:
         self.config = lease.config
         version = self.config.version
         self.registry.ack(JOB, self.session, version=version, step=self.step,
-                          status="applied", actions=lease.actions)
+                          status="applied",
+                          actions=[{**a, "status": "done"} for a in lease.actions])
         values = self.config.values
         factor = math.prod(EFFECT.get((k, v), 1.0) for k, v in values.items())
         nan_loss = values.get("precision.ffn") == "bf16"

@@ -67,7 +67,7 @@ def test_many_cli_readers_at_once_while_changes_are_written_hit_no_lock(
                                  json=job).status_code == 200
         env = {**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN}
         commands = [["changes", "list", "--json"], ["status", "--json"],
-                    ["findings"], ["changes", "list", "--job", "gpt"]]
+                    ["status"], ["changes", "list", "--job", "gpt"]]
 
         def read(i: int) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
@@ -80,7 +80,7 @@ def test_many_cli_readers_at_once_while_changes_are_written_hit_no_lock(
             futures = [pool.submit(read, i) for i in range(readers)]
             while not all(f.done() for f in futures):  # the writer, as readers run
                 r = sidecar.http.post("/v1/jobs/gpt/changes", headers=headers, json={
-                    "values": {"threads": 1 + written % 8}, "by": "alice",
+                    "values": {"threads": (1, 3, 4, 5, 6, 7, 8)[written % 7]}, "by": "alice",
                     "reason": f"writer {written}"})
                 assert r.status_code == 201, r.text
                 written += 1

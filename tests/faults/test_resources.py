@@ -101,7 +101,7 @@ def test_a_full_disk_under_the_store_is_refused_visible_and_heals(small_disk: Pa
         # ingest answers 503 with Retry-After once the bounded buffer is full, never 200
         # and buffering forever
         refused = None
-        for i in range(400):
+        for i in range(1000):  # 1,000,000 points: five times the buffer
             r = sidecar.http.post("/v1/metrics", headers=PROTOBUF,
                                   content=gauge_request("disk.gauge", range(1000), times=1,
                                                         t0_ns=10**18 + i * 10**9))

@@ -23,7 +23,8 @@ TRIAL_S = 15.0
 
 
 def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
-    with live_sidecar(tmp_path, rollout={"trial_budget_s": TRIAL_S}) as live:
+    with live_sidecar(tmp_path, rollout={"trial_budget_s": TRIAL_S,
+                                         "max_window_s": 5.0}) as live:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -31,7 +32,7 @@ def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
                          export_interval_s=0.1)
         data = torch.Generator().manual_seed(0)
         change_id = None
-        deadline = time.monotonic() + TRIAL_S + 60  # a trial's budget and a margin
+        deadline = time.monotonic() + TRIAL_S + 90  # a trial's budget, its last pair, a margin
         try:
             while True:
                 assert time.monotonic() < deadline, "the change did not finish"
