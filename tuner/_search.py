@@ -540,7 +540,8 @@ class SearchDriver:
             elif t.state == TrialState.COMPLETE and t.value is not None:
                 newest[key] = t
         attrs = self._storage.get_study_system_attrs(self.study._study_id)
-        stale: list[tuple[float, float, dict[str, Any]]] = []  # (value, measured at, config)
+        # (again at once, value, measured at, config)
+        stale: list[tuple[bool, float, float, dict[str, Any]]] = []
         for config in ({**params, **m.values} for m in moves):
             key = config_key(config)
             last = newest.get(key)
