@@ -259,14 +259,20 @@ def blows_up_at_micro_batch_4(values: Any, step: int) -> float:
     return float("inf") if values["micro_batch"] == 4 else 3.0
 
 
-def test_a_rollback_counts_once_the_job_acks_its_baseline_and_ran_the_rollback(
-        parts: dict[str, Any]) -> None:
+def rolled_back_by_a_nan(parts: dict[str, Any]) -> tuple[SimJob, RolloutController, Change]:
+    """A trial whose loss blows up, rolled back in full; its restore not yet acked."""
     job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
                  loss=blows_up_at_micro_batch_4)
     ctl = controller(parts, guardrails=[NonFiniteLoss()])
     change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
     ctl.approve(change.id, "alice")
     assert drive(ctl, job, change.id).state == "rolled_back"
+    return job, ctl, change
+
+
+def test_a_rollback_counts_once_the_job_acks_its_baseline_and_ran_the_rollback(
+        parts: dict[str, Any]) -> None:
+    job, ctl, change = rolled_back_by_a_nan(parts)
     assert not ctl.get(change.id).plan["restore"]["confirmed"]
     nxt = ctl.propose(job.job, {"prefetch": 4}, reason="next", source="trial")
     ctl.approve(nxt.id, "alice")
@@ -282,12 +288,7 @@ def test_a_rollback_counts_once_the_job_acks_its_baseline_and_ran_the_rollback(
 
 def test_a_rollback_the_job_cannot_carry_out_is_retried_then_waits_for_a_person(
         parts: dict[str, Any]) -> None:
-    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
-                 loss=blows_up_at_micro_batch_4)
-    ctl = controller(parts, guardrails=[NonFiniteLoss()])
-    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
-    ctl.approve(change.id, "alice")
-    assert drive(ctl, job, change.id).state == "rolled_back"
+    job, ctl, change = rolled_back_by_a_nan(parts)
     job.action_error = "CheckpointError: no snapshot to return to"
     for _ in range(CONFIG.restore_attempts):
         job.run(1)
@@ -344,12 +345,7 @@ def test_a_job_whose_lease_lapsed_after_its_rollback_never_needs_a_person(
         parts: dict[str, Any]) -> None:
     """A job that went away returns to its baseline itself (the lease protocol): its silence
     is no failed rollback, however long it lasts."""
-    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
-                 loss=blows_up_at_micro_batch_4)
-    ctl = controller(parts, guardrails=[NonFiniteLoss()])
-    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
-    ctl.approve(change.id, "alice")
-    assert drive(ctl, job, change.id).state == "rolled_back"
+    job, ctl, change = rolled_back_by_a_nan(parts)
     parts["clock"].now += 31
     assert parts["registry"].reap() == [job.job]
     for _ in range(CONFIG.restore_attempts + 1):
@@ -360,12 +356,7 @@ def test_a_job_whose_lease_lapsed_after_its_rollback_never_needs_a_person(
 
 
 def test_an_unconfirmed_restore_is_watched_again_after_a_restart(parts: dict[str, Any]) -> None:
-    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
-                 loss=blows_up_at_micro_batch_4)
-    ctl = controller(parts, guardrails=[NonFiniteLoss()])
-    change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
-    ctl.approve(change.id, "alice")
-    assert drive(ctl, job, change.id).state == "rolled_back"
+    job, ctl, change = rolled_back_by_a_nan(parts)
     ctl.close()
     again = controller(parts, guardrails=[NonFiniteLoss()])
     job.run(1)
