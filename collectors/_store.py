@@ -13,9 +13,12 @@ Layout and why:
   so the jitter bytes of a real sampler are paid once per group instead of once per series.
 - ``rollups``: per series, 1-minute buckets (blocks of a day) and 1-hour buckets (blocks of 30
   days) with min, max, sum, count, last (and the time of last, so late points merge
-  correctly), written in the same transaction as the raw points and merged like chunks (a
-  query combines pieces of a block not merged yet). A week of 1-minute data for 100 series is
-  ~800 small blobs to decode instead of a million rows.
+  correctly), merged like chunks (a query combines pieces of a block not merged yet). A week
+  of 1-minute data for 100 series is ~800 small blobs to decode instead of a million rows.
+- ``rollup_journal``: each flush's 1-minute buckets of every series in ONE row, written in the
+  same transaction as the raw points (so a crash loses no rollup), and folded into
+  ``rollups`` about once a minute, on close and before a retention pass. A flush thus encodes
+  one rollup blob instead of two per series; queries add the journal's buckets not folded yet.
 
 Concurrency: one writer process (the sidecar) buffers points in memory and commits them in one
 ``BEGIN IMMEDIATE`` transaction per flush (on size, every ``flush_interval_s`` from a
@@ -40,9 +43,11 @@ import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, TypeVar
 from urllib.parse import quote
@@ -69,7 +74,11 @@ _ROLLUP_BLOCK_NS = {60: 86_400 * _NS, 3600: 30 * 86_400 * _NS}
 _MERGE_AT_CHUNKS = 8
 _MAINTENANCE_EVERY_S = 60.0
 _FORMAT = "seedance-tsdb"
-_FORMAT_VERSION = "1"
+_FORMAT_VERSION = "2"
+_READABLE_VERSIONS = ("1", "2")  # 1: no rollup_journal (every rollup already in rollups)
+_FOLD_EVERY_S = 60.0
+_FOLD_AT_ROWS = 120  # or sooner, when flushes come faster than one a second
+_DECODED_CACHE_POINTS = 2_000_000
 _AGG_FIELDS = ("bucket", "min", "max", "sum", "count", "last", "last_ns")
 _RAW_COLUMNS = ("time", "value")
 _ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
@@ -90,6 +99,9 @@ CREATE TABLE rollups(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
                      data BLOB NOT NULL);
 CREATE INDEX rollups_by_series ON rollups(series_id, step_s, block_ns);
 """
+# AUTOINCREMENT: a journal row id is never reused, so decoded rows can be cached by id.
+_JOURNAL_TABLE = """CREATE TABLE rollup_journal(id INTEGER PRIMARY KEY AUTOINCREMENT,
+                                               n INTEGER NOT NULL, data BLOB NOT NULL)"""
 
 Agg = dict[str, np.ndarray]
 
@@ -169,29 +181,43 @@ def _as_values(values: object, n: int) -> np.ndarray:
     return arr
 
 
-def _points_agg(times_ns: np.ndarray, values: np.ndarray, step_ns: int) -> Agg:
-    """Rollup buckets of time-sorted points (NaN values are left out of rollups)."""
+def _points_agg(times_ns: np.ndarray, values: np.ndarray, step_ns: int,
+                series: np.ndarray | None = None) -> Agg:
+    """Rollup buckets of points (NaN values are left out of rollups); with ``series`` (one
+    series id per point) the buckets of many series at once, with a "series" column."""
     keep = ~np.isnan(values)
     t, v = times_ns[keep], values[keep]
-    return _combine({"bucket": t // step_ns * step_ns, "min": v, "max": v, "sum": v,
-                     "count": np.ones(t.shape[0]), "last": v, "last_ns": t}, presorted=True)
+    agg = {"bucket": t // step_ns * step_ns, "min": v, "max": v, "sum": v,
+           "count": np.ones(t.shape[0]), "last": v, "last_ns": t}
+    if series is not None:
+        agg["series"] = series[keep]
+    return _combine(agg, presorted=series is None)
 
 
 def _combine(agg: Agg, *, presorted: bool) -> Agg:
-    """Merge rows that share a bucket; ``last`` is the value with the latest ``last_ns``."""
+    """Merge rows that share a bucket (and series, when there is a "series" column); ``last``
+    is the value with the latest ``last_ns``. ``presorted``: by (series,) bucket, last_ns."""
     if agg["bucket"].shape[0] == 0:
         return agg
+    keys = [agg["bucket"]] + ([agg["series"]] if "series" in agg else [])
     if not presorted:
-        order = np.lexsort((agg["last_ns"], agg["bucket"]))
+        order = np.lexsort((agg["last_ns"], *keys))
         agg = {k: a[order] for k, a in agg.items()}
-    bucket = agg["bucket"]
-    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-    ends = np.r_[starts[1:], bucket.shape[0]] - 1
-    return {"bucket": bucket[starts], "min": np.minimum.reduceat(agg["min"], starts),
-            "max": np.maximum.reduceat(agg["max"], starts),
-            "sum": np.add.reduceat(agg["sum"], starts),
-            "count": np.add.reduceat(agg["count"], starts),
-            "last": agg["last"][ends], "last_ns": agg["last_ns"][ends]}
+        keys = [agg["bucket"]] + ([agg["series"]] if "series" in agg else [])
+    new = np.zeros(agg["bucket"].shape[0], dtype=bool)
+    new[0] = True
+    for key in keys:
+        new[1:] |= key[1:] != key[:-1]
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:], new.shape[0]] - 1
+    out = {"bucket": agg["bucket"][starts], "min": np.minimum.reduceat(agg["min"], starts),
+           "max": np.maximum.reduceat(agg["max"], starts),
+           "sum": np.add.reduceat(agg["sum"], starts),
+           "count": np.add.reduceat(agg["count"], starts),
+           "last": agg["last"][ends], "last_ns": agg["last_ns"][ends]}
+    if "series" in agg:
+        out["series"] = agg["series"][starts]
+    return out
 
 
 _AGG_KINDS = "tvvvvvt"  # codec kind of each _AGG_FIELDS column
@@ -203,6 +229,26 @@ def _encode_agg(agg: Agg) -> bytes:
 
 def _decode_agg(blob: bytes, n: int) -> Agg:
     return dict(zip(_AGG_FIELDS, codec.decode_frame(blob, _AGG_KINDS, n), strict=True))
+
+
+_JOURNAL_FIELDS = ("series", *_AGG_FIELDS)
+_JOURNAL_KINDS = "t" + _AGG_KINDS  # the series id is an int64 column like a timestamp
+
+
+def _hour_buckets(agg: Agg) -> Agg:
+    """1-minute buckets (sorted by series, bucket) regrouped into 1-hour buckets."""
+    return _combine(dict(agg, bucket=agg["bucket"] // (3600 * _NS) * (3600 * _NS)),
+                    presorted=True)
+
+
+def _by_series(agg: Agg) -> Iterator[tuple[int, Agg]]:
+    """(series id, its rows without the series column) of rows sorted by series."""
+    series = agg["series"]
+    if series.shape[0] == 0:
+        return
+    starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
+    for start, stop in zip(starts, np.r_[starts[1:], series.shape[0]], strict=True):
+        yield int(series[start]), {k: agg[k][start:stop] for k in _AGG_FIELDS}
 
 
 def _split_by_block(times_ns: np.ndarray, block_ns: int
@@ -222,9 +268,40 @@ def _split_by_block(times_ns: np.ndarray, block_ns: int
         yield int(blocks[start]), slice(int(start), int(stop)), not last
 
 
+def _has_journal(conn: sqlite3.Connection) -> bool:
+    """Format 2 has a rollup journal; a format-1 file opened read-only has none."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                        "name = 'rollup_journal'").fetchone() is not None
+
+
 def _is_busy(e: sqlite3.OperationalError) -> bool:
     text = str(e).lower()
     return "locked" in text or "busy" in text
+
+
+class _DecodedCache:
+    """Decoded columns by content (a times digest, a values blob), least recently used out
+    first past ``max_points``: the policy pass and the rollout re-read the same chunks every
+    few seconds, and decoding them again was most of a query's cost. Content keys stay right
+    when SQLite reuses a deleted row's id. Cached arrays are read-only."""
+
+    def __init__(self, max_points: int) -> None:
+        self._max_points = max_points
+        self._points = 0
+        self._items: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    def get(self, key: bytes, decode: Callable[[], np.ndarray]) -> np.ndarray:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            return found
+        found = decode()
+        found.setflags(write=False)
+        self._items[key] = found
+        self._points += found.shape[0]
+        while self._points > self._max_points and len(self._items) > 1:
+            self._points -= self._items.popitem(last=False)[1].shape[0]
+        return found
 
 
 class _Pending:
@@ -267,6 +344,11 @@ class TimeSeriesStore:
         self._series_ids: dict[tuple[str, str], int] = {}
         self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
         self._last_maintenance = 0.0
+        self._last_fold = time.monotonic()
+        self._decoded = _DecodedCache(_DECODED_CACHE_POINTS)
+        self._journal_rows = 0  # rows the writer added since it last folded (or opened)
+        self._journal_decoded: dict[int, Agg] = {}  # journal row id -> its buckets
+        self._journal_series: tuple[tuple[int, ...], dict[int, Agg]] = ((), {})
         self._closed = False
         self.write_error: str | None = None
         """Why the last flush failed (None: it committed); buffered points wait for the next."""
@@ -314,7 +396,7 @@ class TimeSeriesStore:
             conn.execute("PRAGMA journal_mode=WAL")
             with self._transaction(conn):
                 if not conn.execute("SELECT 1 FROM sqlite_master").fetchone():
-                    for statement in _SCHEMA.split(";"):
+                    for statement in [*_SCHEMA.split(";"), _JOURNAL_TABLE]:
                         if statement.strip():
                             conn.execute(statement)
                     conn.executemany("INSERT INTO meta VALUES(?, ?)",
@@ -324,12 +406,17 @@ class TimeSeriesStore:
                  if "meta" in tables else {})
         if found.get("format") != _FORMAT:
             raise StoreError(f"{self.path} is not a seedance store (no '{_FORMAT}' header)")
-        if found.get("version") != _FORMAT_VERSION:
+        if found.get("version") not in _READABLE_VERSIONS:
             raise StoreError(f"{self.path} has store format {found.get('version')!r}, "
-                             f"this code reads {_FORMAT_VERSION!r}")
+                             f"this code reads {' and '.join(_READABLE_VERSIONS)}")
         if not self.readonly:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            if found["version"] != _FORMAT_VERSION:  # 1 -> 2: add the (empty) journal
+                with self._transaction(conn):
+                    conn.execute(_JOURNAL_TABLE)
+                    conn.execute("UPDATE meta SET value = ? WHERE key = 'version'",
+                                 (_FORMAT_VERSION,))
 
     @staticmethod
     @contextmanager
@@ -445,6 +532,13 @@ class TimeSeriesStore:
                     self.write_error = f"{type(e).__name__}: {e}"
                     raise
                 self.write_error = None
+            if (time.monotonic() - self._last_fold >= _FOLD_EVERY_S
+                    or self._journal_rows >= _FOLD_AT_ROWS):
+                try:
+                    self.fold()
+                except BaseException as e:  # the journal keeps the buckets: nothing is lost
+                    self.write_error = f"{type(e).__name__}: {e}"
+                    raise
             if time.monotonic() - self._last_maintenance >= _MAINTENANCE_EVERY_S:
                 self.prune()
 
@@ -467,6 +561,7 @@ class TimeSeriesStore:
         conn = self._conn
         with self._transaction(conn):
             times_ids: dict[bytes, int] = {}
+            sids, all_t, all_v = [], [], []
             for (name, akey), pending in batch.items():
                 sid = self._series_id(name, akey)
                 t = np.concatenate(pending.times)
@@ -476,14 +571,20 @@ class TimeSeriesStore:
                     t, v = t[order], v[order]
                 for block, part, sealed in _split_by_block(t, _RAW_BLOCK_NS):
                     self._append_chunk(sid, block, t[part], v[part], times_ids, sealed)
-                agg = _points_agg(t, v, 60 * _NS)
-                self._merge_rollup(sid, 60, agg)
-                agg = dict(agg, bucket=agg["bucket"] // (3600 * _NS) * (3600 * _NS))
-                self._merge_rollup(sid, 3600, _combine(agg, presorted=True))
+                sids.append(np.full(t.shape[0], sid, dtype=np.int64))
+                all_t.append(t)
+                all_v.append(v)
                 conn.execute(
                     "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?),"
                     " ?), last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
                     (int(t.shape[0]), int(t[0]), int(t[0]), int(t[-1]), int(t[-1]), sid))
+            agg = _points_agg(np.concatenate(all_t), np.concatenate(all_v), 60 * _NS,
+                              np.concatenate(sids))
+            if agg["bucket"].shape[0]:
+                conn.execute("INSERT INTO rollup_journal(n, data) VALUES(?, ?)",
+                             (int(agg["bucket"].shape[0]), codec.encode_frame(
+                                 _JOURNAL_KINDS, [agg[k] for k in _JOURNAL_FIELDS])))
+                self._journal_rows += 1
 
     def _series_id(self, name: str, akey: str) -> int:
         sid = self._series_ids.get((name, akey))
@@ -568,6 +669,33 @@ class TimeSeriesStore:
                          (sid, step_s, block, int(new["bucket"].shape[0]), _encode_agg(new)))
             self._chunk_counts[(step_s, sid, block)] = count + 1
 
+    def fold(self) -> None:
+        """Move the journal's buckets into each series' rollups, in one transaction (a
+        no-op on a read-only store). Runs about once a minute from flushes, on close and
+        before a retention pass, so retention never meets a bucket still in the journal."""
+        if self.readonly:
+            return
+        conn = self._conn
+
+        def attempt() -> None:
+            with self._transaction(conn):
+                minute = self._journal_agg(conn)
+                for sid, part in _by_series(minute):
+                    self._merge_rollup(sid, 60, part)
+                if minute["bucket"].shape[0]:
+                    for sid, part in _by_series(_hour_buckets(minute)):
+                        self._merge_rollup(sid, 3600, part)
+                conn.execute("DELETE FROM rollup_journal")
+
+        with self._db_lock:
+            try:
+                self._retry(attempt)
+            except BaseException:
+                self._chunk_counts.clear()  # counts cached inside the rolled-back transaction
+                raise
+            self._journal_rows = 0
+            self._last_fold = time.monotonic()
+
     def prune(self, *, now_ns: int | None = None) -> None:
         """Delete data past its retention, relative to ``now_ns`` (default: the wall clock)."""
         if self.readonly:
@@ -590,6 +718,7 @@ class TimeSeriesStore:
             conn.execute("PRAGMA incremental_vacuum")
 
         with self._db_lock:
+            self.fold()
             self._retry(attempt)
             self._chunk_counts.clear()
             self._last_maintenance = time.monotonic()
@@ -644,15 +773,38 @@ class TimeSeriesStore:
 
     def _read_raw(self, sid: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         rows = self._conn.execute(
-            "SELECT c.n, t.data, c.vals FROM chunks c JOIN times t ON t.id = c.times_id "
-            "WHERE c.series_id = ? AND c.block_ns > ? AND c.block_ns <= ? AND c.t_max >= ? "
-            "AND c.t_min <= ? ORDER BY c.t_min",
+            "SELECT c.n, t.digest, t.data, c.vals FROM chunks c JOIN times t "
+            "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns > ? AND c.block_ns <= ? "
+            "AND c.t_max >= ? AND c.t_min <= ? ORDER BY c.t_min",
             (sid, max(lo, np.iinfo(np.int64).min + _RAW_BLOCK_NS) - _RAW_BLOCK_NS, hi, lo,
              hi)).fetchall()
-        t = np.concatenate([codec.decode_times(r[1], r[0]) for r in rows] or [np.empty(0, "i8")])
-        v = np.concatenate([codec.decode_values(r[2], r[0]) for r in rows] or [np.empty(0)])
+        cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
+        t = np.concatenate([cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n))
+                            for n, digest, data, _ in rows] or [np.empty(0, "i8")])
+        v = np.concatenate([cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n))
+                            for n, _, _, vals in rows] or [np.empty(0)])
         keep = (t >= lo) & (t <= hi)
         return {"time": t[keep], "value": v[keep]}
+
+    def _journal_agg(self, conn: sqlite3.Connection) -> Agg:
+        """The journal's 1-minute buckets of every series, combined, sorted by series and
+        bucket (empty on a format-1 file, which has no journal)."""
+        rows = conn.execute("SELECT id, n, data FROM rollup_journal ORDER BY id").fetchall(
+        ) if _has_journal(conn) else []
+        decoded = {i: self._journal_decoded.get(i) or dict(zip(
+            _JOURNAL_FIELDS, codec.decode_frame(data, _JOURNAL_KINDS, n), strict=True))
+            for i, n, data in rows}
+        self._journal_decoded = decoded
+        return _combine({k: np.concatenate([d[k] for d in decoded.values()]) if decoded
+                         else np.empty(0, np.int64) for k in _JOURNAL_FIELDS}, presorted=False)
+
+    def _journal_by_series(self, conn: sqlite3.Connection) -> dict[int, Agg]:
+        """:meth:`_journal_agg` split by series, cached until the journal's rows change."""
+        ids = tuple(r[0] for r in conn.execute(
+            "SELECT id FROM rollup_journal ORDER BY id")) if _has_journal(conn) else ()
+        if ids != self._journal_series[0]:
+            self._journal_series = (ids, dict(_by_series(self._journal_agg(conn))))
+        return self._journal_series[1]
 
     def _read_rollup(self, sid: int, step_s: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         block_ns, step_ns = _ROLLUP_BLOCK_NS[step_s], step_s * _NS
@@ -661,9 +813,12 @@ class TimeSeriesStore:
             "block_ns > ? AND block_ns <= ? ORDER BY block_ns, id",
             (sid, step_s, max(lo, np.iinfo(np.int64).min + block_ns) - block_ns, hi)).fetchall()
         aggs = [_decode_agg(r[2], r[1]) for r in rows]
+        journal = self._journal_by_series(self._conn).get(sid)
+        if journal is not None:
+            aggs.append(journal if step_s == 60 else _hour_buckets(journal))
         agg = {k: np.concatenate([a[k] for a in aggs]) if aggs else np.empty(0)
                for k in _AGG_FIELDS}
-        if len({r[0] for r in rows}) < len(rows):  # a block not merged yet
+        if len({r[0] for r in rows}) < len(rows) or journal is not None:  # pieces to merge
             agg = _combine(agg, presorted=False)
         bucket = agg["bucket"].astype(np.int64)
         keep = (bucket + step_ns > lo) & (bucket <= hi)
@@ -702,6 +857,7 @@ class TimeSeriesStore:
             self._flusher.join()
         try:
             self.flush()
+            self.fold()
         finally:
             self._closed = True
             with self._db_lock:

@@ -182,6 +182,10 @@ class SidecarConfig(_Section):
     tuning_start_after_s: float = Field(default=15.0, ge=0)
     tuning_revisit_after_s: float | None = Field(default=300.0, gt=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)
+    nice: int = Field(default=10, ge=0, le=19)
+    """How far the sidecar lowers its own CPU priority (Unix niceness, added to what it started
+    with): it shares cores with the job it watches, and its bursts (a policy pass, a flush)
+    must not stall the job's threads. 0 keeps the priority it was started with."""
     approval: ApprovalConfig = ApprovalConfig()
     rollout: RolloutSection = RolloutSection()
     jobs: dict[str, JobConfig] = Field(default_factory=dict)

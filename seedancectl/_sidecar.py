@@ -556,9 +556,21 @@ class Sidecar:
         return app
 
 
+def yield_cpu(nice: int) -> None:
+    """Lower this process's priority by ``nice`` so the job on the same cores runs first; a
+    platform without ``os.nice`` (Windows) keeps its priority, and says so once."""
+    if nice <= 0:
+        return
+    if not hasattr(os, "nice"):
+        log.warning("nice = %d ignored: this platform has no os.nice", nice)
+        return
+    os.nice(nice)
+
+
 def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
     config = sidecar.config
+    yield_cpu(config.nice)
     if not config.loopback:
         log.warning("listening on %s, reachable from other hosts (%s)", config.listen,
                     "TLS" if config.tls_cert_file is not None else "allow_insecure_listen: "

@@ -133,6 +133,56 @@ def test_rollups_match_pandas_across_flushes_and_out_of_order(
     assert df["last"].tolist() == expected["last"].tolist()
 
 
+def test_rollups_read_the_same_from_the_journal_as_once_folded(tmp_path: Path) -> None:
+    """Flushes put rollup buckets in the journal; fold() moves them into per-series rollups.
+    A query must see the same buckets before, between and after folds, for every series."""
+    rng = np.random.default_rng(11)
+    t = T0 + np.sort(rng.integers(0, 2 * 86_400 * NS, 3000))  # crosses a day block
+    v = rng.normal(size=3000)
+    series = rng.integers(0, 5, 3000)
+    with _store(tmp_path / "s.db") as store:
+        def frames() -> list[pd.DataFrame]:
+            return [store.query("m", where={"s": str(k)}, resolution=r)  # type: ignore[arg-type]
+                    for k in range(5) for r in ("1m", "1h")]
+
+        for i, idx in enumerate(np.array_split(rng.permutation(3000), 12)):
+            for k in range(5):
+                mine = idx[series[idx] == k]
+                store.write_series("m", {"s": str(k)}, t[mine], v[mine])
+            store.flush()
+            if i == 5:
+                store.fold()
+        from_journal = frames()
+        store.fold()
+        folded = frames()
+    for a, b in zip(from_journal, folded, strict=True):
+        pd.testing.assert_frame_equal(a, b)
+    for k in range(5):
+        mine = series == k
+        expected = _expected_rollup(t[mine], v[mine], 60)
+        assert folded[2 * k]["count"].tolist() == expected["count"].tolist()
+        np.testing.assert_allclose(folded[2 * k]["value"], expected["mean"], rtol=1e-12)
+
+
+def test_a_format_1_store_is_read_and_upgraded_in_place(tmp_path: Path) -> None:
+    """Stores written before the rollup journal (format 1) open read-only as they are, and a
+    writer upgrades them with their rollups intact."""
+    path = tmp_path / "old.db"
+    path.write_bytes((REPO / "tests" / "data" / "demo_run" / "metrics.db").read_bytes())
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "1"
+    name = "seedance.train.loss"
+    with TimeSeriesStore(path, readonly=True) as reader:
+        before = reader.query(name, resolution="1m")
+    assert len(before) > 0
+    with _store(path) as writer:
+        assert writer.query(name, resolution="1m").equals(before)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "2"
+    with TimeSeriesStore(path, readonly=True) as reader:
+        pd.testing.assert_frame_equal(reader.query(name, resolution="1m"), before)
+
+
 def test_auto_resolution_follows_the_documented_rule(tmp_path: Path) -> None:
     with _store(tmp_path / "s.db") as store:
         t = T0 + np.arange(0, 40 * 86400, 30) * NS
@@ -392,7 +442,8 @@ _KILLED_WRITER = textwrap.dedent("""
     import sys
     import numpy as np
     from collectors._store import TimeSeriesStore
-    store = TimeSeriesStore(sys.argv[1], raw_retention_s=None, flush_interval_s=3600)
+    store = TimeSeriesStore(sys.argv[1], raw_retention_s=None, rollup_1m_retention_s=None,
+                           flush_interval_s=3600)
     t0, n = 1_760_000_000 * 10**9, 0
     while True:
         batch = np.arange(n, n + 997)
@@ -420,10 +471,12 @@ def test_kill_9_keeps_every_committed_point(tmp_path: Path) -> None:
     assert committed >= 40 * 997
     with TimeSeriesStore(path, readonly=True) as reader:
         df = reader.query("m", resolution="raw")
-    for _, part in df.groupby("g"):
+        rollup = reader.query("m", resolution="1m")  # the journal was never folded
+    for g, part in df.groupby("g"):
         values = part["value"].to_numpy()
         assert values.shape[0] >= committed
         assert values.tolist() == list(map(float, range(values.shape[0])))
+        assert rollup.loc[rollup["g"] == g, "count"].sum() == values.shape[0]
 
 
 def test_a_batch_of_only_nan_values_is_stored_and_leaves_rollups_empty(tmp_path: Path) -> None:
