@@ -150,6 +150,8 @@ class Trial:
     ci_high: float
     windows: int
     ended_because: str | None
+    origin: str = ""
+    """Why the search proposed it (``tuner.Proposal.origin``): "again: ...", "revisit: ..."."""
 
     @classmethod
     def from_change(cls, change: Mapping[str, Any]) -> Trial:
@@ -168,7 +170,8 @@ class Trial:
                    gain=_float(comparison.get("gain")),
                    ci_low=_float(comparison.get("ci_low")),
                    ci_high=_float(comparison.get("ci_high")), windows=len(windows),
-                   ended_because=(change.get("plan") or {}).get("ended_because"))
+                   ended_because=(change.get("plan") or {}).get("ended_because"),
+                   origin=str((change.get("meta") or {}).get("origin") or ""))
 
     @property
     def measured(self) -> bool:

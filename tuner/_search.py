@@ -342,6 +342,8 @@ class Proposal:
 
     number: int
     values: dict[str, KnobValue]
+    origin: str = ""
+    """Why this config: a prior's finding, a single move, "again: ..." or "revisit: ..."."""
 
 
 class SearchDriver:
@@ -601,8 +603,10 @@ class SearchDriver:
         try:
             return controller.propose(
                 job, proposal.values, source="trial", by=f"optuna:{self.config.study_name}",
-                reason=f"trial {proposal.number} of study {self.config.study_name}",
-                meta={"study": self.config.study_name, "trial": proposal.number})
+                reason=f"trial {proposal.number} of study {self.config.study_name}"
+                       + (f" ({proposal.origin})" if proposal.origin else ""),
+                meta={"study": self.config.study_name, "trial": proposal.number,
+                      "origin": proposal.origin})
         except Exception as exc:
             self.fail(proposal.number, reason=f"could not propose: {exc}", unsafe=False)
             raise
@@ -748,7 +752,8 @@ class SearchDriver:
     def _lease(self, trial: Trial) -> Proposal:
         self._mine[trial.number] = trial
         self.renew(trial.number)
-        return Proposal(number=trial.number, values=dict(trial.params))
+        return Proposal(number=trial.number, values=dict(trial.params),
+                        origin=str(trial.user_attrs.get(ORIGIN_ATTR, "")))
 
     def _untried(self) -> list[dict[str, Any]]:
         configs = grid(self.distributions) or []

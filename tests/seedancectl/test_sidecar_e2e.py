@@ -87,6 +87,18 @@ def query_until(store: Path, name: str, *extra: str) -> list[dict[str, object]]:
         time.sleep(0.5)
 
 
+def _niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_sidecar_yields_the_cpu_to_the_job_by_default(sidecar: Sidecar) -> None:
+    """It shares cores with the job it measures: by default it runs 10 niceness steps below
+    the priority it was started with."""
+    assert _niceness(sidecar.proc.pid) == min(_niceness(os.getpid()) + 10, 19)
+
+
 @pytest.mark.integration
 def test_stock_sdk_job_metrics_reach_the_cli_with_their_attributes(sidecar: Sidecar) -> None:
     sent = subprocess.run([sys.executable, "-c", SENDER, f"{sidecar.url}/v1/metrics"],

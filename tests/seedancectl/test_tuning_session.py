@@ -46,8 +46,11 @@ def test_live_tuning_session_on_default_settings_keeps_only_measured_gains(
     # 4 trials, or fewer once every single move from the kept config was tried (on a CPU
     # without bf16 instructions the demo GPT has two: threads and micro-batch)
     assert len(measured) >= 4 or (SEARCH_DONE in result.notes and measured), result.notes
-    configs = [json.dumps(t.values, sort_keys=True) for t in measured]
-    assert len(set(configs)) == len(configs), "the search never repeats a config"
+    seen: set[str] = set()
+    for t in measured:  # a config is measured again only when the search says why
+        config = json.dumps(t.values, sort_keys=True)
+        assert config not in seen or t.origin.startswith(("again:", "revisit:")), t
+        seen.add(config)
     for trial in result.trials:  # one knob at a time, from the baseline of then
         assert len([k for k in trial.values if trial.values[k] != trial.baseline[k]]) == 1
         assert not any(str(v) == "fp16" for v in trial.values.values())  # slower on a CPU
