@@ -28,7 +28,8 @@ def code_revision() -> str:
 
 class DefaultSettingsSession(TrainingSession):
     """``seedancectl._session.TrainingSession`` with the default sidecar settings; the job is
-    ``python <job_args(sidecar URL)>``, its log ``logs/job.log``."""
+    ``python <job_args(sidecar URL)>``, its log ``logs/train.log`` (where ``steps()`` reads
+    its progress lines)."""
 
     def __init__(self, out: Path, *, job: str, job_args: Callable[[str], list[str]]) -> None:
         super().__init__(SessionConfig(out=out, job=job, tune=True, mode="auto"))
@@ -51,7 +52,7 @@ class DefaultSettingsSession(TrainingSession):
         self.token_file.chmod(0o600)
         self.config_file.write_text(self.sidecar_toml(), encoding="utf-8")
         self.start_sidecar()
-        self.train = self._spawn("job", self._job_args(self.url))
+        self.train = self._spawn("train", self._job_args(self.url))
         self.wait(lambda: True if (self.job_status() or {}).get("state") == "attached"
                   else None, self.config.start_timeout_s, "the job to attach",
                   watch=(self.train,))
