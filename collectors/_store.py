@@ -78,7 +78,7 @@ _FORMAT_VERSION = "2"
 _READABLE_VERSIONS = ("1", "2")  # 1: no rollup_journal (every rollup already in rollups)
 _FOLD_EVERY_S = 60.0
 _FOLD_AT_ROWS = 120  # or sooner, when flushes come faster than one a second
-_DECODED_CACHE_POINTS = 2_000_000
+_DECODED_CACHE_BYTES = 16 * 2**20
 _AGG_FIELDS = ("bucket", "min", "max", "sum", "count", "last", "last_ns")
 _RAW_COLUMNS = ("time", "value")
 _ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
@@ -281,14 +281,20 @@ def _is_busy(e: sqlite3.OperationalError) -> bool:
 
 class _DecodedCache:
     """Decoded columns by content (a times digest, a values blob), least recently used out
-    first past ``max_points``: the policy pass and the rollout re-read the same chunks every
+    first past ``max_bytes``: the policy pass and the rollout re-read the same chunks every
     few seconds, and decoding them again was most of a query's cost. Content keys stay right
-    when SQLite reuses a deleted row's id. Cached arrays are read-only."""
+    when SQLite reuses a deleted row's id. Cached arrays are read-only. An entry costs its
+    array, its key and a fixed overhead: a chunk of one flush may hold a single point."""
 
-    def __init__(self, max_points: int) -> None:
-        self._max_points = max_points
-        self._points = 0
+    ENTRY_OVERHEAD_BYTES = 256
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._items: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    def _cost(self, key: bytes, found: np.ndarray) -> int:
+        return found.nbytes + len(key) + self.ENTRY_OVERHEAD_BYTES
 
     def get(self, key: bytes, decode: Callable[[], np.ndarray]) -> np.ndarray:
         found = self._items.get(key)
@@ -298,9 +304,9 @@ class _DecodedCache:
         found = decode()
         found.setflags(write=False)
         self._items[key] = found
-        self._points += found.shape[0]
-        while self._points > self._max_points and len(self._items) > 1:
-            self._points -= self._items.popitem(last=False)[1].shape[0]
+        self.bytes += self._cost(key, found)
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            self.bytes -= self._cost(*self._items.popitem(last=False))
         return found
 
 
@@ -345,7 +351,7 @@ class TimeSeriesStore:
         self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
         self._last_maintenance = 0.0
         self._last_fold = time.monotonic()
-        self._decoded = _DecodedCache(_DECODED_CACHE_POINTS)
+        self._decoded = _DecodedCache(_DECODED_CACHE_BYTES)
         self._journal_rows = 0  # rows the writer added since it last folded (or opened)
         self._journal_decoded: dict[int, Agg] = {}  # journal row id -> its buckets
         self._journal_series: tuple[tuple[int, ...], dict[int, Agg]] = ((), {})

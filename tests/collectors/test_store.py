@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 from collectors._errors import SeedanceError
 from collectors._points import Point
-from collectors._store import AUTO_MIN_POINTS, StoreError, TimeSeriesStore
+from collectors._store import AUTO_MIN_POINTS, StoreError, TimeSeriesStore, _DecodedCache
 from collectors._store_codec import decode_times, decode_values, encode_times, encode_values
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,6 +162,25 @@ def test_rollups_read_the_same_from_the_journal_as_once_folded(tmp_path: Path) -
         expected = _expected_rollup(t[mine], v[mine], 60)
         assert folded[2 * k]["count"].tolist() == expected["count"].tolist()
         np.testing.assert_allclose(folded[2 * k]["value"], expected["mean"], rtol=1e-12)
+
+
+def test_the_decoded_chunk_cache_stays_within_its_byte_budget() -> None:
+    """Chunks of one-second flushes hold a point or two: a budget in points would let a
+    million tiny entries through, so the budget counts each entry's bytes and overhead."""
+    cache = _DecodedCache(64 * 1024)
+    decoded = 0
+
+    def decode(i: int) -> np.ndarray:
+        nonlocal decoded
+        decoded += 1
+        return np.array([float(i)])
+
+    for i in range(10_000):
+        assert cache.get(b"v1:%d" % i, lambda i=i: decode(i))[0] == i
+    assert cache.bytes <= cache.max_bytes
+    assert cache.get(b"v1:9999", lambda: decode(-1))[0] == 9999  # recent: still cached
+    assert cache.get(b"v1:0", lambda: decode(-1))[0] == -1  # oldest: evicted, decoded again
+    assert decoded == 10_001
 
 
 def test_a_format_1_store_is_read_and_upgraded_in_place(tmp_path: Path) -> None:
