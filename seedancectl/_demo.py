@@ -44,6 +44,11 @@ INCIDENT_LOSS_SCALE = 2.0**-24
 """A loss scale backed off this far flushes fp16 gradients to zero; fp32 and bf16 keep them."""
 INCIDENT_TRIALS = 4
 TUNING_AT_LEAST_S = 240.0
+IDLE_WAIT_S = 90.0
+"""How long the trial in flight may take to finish once tuning is paused."""
+OVERRUN_MARGIN_S = 240.0
+"""Start-up (sidecar, job warm-up) and slack beyond the phases' own bounds before the demo
+calls itself stuck."""
 
 
 class DemoError(SeedanceError):
@@ -71,6 +76,22 @@ class DemoConfig:
     @property
     def seconds(self) -> float:
         return self.minutes * 60
+
+    @property
+    def incident_s(self) -> float:
+        return max(30.0, 0.25 * self.seconds)
+
+    @property
+    def tuning_s(self) -> float:
+        """A trial takes up to a minute and a half of the job's time (the sequential test's
+        budget), so a short demo tunes for at least TUNING_AT_LEAST_S to show its trials."""
+        return max(self.seconds - self.incident_s, TUNING_AT_LEAST_S)
+
+    @property
+    def overrun_s(self) -> float:
+        """The phases' own bounds (tuning, the trial in flight, the staged incident) plus a
+        margin: past it the demo is stuck, not slow."""
+        return self.tuning_s + IDLE_WAIT_S + max(60.0, self.incident_s) + OVERRUN_MARGIN_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,9 +200,9 @@ class DemoRun:
             if code not in (None, 0) or (code == 0 and name != "serve"):
                 raise DemoError(f"the {name} process exited with code {code}; "
                                 f"see {self.logs / (name + '.log')}")
-        if self.elapsed_s() > self.config.seconds + 240:
-            raise DemoError(f"the demo overran its {self.config.minutes:g} minutes by 4 "
-                            f"minutes; logs in {self.logs}")
+        if self.elapsed_s() > self.config.overrun_s:
+            raise DemoError(f"the demo ran past {self.config.overrun_s:.0f} s, the bound of "
+                            f"its phases plus {OVERRUN_MARGIN_S:.0f} s; logs in {self.logs}")
 
     def _until(self, done: Callable[[], bool], deadline: float,
                on_tick: Callable[[Snapshot], None], interval_s: float) -> bool:
@@ -202,24 +223,19 @@ class DemoRun:
     def follow(self, on_tick: Callable[[Snapshot], None], *, interval_s: float = 1.0) -> None:
         """The phases: tuning until its share of the time is up (or enough trials), the search
         paused and the trial in flight finished, then the staged incident to its verdict."""
-        start = time.monotonic()
-        incident_s = max(30.0, 0.25 * self.config.seconds)
         self.phase = "tuning"
-        # a trial takes up to a minute of the job's time (the sequential test's budget), so a
-        # short demo's tuning phase runs until its trials are in or the search has nothing
-        # left to try from the kept config, for at most TUNING_AT_LEAST_S
-        self._until(self._tuned, start + max(self.config.seconds - incident_s,
-                                             TUNING_AT_LEAST_S), on_tick, interval_s)
+        # until the trials are in or the search has nothing left to try from the kept config
+        self._until(self._tuned, time.monotonic() + self.config.tuning_s, on_tick, interval_s)
         self.moves_left = self._moves_left()
         self.session.set_tuning("pause")
         self.phase = "tuning paused: the trial in flight finishes"
-        self._until(self._idle, time.monotonic() + 90.0, on_tick, interval_s)
+        self._until(self._idle, time.monotonic() + IDLE_WAIT_S, on_tick, interval_s)
         self.phase = f"incident (staged): {INCIDENT_KNOB} -> fp16 under a backed-off loss scale"
         change = self.session.propose({INCIDENT_KNOB: "fp16"}, reason=(
             "STAGED by the demo: fp16 on one module group under a backed-off loss scale"))
         self.incident_change = change["id"]
         self._until(lambda: self.session.change(change["id"])["state"] in FINAL_STATES,
-                    time.monotonic() + max(60.0, incident_s), on_tick, interval_s)
+                    time.monotonic() + max(60.0, self.config.incident_s), on_tick, interval_s)
         self.phase = "done"
         on_tick(self.snapshot())
 
