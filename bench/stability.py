@@ -7,7 +7,7 @@ which keeps only measured gains). Each run is a fresh `python -m pytest` process
 is shared between runs but the machine. Runs alternate between the tests (A, B, A, B, ...),
 so drift on the shared box hits both alike.
 
-Run: python bench/stability.py  [--runs 10]
+Run: python bench/stability.py  [--runs 10] [--tests demo_short_session] [--out FILE]
 Results: bench/results/stability.json (every run's outcome and wall seconds, and whether each
 test passed every one of its runs)
 """
@@ -35,25 +35,32 @@ TESTS = {
 }
 
 
+def revision() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def run_once(node: str) -> dict[str, Any]:
-    """One pytest process for one test; its outcome, wall time and, on failure, the tail."""
+    """One pytest process for one test; its outcome, wall time, the code it ran (the tree may
+    move on during a long run) and, on failure, the tail."""
+    code = revision()
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                            node], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     row: dict[str, Any] = {"passed": done.returncode == 0, "rc": done.returncode,
-                           "wall_s": round(time.monotonic() - started, 1)}
+                           "wall_s": round(time.monotonic() - started, 1), "code_revision": code}
     if done.returncode != 0:
         row["tail"] = (done.stdout + done.stderr)[-3000:]
     return row
 
 
-def summarise(runs: dict[str, list[dict[str, Any]]], revision: str) -> dict[str, Any]:
+def summarise(runs: dict[str, list[dict[str, Any]]], started_at: str) -> dict[str, Any]:
     """The results so far, with the verdict the issue asks for: every run of a test passed."""
     return {
         "bench": "stability",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "code_revision": revision,
+        "code_revision_at_start": started_at,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": os.cpu_count()},
         "what_is_measured": "each test run alone in a fresh pytest process, the two tests "
@@ -71,19 +78,24 @@ def summarise(runs: dict[str, list[dict[str, Any]]], revision: str) -> dict[str,
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="runs of each test")
+    parser.add_argument("--tests", default=",".join(TESTS),
+                        help=f"comma-separated, of {', '.join(TESTS)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    chosen = args.tests.split(",")
+    if unknown := sorted(set(chosen) - set(TESTS)):
+        parser.error(f"--tests: unknown {', '.join(unknown)}; choose from {', '.join(TESTS)}")
 
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip()
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in TESTS}
+    started_at = revision()
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
     for index in range(args.runs):
-        for name, node in TESTS.items():
+        for name in chosen:
+            node = TESTS[name]
             row = run_once(node)
             runs[name].append(row)
             print(f"run {index + 1}/{args.runs} {name}: "
                   f"{'passed' if row['passed'] else 'FAILED'} in {row['wall_s']} s", flush=True)
-            result = summarise(runs, revision)  # written after every run: a stop loses none
+            result = summarise(runs, started_at)  # written after every run: a stop loses none
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=1) + "\n")
     for name, summary in result["tests"].items():
