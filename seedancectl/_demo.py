@@ -88,10 +88,15 @@ class DemoConfig:
         return max(self.seconds - self.incident_s, TUNING_AT_LEAST_S)
 
     @property
+    def incident_wait_s(self) -> float:
+        """How long the staged incident may take to reach its verdict."""
+        return max(60.0, self.incident_s)
+
+    @property
     def overrun_s(self) -> float:
         """The phases' own bounds (tuning, the trial in flight, the staged incident) plus a
         margin: past it the demo is stuck, not slow."""
-        return self.tuning_s + IDLE_WAIT_S + max(60.0, self.incident_s) + OVERRUN_MARGIN_S
+        return self.tuning_s + IDLE_WAIT_S + self.incident_wait_s + OVERRUN_MARGIN_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,7 +240,7 @@ class DemoRun:
             "STAGED by the demo: fp16 on one module group under a backed-off loss scale"))
         self.incident_change = change["id"]
         self._until(lambda: self.session.change(change["id"])["state"] in FINAL_STATES,
-                    time.monotonic() + max(60.0, self.config.incident_s), on_tick, interval_s)
+                    time.monotonic() + self.config.incident_wait_s, on_tick, interval_s)
         self.phase = "done"
         on_tick(self.snapshot())
 
