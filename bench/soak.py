@@ -21,7 +21,13 @@ At the end the sidecar stops (SIGTERM) and the store is read back: points lost =
 Reported: RSS slope after the first quarter (MiB/hour, least squares), store growth per hour,
 API latency p50/p99 over every reader call, points sent / stored / lost, scrapes up.
 
-Run: python bench/soak.py [--minutes 30]    Results: bench/results/soak.json
+With ``--trace-memory`` the sidecar runs with tracemalloc on (``bench/_traced_sidecar.py``):
+snapshots at the first quarter and near the end, and the result adds Python's traced heap at
+each and the allocation sites that grew most between them. Tracing slows the sidecar and adds
+its own memory: compare its RSS only with another traced run.
+
+Run: python bench/soak.py [--minutes 30] [--trace-memory --out bench/results/soak_traced.json]
+Results: bench/results/soak.json
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -131,10 +138,30 @@ def slope_per_hour(times_s: list[float], values: list[float]) -> float:
     return float(np.polyfit(np.asarray(times_s), np.asarray(values), 1)[0] * 3600)
 
 
+def heap_growth(snapshots: list[Path], top: int = 15) -> dict[str, Any]:
+    """Python's traced heap at each snapshot and the allocation sites (their innermost
+    frames, repository code first) that grew most from the first to the last."""
+    missing = [str(p) for p in snapshots if not p.exists()]
+    if missing:
+        return {"error": f"snapshots not written: {missing}"}
+    first, last = (tracemalloc.Snapshot.load(str(p)) for p in (snapshots[0], snapshots[-1]))
+    grew = [d for d in last.compare_to(first, "traceback") if d.size_diff > 0][:top]
+    return {
+        "traced_mib": [round(sum(s.size for s in snap.statistics("filename")) / 2**20, 2)
+                       for snap in (first, last)],
+        "top_growth": [{"kib": round(d.size_diff / 1024, 1), "blocks": d.count_diff,
+                        "frames": [f"{f.filename.removeprefix(str(ROOT) + '/')}:{f.lineno}"
+                                   for f in d.traceback][-8:]}
+                       for d in grew],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--trace-memory", action="store_true",
+                   help="run the sidecar under tracemalloc and report the sites that grew")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="seedance-soak-"))
     exporter = Exporter()
@@ -149,8 +176,14 @@ def main(argv: list[str] | None = None) -> None:
         '[jobs.train]', "tune = true", "", "[[scrape]]", f'url = "{exporter.url}"',
         'kind = "dcgm"', ""]))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN}
+    snapshot_at = (0.25 * args.minutes * 60, max(0.25, args.minutes * 60 - 15))
+    launcher = ["-m", "seedancectl.sidecar"]
+    if args.trace_memory:
+        launcher = [str(ROOT / "bench" / "_traced_sidecar.py")]
+        env.update(SOAK_SNAPSHOT_AT=",".join(f"{t:.0f}" for t in snapshot_at),
+                   SOAK_SNAPSHOT_DIR=str(work))
     logs = {n: (work / f"{n}.log").open("wb") for n in ("sidecar", "train")}
-    sidecar = subprocess.Popen([sys.executable, "-m", "seedancectl.sidecar", "--config",
+    sidecar = subprocess.Popen([sys.executable, *launcher, "--config",
                                 str(work / "sidecar.toml")], stdout=logs["sidecar"],
                                stderr=subprocess.STDOUT, env=env, cwd=work)
     http = httpx.Client(base_url=url, timeout=30.0)
@@ -207,8 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     threads = [threading.Thread(target=rank_loop, args=(r,), daemon=True) for r in range(RANKS)]
     threads += [threading.Thread(target=reader_loop, args=(i,), daemon=True)
                 for i in range(READERS)]
-    for t in threads:
-        t.start()
+    for thread in threads:
+        thread.start()
     started = time.monotonic()
     samples: list[tuple[float, float, int]] = []
     print(f"soak: {args.minutes:g} minutes, sidecar pid {sidecar.pid}, logs in {work}",
@@ -220,8 +253,8 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(10)
     metrics_text = http.get("/metrics").text
     stop.set()
-    for t in threads:
-        t.join(35)
+    for thread in threads:
+        thread.join(35)
     changes = http.get("/v1/changes").json()
     train.send_signal(signal.SIGTERM)
     sidecar.send_signal(signal.SIGTERM)
@@ -262,6 +295,9 @@ def main(argv: list[str] | None = None) -> None:
         "samples": [{"t_s": round(a, 1), "rss_mib": round(b, 1), "store_bytes": c}
                     for a, b, c in samples],
     }
+    if args.trace_memory:
+        result["tracemalloc"] = heap_growth([work / f"tracemalloc-{t:.0f}.snap"
+                                             for t in snapshot_at])
     for log in logs.values():
         log.close()
     exporter.shutdown()
