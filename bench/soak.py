@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                                 str(work / "sidecar.toml")], stdout=logs["sidecar"],
                                stderr=subprocess.STDOUT, env=env, cwd=work)
     http = httpx.Client(base_url=url, timeout=30.0)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + (240 if args.trace_memory else 60)  # tracing slows imports
     while True:
         try:
             if http.get("/readyz").status_code == 200:
