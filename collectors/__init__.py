@@ -2,47 +2,87 @@
 
 Importing this package is cheap and never imports torch: the public names below load their
 module on first use, so a job that only needs the torch instrumentation
-(``collectors.torch_training``) does not pay for the receiver, the store or pandas.
+(``collectors.torch_training``) does not pay for the receiver, the store or pandas. Each name
+is listed once, as a typed import under ``TYPE_CHECKING`` that ``lazy_exports`` reads.
 """
 
 from __future__ import annotations
 
-from collectors._lazy import lazy_exports
+from typing import TYPE_CHECKING
 
-_EXPORTS: dict[str, str] = {
-    # names, points, errors
-    "BY_NAME": "_catalogue", "CATALOGUE": "_catalogue", "MetricSpec": "_catalogue",
-    "CONFIG_VERSION_ATTR": "_points", "REPLAYED_ATTR": "_points", "MetricKind": "_points",
-    "Point": "_points", "SeedanceError": "_errors",
-    # OpenTelemetry set-up and Prometheus exposition
-    "TelemetryConfig": "_otel", "TelemetryConfigError": "_otel", "Telemetry": "_otel",
-    "setup_telemetry": "_otel", "StoreMetricExporter": "_otel", "histogram_views": "_otel",
-    "STEP_BUCKETS_S": "_otel", "LATENCY_BUCKETS_S": "_otel",
-    "LatestValueCollector": "_prometheus", "serve_metrics": "_prometheus",
-    "MetricsServer": "_prometheus", "MetricsServerError": "_prometheus",
-    # OTLP receiver
-    "DecodedMetrics": "_otlp_decode", "MetricInfo": "_otlp_decode",
-    "Temporality": "_otlp_decode", "OtlpDecodeError": "_otlp_decode",
-    "RESOURCE_ATTRS": "_otlp_decode", "decode_protobuf": "_otlp_decode",
-    "decode_json": "_otlp_decode", "points_from_request": "_otlp_decode",
-    "otlp_router": "_otlp_receiver", "ReceiverStats": "_otlp_receiver",
-    "Forwarder": "_otlp_receiver", "ForwarderConfig": "_otlp_receiver",
-    "BodyTooLarge": "_otlp_receiver",
-    # time-series store
-    "TimeSeriesStore": "_store", "StoreConfig": "_store", "StoreError": "_store",
-    "AUTO_MIN_POINTS": "_store",
-    # NVML
-    "GpuSampler": "_nvml", "GpuSamplerConfig": "_nvml",
-    "NvmlBackend": "_nvml_backends", "LiveNvmlBackend": "_nvml_backends",
-    "RecordingBackend": "_nvml_backends", "ReplayBackend": "_nvml_backends",
-    "DisabledBackend": "_nvml_backends", "NvmlError": "_nvml_backends",
-    "NvmlUnavailable": "_nvml_backends", "NvmlNotSupported": "_nvml_backends",
-    "NvmlGpuLost": "_nvml_backends", "NvmlTraceError": "_nvml_backends",
-    # scrape sources
-    "Scraper": "_scrape", "ScrapeSource": "_scrape", "ScrapeResult": "_scrape",
-    "ScrapeStats": "_scrape", "ScrapeError": "_scrape", "map_exposition": "_scrape",
-    "SOURCE_ATTR": "_scrape",
-}
+from collectors._lazy import lazy_exports as lazy_exports
 
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+if TYPE_CHECKING:
+    from collectors._cardinality import CardinalityLimit as CardinalityLimit
+    from collectors._cardinality import SeriesLimiter as SeriesLimiter
+    from collectors._catalogue import BY_NAME as BY_NAME
+    from collectors._catalogue import CATALOGUE as CATALOGUE
+    from collectors._catalogue import MetricSpec as MetricSpec
+    from collectors._errors import SeedanceError as SeedanceError
+    from collectors._nvml import GpuSampler as GpuSampler
+    from collectors._nvml import GpuSamplerConfig as GpuSamplerConfig
+    from collectors._nvml_backends import DisabledBackend as DisabledBackend
+    from collectors._nvml_backends import LiveNvmlBackend as LiveNvmlBackend
+    from collectors._nvml_backends import NvmlBackend as NvmlBackend
+    from collectors._nvml_backends import NvmlError as NvmlError
+    from collectors._nvml_backends import NvmlGpuLost as NvmlGpuLost
+    from collectors._nvml_backends import NvmlNotSupported as NvmlNotSupported
+    from collectors._nvml_backends import NvmlTraceError as NvmlTraceError
+    from collectors._nvml_backends import NvmlUnavailable as NvmlUnavailable
+    from collectors._nvml_backends import RecordingBackend as RecordingBackend
+    from collectors._nvml_backends import ReplayBackend as ReplayBackend
+    from collectors._otel import LATENCY_BUCKETS_S as LATENCY_BUCKETS_S
+    from collectors._otel import STEP_BUCKETS_S as STEP_BUCKETS_S
+    from collectors._otel import StoreMetricExporter as StoreMetricExporter
+    from collectors._otel import Telemetry as Telemetry
+    from collectors._otel import TelemetryConfig as TelemetryConfig
+    from collectors._otel import TelemetryConfigError as TelemetryConfigError
+    from collectors._otel import histogram_views as histogram_views
+    from collectors._otel import setup_telemetry as setup_telemetry
+    from collectors._otlp_decode import RESOURCE_ATTRS as RESOURCE_ATTRS
+    from collectors._otlp_decode import DecodedMetrics as DecodedMetrics
+    from collectors._otlp_decode import MetricInfo as MetricInfo
+    from collectors._otlp_decode import OtlpDecodeError as OtlpDecodeError
+    from collectors._otlp_decode import Temporality as Temporality
+    from collectors._otlp_decode import decode_json as decode_json
+    from collectors._otlp_decode import decode_protobuf as decode_protobuf
+    from collectors._otlp_decode import points_from_request as points_from_request
+    from collectors._otlp_receiver import BodyTooLarge as BodyTooLarge
+    from collectors._otlp_receiver import Forwarder as Forwarder
+    from collectors._otlp_receiver import ForwarderConfig as ForwarderConfig
+    from collectors._otlp_receiver import ReceiverStats as ReceiverStats
+    from collectors._otlp_receiver import otlp_router as otlp_router
+    from collectors._otlp_traces import SpanRecord as SpanRecord
+    from collectors._points import CONFIG_VERSION_ATTR as CONFIG_VERSION_ATTR
+    from collectors._points import REPLAYED_ATTR as REPLAYED_ATTR
+    from collectors._points import MetricKind as MetricKind
+    from collectors._points import Point as Point
+    from collectors._prometheus import LatestValueCollector as LatestValueCollector
+    from collectors._prometheus import MetricsServer as MetricsServer
+    from collectors._prometheus import MetricsServerError as MetricsServerError
+    from collectors._prometheus import serve_metrics as serve_metrics
+    from collectors._scrape import SOURCE_ATTR as SOURCE_ATTR
+    from collectors._scrape import ScrapeError as ScrapeError
+    from collectors._scrape import Scraper as Scraper
+    from collectors._scrape import ScrapeResult as ScrapeResult
+    from collectors._scrape import ScrapeSource as ScrapeSource
+    from collectors._scrape import ScrapeStats as ScrapeStats
+    from collectors._scrape import map_exposition as map_exposition
+    from collectors._span_store import SpanStore as SpanStore
+    from collectors._span_store import spans_table as spans_table
+    from collectors._state_engine import sqlite_url as sqlite_url
+    from collectors._state_engine import state_engine as state_engine
+    from collectors._store import AUTO_MIN_POINTS as AUTO_MIN_POINTS
+    from collectors._store import StoreConfig as StoreConfig
+    from collectors._store import StoreError as StoreError
+    from collectors._store import TimeSeriesStore as TimeSeriesStore
+    from collectors._tracing import Tracing as Tracing
+    from collectors._tracing import new_traceparent as new_traceparent
+    from collectors._tracing import null_tracing as null_tracing
+    from collectors._tracing import setup_tracing as setup_tracing
+    from collectors._tracing import trace_id_of as trace_id_of
+    from collectors._tracing import traceparent_context as traceparent_context
+    from collectors._tracing import traces_endpoint_for as traces_endpoint_for
+
+if not TYPE_CHECKING:  # a __getattr__ that mypy saw would type every misspelt name as Any
+    __all__, __getattr__, __dir__ = lazy_exports(globals())

@@ -24,8 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
-from collectors._state_engine import sqlite_url as sqlite_url
-from collectors._state_engine import state_engine
+from collectors import sqlite_url as sqlite_url
+from collectors import state_engine
 from policies._findings import Finding
 
 _metadata = MetaData()

@@ -23,12 +23,21 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from seedancectl._config import SidecarConfig
-from tuner._knobs import KnobError, KnobValue
-from tuner._lease import Credentials, UnknownJobError
-from tuner._rollout import ACTIVE, Change, IllegalTransition, RolloutController, RolloutError
-from tuner._token import TOKEN_ENV, read_token
+from tuner import (
+    ACTIVE,
+    TOKEN_ENV,
+    Change,
+    Credentials,
+    IllegalTransition,
+    KnobError,
+    KnobValue,
+    RolloutController,
+    RolloutError,
+    UnknownJobError,
+    read_token,
+)
 
 if TYPE_CHECKING:
     from seedancectl._sidecar import Sidecar

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 
 ENV_PREFIX = "SEEDANCE_"
 ApprovalMode = Literal["auto", "suggest", "off"]

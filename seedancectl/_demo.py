@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import httpx
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from seedancectl._session import ACTIVE_STATES, FINAL_STATES, SessionConfig, TrainingSession
 
 SUMMARY_SCHEMA_VERSION = 2
@@ -310,7 +310,7 @@ class DemoRun:
 
     def _latest(self, name: str, job: str) -> float | None:
         """The newest value of a metric of ``job`` in the store (None before the first)."""
-        from collectors._store import StoreError, TimeSeriesStore
+        from collectors import StoreError, TimeSeriesStore
 
         if self._store is None:
             if not self.store_path.exists():

@@ -119,7 +119,7 @@ def span_counts(state_db_url: str, trace_ids: Sequence[str]) -> dict[str, dict[s
     """Per trace: spans the sidecar recorded and spans the job sent (``job.apply``)."""
     from sqlalchemy import create_engine, func, select
 
-    from collectors._span_store import spans_table
+    from collectors import spans_table
 
     if not trace_ids:
         return {}
@@ -140,8 +140,7 @@ def span_counts(state_db_url: str, trace_ids: Sequence[str]) -> dict[str, dict[s
 
 def _series(run: DemoRun) -> dict[str, Any]:
     """Training and serving numbers and the GPU counters' source, from the store."""
-    from collectors._points import REPLAYED_ATTR
-    from collectors._store import TimeSeriesStore
+    from collectors import REPLAYED_ATTR, TimeSeriesStore
 
     with TimeSeriesStore(run.store_path, readonly=True) as store:
         def frame(name: str, job: str | None = None) -> Any:

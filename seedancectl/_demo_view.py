@@ -15,7 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from seedancectl._demo import DemoConfig, DemoError, DemoRun, Snapshot, write_summary
 
 STATE_STYLE = {"kept": "green", "rolled_back": "red", "rejected": "yellow", "failed": "red",

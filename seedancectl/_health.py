@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from policies import Evidence, Finding, Measurement, SelfCheck
-from tuner._restore import Restore
-from tuner._rollout import MANUAL
+from tuner import MANUAL, Restore
 
 if TYPE_CHECKING:
     from seedancectl._sidecar import Sidecar

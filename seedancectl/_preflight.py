@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from seedancectl._config import ConfigError, SidecarConfig
-from tuner._token import TokenError, read_token
+from tuner import TokenError, read_token
 
 
 def preflight(config: SidecarConfig) -> None:

@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from collectors._errors import SeedanceError
-from tuner._token import TOKEN_ENV
+from collectors import SeedanceError
+from tuner import TOKEN_ENV
 
 T = TypeVar("T")
 _PROGRESS = re.compile(r"^step (?P<step>\d+) loss (?P<loss>\S+) ")

@@ -35,14 +35,25 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 import policies.detectors
-from collectors._cardinality import CardinalityLimit, SeriesLimiter
-from collectors._errors import SeedanceError
-from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
-from collectors._otlp_decode import DecodedMetrics
-from collectors._otlp_receiver import Forwarder, ForwarderConfig, ReceiverStats, otlp_router
-from collectors._prometheus import LatestValueCollector, MetricsServer, serve_metrics
-from collectors._scrape import Scraper
-from collectors._store import TimeSeriesStore
+from collectors import (
+    CardinalityLimit,
+    DecodedMetrics,
+    Forwarder,
+    ForwarderConfig,
+    LatestValueCollector,
+    MetricsServer,
+    ReceiverStats,
+    Scraper,
+    SeedanceError,
+    SeriesLimiter,
+    Telemetry,
+    TelemetryConfig,
+    TimeSeriesStore,
+    otlp_router,
+    serve_metrics,
+    setup_telemetry,
+    state_engine,
+)
 from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, StoreWindow, WindowSource
 from policies.detectors import ComputePriorsDetector
@@ -58,22 +69,27 @@ from seedancectl._native_memory import cap_arenas, trim_periodically
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
-from tuner._ceilings import observed_ceilings
-from tuner._lease import JobRegistry, JobStatus, lease_router
-from tuner._measure import MeasureConfig
-from tuner._rollout import (
+from tuner import (
     Change,
     GradientCollapseFindings,
     Guardrail,
+    JobRegistry,
+    JobStatus,
+    MeasureConfig,
     NonFiniteLoss,
     RolloutConfig,
     RolloutController,
+    SearchConfig,
+    SearchDriver,
+    TuningLoop,
+    VersionLedger,
     change_events_table,
-    state_engine,
+    lease_router,
+    observed_ceilings,
+    read_token,
+    suggestions,
+    within_bounds,
 )
-from tuner._search import SearchConfig, SearchDriver, TuningLoop, suggestions, within_bounds
-from tuner._token import read_token
-from tuner._versions import VersionLedger
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
 log = logging.getLogger(__name__)

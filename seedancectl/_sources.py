@@ -5,12 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from collectors._catalogue import BY_NAME
-from collectors._nvml import GpuSampler, GpuSamplerConfig
-from collectors._nvml_backends import DisabledBackend, LiveNvmlBackend, NvmlBackend, ReplayBackend
-from collectors._otlp_decode import DecodedMetrics, MetricInfo, Temporality
-from collectors._points import MetricKind, Point
-from collectors._scrape import Scraper, ScrapeSource
+from collectors import (
+    BY_NAME,
+    DecodedMetrics,
+    DisabledBackend,
+    GpuSampler,
+    GpuSamplerConfig,
+    LiveNvmlBackend,
+    MetricInfo,
+    MetricKind,
+    NvmlBackend,
+    Point,
+    ReplayBackend,
+    Scraper,
+    ScrapeSource,
+    Temporality,
+)
 from collectors.traces import trace_path
 from seedancectl._config import SidecarConfig
 

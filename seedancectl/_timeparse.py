@@ -6,7 +6,7 @@ import re
 import time
 from datetime import UTC, datetime
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")

@@ -9,11 +9,12 @@ spans are exported there too (``.../v1/metrics`` -> ``.../v1/traces``); otherwis
 
 from __future__ import annotations
 
-from collectors._otel import TelemetryConfig
-from collectors._otlp_receiver import Forwarder, ForwarderConfig
-from collectors._otlp_traces import SpanRecord
-from collectors._span_store import SpanStore
-from collectors._tracing import (
+from collectors import (
+    Forwarder,
+    ForwarderConfig,
+    SpanRecord,
+    SpanStore,
+    TelemetryConfig,
     Tracing,
     null_tracing,
     setup_tracing,

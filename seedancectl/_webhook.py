@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from tuner._rollout import Change
+from tuner import Change
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 from typer.core import TyperGroup
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from seedancectl._config import load_config
 from seedancectl._timeparse import parse_instant_ns
 
@@ -132,7 +132,7 @@ def config_check(path: Annotated[Path, typer.Argument(help="TOML file to check."
 
 
 def _open_store(path: Path) -> Any:
-    from collectors._store import TimeSeriesStore
+    from collectors import TimeSeriesStore
 
     if not path.exists():
         raise UsageError(f"{path}: no store here (start `seedancectl sidecar --store {path}`)")
@@ -473,7 +473,7 @@ ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the audit 
 
 
 def _token(token_file: Path | None) -> str:
-    from tuner._token import DEFAULT_TOKEN_FILE, TOKEN_ENV, TOKEN_FILE_ENV, find_token
+    from tuner import DEFAULT_TOKEN_FILE, TOKEN_ENV, TOKEN_FILE_ENV, find_token
 
     token = find_token(token_file)
     if token is None:

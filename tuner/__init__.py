@@ -1,6 +1,7 @@
 """Changing things: knobs, search, approvals, rollout, the knob lease and in-job actuators.
 
-Public names load their module on first use. In-job modules that import torch
+Public names load their module on first use; each is listed once, as a typed import under
+``TYPE_CHECKING`` that ``collectors.lazy_exports`` reads. In-job modules that import torch
 (``tuner.client``, ``tuner.precision``, ``tuner.checkpoint``, ``tuner.kv_cache``,
 ``tuner.kv_decode``, ``tuner.kv_adaptive``) are imported by the job directly, never from here,
 so the sidecar stays torch-free.
@@ -8,26 +9,70 @@ so the sidecar stays torch-free.
 
 from __future__ import annotations
 
-from collectors._lazy import lazy_exports
+from typing import TYPE_CHECKING
 
-_EXPORTS: dict[str, str] = {
-    "Knob": "_knobs", "KnobSpace": "_knobs", "Config": "_knobs", "KnobError": "_knobs",
-    "JobRegistry": "_lease", "JobStatus": "_lease", "Ack": "_lease", "Lease": "_lease",
-    "LeaseError": "_lease", "lease_router": "_lease",
-    "RolloutController": "_rollout", "RolloutConfig": "_rollout", "Change": "_rollout",
-    "Guardrail": "_rollout", "Trip": "_rollout", "NonFiniteLoss": "_rollout",
-    "GradientCollapseFindings": "_rollout", "RolloutError": "_rollout",
-    "IllegalTransition": "_rollout", "TRANSITIONS": "_rollout",
-    "MeasureConfig": "_measure", "Window": "_measure", "Comparison": "_measure",
-    "measure_window": "_measure", "compare": "_measure",
-    "SearchDriver": "_search", "SearchConfig": "_search", "NeighbourhoodSampler": "_search",
-    "TuningLoop": "_search", "suggestions": "_search",
-    "PrefixCache": "prefix_cache", "PrefixCacheConfig": "prefix_cache",
-    "PREFIX_CACHE_KNOBS": "prefix_cache",
-    "LoadAwareRouter": "routing", "RoundRobinRouter": "routing", "ROUTING_KNOBS": "routing",
-    "SHARDING_KNOB": "routing",
-    "check_guardrails": "serving_guardrails", "ServingSLOGuardrail": "serving_guardrails",
-}
+from collectors import lazy_exports
 
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+if TYPE_CHECKING:
+    from tuner._ceilings import observed_ceilings as observed_ceilings
+    from tuner._knobs import Config as Config
+    from tuner._knobs import Knob as Knob
+    from tuner._knobs import KnobError as KnobError
+    from tuner._knobs import KnobSpace as KnobSpace
+    from tuner._knobs import KnobValue as KnobValue
+    from tuner._lease import Ack as Ack
+    from tuner._lease import Credentials as Credentials
+    from tuner._lease import JobRegistry as JobRegistry
+    from tuner._lease import JobStatus as JobStatus
+    from tuner._lease import Lease as Lease
+    from tuner._lease import LeaseError as LeaseError
+    from tuner._lease import UnknownJobError as UnknownJobError
+    from tuner._lease import lease_router as lease_router
+    from tuner._measure import JOB_ATTR as JOB_ATTR
+    from tuner._measure import TOKENS_PER_SECOND as TOKENS_PER_SECOND
+    from tuner._measure import Comparison as Comparison
+    from tuner._measure import MeasureConfig as MeasureConfig
+    from tuner._measure import QueryFn as QueryFn
+    from tuner._measure import Window as Window
+    from tuner._measure import compare as compare
+    from tuner._measure import measure_window as measure_window
+    from tuner._restore import Restore as Restore
+    from tuner._rollout import ACTIVE as ACTIVE
+    from tuner._rollout import MANUAL as MANUAL
+    from tuner._rollout import TRANSITIONS as TRANSITIONS
+    from tuner._rollout import Change as Change
+    from tuner._rollout import GradientCollapseFindings as GradientCollapseFindings
+    from tuner._rollout import Guardrail as Guardrail
+    from tuner._rollout import IllegalTransition as IllegalTransition
+    from tuner._rollout import NonFiniteLoss as NonFiniteLoss
+    from tuner._rollout import RolloutConfig as RolloutConfig
+    from tuner._rollout import RolloutController as RolloutController
+    from tuner._rollout import RolloutError as RolloutError
+    from tuner._rollout import Trip as Trip
+    from tuner._rollout import change_events_table as change_events_table
+    from tuner._rollout import changes_table as changes_table
+    from tuner._search import NeighbourhoodSampler as NeighbourhoodSampler
+    from tuner._search import SearchConfig as SearchConfig
+    from tuner._search import SearchDriver as SearchDriver
+    from tuner._search import TuningLoop as TuningLoop
+    from tuner._search import suggestions as suggestions
+    from tuner._search import within_bounds as within_bounds
+    from tuner._token import DEFAULT_TOKEN_FILE as DEFAULT_TOKEN_FILE
+    from tuner._token import TOKEN_ENV as TOKEN_ENV
+    from tuner._token import TOKEN_FILE_ENV as TOKEN_FILE_ENV
+    from tuner._token import TokenError as TokenError
+    from tuner._token import find_token as find_token
+    from tuner._token import read_token as read_token
+    from tuner._versions import VersionLedger as VersionLedger
+    from tuner.prefix_cache import PREFIX_CACHE_KNOBS as PREFIX_CACHE_KNOBS
+    from tuner.prefix_cache import PrefixCache as PrefixCache
+    from tuner.prefix_cache import PrefixCacheConfig as PrefixCacheConfig
+    from tuner.routing import ROUTING_KNOBS as ROUTING_KNOBS
+    from tuner.routing import SHARDING_KNOB as SHARDING_KNOB
+    from tuner.routing import LoadAwareRouter as LoadAwareRouter
+    from tuner.routing import RoundRobinRouter as RoundRobinRouter
+    from tuner.serving_guardrails import ServingSLOGuardrail as ServingSLOGuardrail
+    from tuner.serving_guardrails import check_guardrails as check_guardrails
+
+if not TYPE_CHECKING:  # a __getattr__ that mypy saw would type every misspelt name as Any
+    __all__, __getattr__, __dir__ = lazy_exports(globals())

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 
 Scope = Literal["live", "restart"]
 Risk = Literal["low", "high"]

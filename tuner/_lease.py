@@ -35,7 +35,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from tuner._knobs import Config, Knob, KnobError, KnobSpace, KnobValue
 from tuner._versions import VersionLedger
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from opentelemetry.trace import Span, Tracer
 
-from collectors._tracing import traceparent_context
+from collectors import traceparent_context
 from tuner._knobs import Config, Knob, KnobValue
 from tuner._token import find_token
 

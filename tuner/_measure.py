@@ -71,7 +71,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from collectors._points import CONFIG_VERSION_ATTR
+from collectors import CONFIG_VERSION_ATTR
 
 STEP_DURATION = "seedance.train.step.duration"
 TOKENS_PER_SECOND = "seedance.train.tokens_per_second"

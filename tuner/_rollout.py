@@ -69,10 +69,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from collectors._errors import SeedanceError
-from collectors._state_engine import state_engine
-from collectors._tracing import Tracing, new_traceparent, null_tracing
-from policies._findings import Finding
+from collectors import SeedanceError, Tracing, new_traceparent, null_tracing, state_engine
+from policies import Finding
 from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
 from tuner._knobs import KnobSpace, KnobValue
 from tuner._lease import AttachEvent, JobRegistry, JobStatus

@@ -54,7 +54,7 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from policies._findings import Finding
+from policies import Finding
 from policies.detectors import EXPECTED_GAIN
 from tuner._ceilings import above_ceiling
 from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 
 TOKEN_ENV = "SEEDANCE_TOKEN"
 TOKEN_FILE_ENV = "SEEDANCE_TOKEN_FILE"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from collectors._state_engine import state_engine
+from collectors import state_engine
 
 _metadata = MetaData()
 versions_table = Table(

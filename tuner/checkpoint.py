@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from tuner.precision import Precision, PrecisionHandle, match_modules
 
 log = logging.getLogger(__name__)

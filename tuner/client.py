@@ -94,9 +94,14 @@ from opentelemetry.trace import Span, Status, StatusCode
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from collectors._errors import SeedanceError
-from collectors._otel import Telemetry, TelemetryConfig, setup_telemetry
-from collectors._tracing import Tracing, setup_tracing
+from collectors import (
+    SeedanceError,
+    Telemetry,
+    TelemetryConfig,
+    Tracing,
+    setup_telemetry,
+    setup_tracing,
+)
 from collectors.torch_profile import ModuleGroupProfiler, dtype_speedups
 from collectors.torch_training import (
     NullTrainingInstrumentation,

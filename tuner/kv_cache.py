@@ -58,7 +58,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from collectors.torch_serving import tensor_bytes
 
 __all__ = [

@@ -44,7 +44,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from collectors.torch_profile import PRECISION_DTYPES
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar, cast
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from tuner._knobs import Knob, KnobValue
 
 __all__ = ["PREFIX_CACHE_KNOBS", "PrefixCache", "PrefixCacheConfig", "PrefixCacheMetrics",

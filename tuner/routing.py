@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from tuner._knobs import Knob
 
 __all__ = ["ROUTING_KNOBS", "SHARDING_KNOB", "LoadAwareConfig", "LoadAwareRouter", "Move",

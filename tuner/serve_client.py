@@ -41,7 +41,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from tuner._knobs import Knob, KnobSpace, KnobValue
 from tuner._lease_client import _Lease, _NoLease, _Update, apply_span
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS

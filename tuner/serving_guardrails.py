@@ -26,8 +26,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from collectors._errors import SeedanceError
-from collectors._points import CONFIG_VERSION_ATTR
+from collectors import CONFIG_VERSION_ATTR, SeedanceError
 from tuner._measure import JOB_ATTR, QueryFn, histogram_quantile
 from tuner._rollout import Change, Guardrail, Trip
 

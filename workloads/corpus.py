@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 
 VOCAB_SIZE = 256
 """Byte-level: every UTF-8 byte is a token."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 from workloads.corpus import VOCAB_SIZE
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collectors._errors import SeedanceError
+from collectors import SeedanceError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,10 +37,9 @@ import torch
 import torch.nn.functional as F
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 
-from collectors._errors import SeedanceError
-from collectors._otel import TelemetryConfig, setup_telemetry
+from collectors import SeedanceError, TelemetryConfig, setup_telemetry
 from collectors.torch_serving import ServingInstrumentation
-from tuner._knobs import KnobValue
+from tuner import KnobValue
 from tuner.kv_cache import QuantizedKVCache
 from tuner.prefix_cache import PrefixCache, PrefixCacheConfig
 from tuner.routing import LoadAwareConfig, LoadAwareRouter, RoundRobinRouter, Router

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectors._otel import TelemetryConfig, setup_telemetry
-from tuner._knobs import Knob
+from collectors import TelemetryConfig, setup_telemetry
+from tuner import Knob
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS, PrefixCacheConfig
 from tuner.serve_client import KV_BITS_KNOBS, attach_serving
 from workloads import loadgen

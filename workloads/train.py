@@ -30,8 +30,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from collectors._errors import SeedanceError
-from collectors._otel import TelemetryConfig, setup_telemetry
+from collectors import SeedanceError, TelemetryConfig, setup_telemetry
 from collectors.torch_training import NullTrainingInstrumentation, TrainingInstrumentation
 from tuner.client import Session, attach
 from workloads.corpus import Corpus, CorpusConfig

@@ -86,7 +86,7 @@ def build_report(*, store_path: str | os.PathLike[str], state_db_url: str, since
                       state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns, job=job,
                       price_per_gpu_hour=price_per_gpu_hour)
         return write_report(data, out_dir)
-    from collectors._store import StoreError, TimeSeriesStore
+    from collectors import StoreError, TimeSeriesStore
 
     try:
         store = TimeSeriesStore(store_path, readonly=True)

@@ -19,13 +19,10 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import select
 
-from collectors._errors import SeedanceError
-from collectors._points import CONFIG_VERSION_ATTR, REPLAYED_ATTR
-from collectors._state_engine import state_engine
+from collectors import CONFIG_VERSION_ATTR, REPLAYED_ATTR, SeedanceError, state_engine
 from policies import FindingStore, equivalent_scale_out_nodes, payback_months
-from policies.detectors._balance import p99_per_interval
-from policies.detectors._series import interval_increases
-from tuner._rollout import Change, change_events_table, changes_table
+from policies.detectors import interval_increases, p99_per_interval
+from tuner import Change, change_events_table, changes_table
 
 Resolution = Literal["auto", "raw", "1m", "1h"]
 JOB_ATTR = "service.name"

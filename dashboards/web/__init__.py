@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 
-from collectors._store import TimeSeriesStore
+from collectors import TimeSeriesStore
 from dashboards.web._series import LOOKBACK_S, MAX_POINTS, change_series, triggering_metric
-from tuner._rollout import RolloutController, RolloutError
+from tuner import RolloutController, RolloutError
 
 STATIC: dict[str, str] = {
     "index.html": "text/html; charset=utf-8",

@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors._catalogue import BY_NAME
-from collectors._points import CONFIG_VERSION_ATTR
-from tuner._measure import JOB_ATTR, TOKENS_PER_SECOND, QueryFn
-from tuner._rollout import ACTIVE, Change
+from collectors import BY_NAME, CONFIG_VERSION_ATTR
+from tuner import ACTIVE, JOB_ATTR, TOKENS_PER_SECOND, Change, QueryFn
 
 LOOKBACK_S = 600.0
 """How far before the proposal the plot starts: the stretch the trigger was seen in."""

@@ -5,6 +5,7 @@ from policies.detectors._balance import (
     ImbalanceConfig,
     LoadImbalanceDetector,
     ThrashConfig,
+    p99_per_interval,
     rebalance_weight,
 )
 from policies.detectors._bandwidth import BandwidthConfig, BandwidthSaturationDetector
@@ -36,6 +37,7 @@ from policies.detectors._priors import (
     ComputePriorsDetector,
     amdahl_speedup,
 )
+from policies.detectors._series import interval_increases
 from policies.detectors._serving import (
     KvDecompressionConfig,
     KvDecompressionCostDetector,
@@ -78,8 +80,10 @@ __all__ = [
     "TinyBucketDetector",
     "UnderflowConfig",
     "amdahl_speedup",
+    "interval_increases",
     "locate_cause",
     "nvlink_peak_bytes_per_s",
+    "p99_per_interval",
     "rebalance_weight",
     "seed_collapse_step",
 ]
