@@ -36,11 +36,19 @@ def cap_arenas(arenas: int = ARENAS) -> bool:
     return libc is not None and libc.mallopt(M_ARENA_MAX, arenas) == 1
 
 
-def trim_periodically(stop: threading.Event, every_s: float = TRIM_EVERY_S) -> None:
-    """Hand free heap pages back to the OS every `every_s` until `stop` is set."""
+def trim() -> bool:
+    """Hand the heap's free pages back to the OS now; False where the libc cannot."""
     libc = _glibc()
     if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+def trim_periodically(stop: threading.Event, every_s: float = TRIM_EVERY_S) -> None:
+    """`trim` every `every_s` until `stop` is set."""
+    if not trim():
         log.info("no glibc malloc_trim: the sidecar's free heap stays with the process")
         return
     while not stop.wait(every_s):
-        libc.malloc_trim(0)
+        trim()
