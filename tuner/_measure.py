@@ -72,6 +72,7 @@ import pandas as pd
 from scipy import stats
 
 from collectors import CONFIG_VERSION_ATTR
+from policies import histogram_quantile
 
 STEP_DURATION = "seedance.train.step.duration"
 TOKENS_PER_SECOND = "seedance.train.tokens_per_second"
@@ -321,27 +322,6 @@ def window_config(windows: Sequence[Window], config: MeasureConfig) -> MeasureCo
     wanted = math.ceil((cv / config.window_cv) ** 2)
     most = max(config.min_steps, math.floor(config.max_window_s / step_s))
     return replace(config, min_steps=int(min(max(config.min_steps, wanted), most)))
-
-
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
-    """Quantile ``q`` of cumulative bucket counts {upper bound: count} (``inf`` for +Inf),
-    linear within the bucket as Prometheus does; NaN when empty."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return math.nan
-    rank = q * buckets[bounds[-1]]
-    lower_bound, lower_count = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                return math.inf
-            if count == lower_count:
-                return bound
-            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count
-                                                                                 - lower_count)
-        lower_bound, lower_count = bound, count
-    return math.inf
 
 
 def measure_serving_window(query: QueryFn, job: str, version: int, arm: Arm,

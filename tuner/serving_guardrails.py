@@ -27,11 +27,12 @@ from typing import Any, Protocol
 import pandas as pd
 
 from collectors import CONFIG_VERSION_ATTR, SeedanceError
-from tuner._measure import JOB_ATTR, QueryFn, histogram_quantile
+from policies import histogram_quantile
+from tuner._measure import JOB_ATTR, QueryFn
 from tuner._rollout import Change, Guardrail, Trip
 
 __all__ = ["QUALITY_METRIC", "ServingGuardrailConfig", "ServingSLOGuardrail",
-           "check_guardrails", "histogram_quantile", "window_latency_quantile"]
+           "check_guardrails", "window_latency_quantile"]
 
 LATENCY_METRIC = "gen_ai.server.request.duration"
 QUALITY_METRIC = "seedance.serve.quality.token_agreement"

@@ -32,6 +32,7 @@ import pandas as pd
 
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
+from policies._quantile import histogram_quantile
 from policies._window import StoreWindow
 from policies.detectors._communication import collective_intervals
 from policies.detectors._series import increase, interval_increases, latest_version
@@ -170,25 +171,6 @@ def _span_s(frame: pd.DataFrame) -> float:
     return float((times.max() - times.min()).total_seconds())
 
 
-def histogram_quantile(q: float, bounds: np.ndarray, counts: np.ndarray) -> float:
-    """Prometheus' histogram_quantile: linear inside the bucket holding rank q x total.
-
-    ``bounds`` are the upper bounds (ascending, +Inf last), ``counts`` cumulative. A rank in the
-    +Inf bucket returns the largest finite bound.
-    """
-    total = counts[-1]
-    if total <= 0:
-        return math.nan
-    rank = q * total
-    i = int(np.searchsorted(counts, rank, side="left"))
-    if i >= len(bounds) - 1:
-        return float(bounds[-2]) if len(bounds) > 1 else math.nan
-    lo = 0.0 if i == 0 else float(bounds[i - 1])
-    below = 0.0 if i == 0 else float(counts[i - 1])
-    inside = float(counts[i]) - below
-    return lo + (float(bounds[i]) - lo) * ((rank - below) / inside if inside > 0 else 1.0)
-
-
 def p99_per_interval(frame: pd.DataFrame) -> pd.Series:
     """p99 per export interval from cumulative histogram bucket series (column ``le``)."""
     if frame.empty or "le" not in frame.columns:
@@ -199,7 +181,13 @@ def p99_per_interval(frame: pd.DataFrame) -> pd.Series:
         per_bound[float(le)] = deltas.set_index("time")["delta"]
     table = pd.DataFrame(per_bound).sort_index(axis=1).dropna()
     bounds = table.columns.to_numpy(dtype=np.float64)
-    return pd.Series({t: histogram_quantile(0.99, bounds, row.to_numpy())
+    if len(bounds) < 2:
+        return pd.Series(dtype=np.float64)
+    # a p99 past the last bound counts as the last bound, as Prometheus reads it: replicas
+    # are compared with each other, and an infinite p99 would compare with nothing
+    last = float(bounds[-2])
+    return pd.Series({t: min(histogram_quantile(0.99, dict(zip(bounds, row.to_numpy(),
+                                                                strict=True))), last)
                       for t, row in table.iterrows()}, dtype=np.float64).dropna()
 
 

@@ -13,11 +13,11 @@ import pytest
 
 from collectors._points import CONFIG_VERSION_ATTR, Point
 from collectors._store import TimeSeriesStore
+from policies import histogram_quantile
 from tuner._measure import (
     MeasureConfig,
     Window,
     compare,
-    histogram_quantile,
     measure_window,
     windows_from_json,
 )

@@ -17,6 +17,7 @@ import torch
 from collectors._otel import TelemetryConfig, setup_telemetry
 from collectors._otlp_decode import DecodedMetrics
 from collectors._points import Point
+from policies import histogram_quantile
 from policies._window import FrameStore, StoreWindow
 from tests.collectors.test_otel import (  # noqa: F401 (otlp_http is a fixture)
     _OtlpHttpSink,
@@ -30,7 +31,6 @@ from tuner.serving_guardrails import (
     QUALITY_METRIC,
     ServingGuardrailConfig,
     check_guardrails,
-    histogram_quantile,
 )
 from workloads import loadgen
 from workloads.gpt import GPTConfig
