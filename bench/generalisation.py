@@ -70,7 +70,7 @@ import torch  # noqa: E402
 
 from bench._default_session import DefaultSettingsSession, code_revision  # noqa: E402
 from bench._serving_family import bench_serving  # noqa: E402
-from seedancectl._session import SessionError, TrainingSession, Trial  # noqa: E402
+from seedancectl._session import TuningSessionError, TrainingSession, Trial  # noqa: E402
 from workloads.families import FAMILIES, Built, family  # noqa: E402
 from workloads.train_family import (  # noqa: E402
     Config,
@@ -332,7 +332,7 @@ def live_session(name: str, minutes: float, checkpoints: Sequence[float], *,
             result["trials"] = [_trial_json(t, label) for t in session.trials()]
             result["changes_by_state"] = _count(c["state"] for c in session.changes())
             result["wall_s"] = round(time.monotonic() - attached, 1)
-    except (SessionError, httpx.HTTPError, OSError) as exc:  # the other families go on
+    except (TuningSessionError, httpx.HTTPError, OSError) as exc:  # the other families go on
         result["error"] = f"{type(exc).__name__}: {exc}"
         print(f"[{name}] live session failed: {exc}", flush=True)
     finally:

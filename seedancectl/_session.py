@@ -42,7 +42,7 @@ ACTIVE_STATES = frozenset({"proposed", "approved", "applying", "observing"})
 TOKEN = "session-token-do-not-reuse"  # loopback only; the session's own sidecar
 
 
-class SessionError(SeedanceError):
+class TuningSessionError(SeedanceError):
     """The tuning session could not reach the state it waited for."""
 
 
@@ -80,18 +80,18 @@ class SessionConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "suggest", "off"):
-            raise SessionError(f"SessionConfig.mode must be auto, suggest or off, "
+            raise TuningSessionError(f"SessionConfig.mode must be auto, suggest or off, "
                                f"got {self.mode!r}")
         for name in ("trials", "global_batch", "micro_batch", "seq_len", "threads"):
             if getattr(self, name) < 1:
-                raise SessionError(f"SessionConfig.{name} must be >= 1")
+                raise TuningSessionError(f"SessionConfig.{name} must be >= 1")
         if self.global_batch % self.micro_batch:
-            raise SessionError("SessionConfig.global_batch must be a multiple of micro_batch")
+            raise TuningSessionError("SessionConfig.global_batch must be a multiple of micro_batch")
         for name in ("start_timeout_s", "loss_scale"):
             if not getattr(self, name) > 0:
-                raise SessionError(f"SessionConfig.{name} must be > 0")
+                raise TuningSessionError(f"SessionConfig.{name} must be > 0")
         if self.lease_ttl_s is not None and not self.lease_ttl_s > 0:
-            raise SessionError("SessionConfig.lease_ttl_s must be > 0")
+            raise TuningSessionError("SessionConfig.lease_ttl_s must be > 0")
 
     @property
     def study(self) -> str:
@@ -315,7 +315,7 @@ class TrainingSession:
 
     def wait(self, found: Callable[[], T | None], timeout_s: float, what: str, *,
              watch: Sequence[subprocess.Popen[bytes] | None] = (), poll_s: float = 0.2) -> T:
-        """Poll ``found`` until it returns something; SessionError after ``timeout_s`` or when
+        """Poll ``found`` until it returns something; TuningSessionError after ``timeout_s`` or when
         a watched process exits (bounded waits, not timing assertions)."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -327,24 +327,24 @@ class TrainingSession:
                 return value
             for proc in watch:
                 if proc is not None and proc.poll() is not None:
-                    raise SessionError(f"waiting for {what}: a process exited with code "
+                    raise TuningSessionError(f"waiting for {what}: a process exited with code "
                                        f"{proc.returncode}; see {self.logs}")
             if time.monotonic() > deadline:
-                raise SessionError(f"{what} did not happen within {timeout_s:g} s; "
+                raise TuningSessionError(f"{what} did not happen within {timeout_s:g} s; "
                                    f"see {self.logs}")
             time.sleep(poll_s)
 
     def get(self, path: str, **params: Any) -> Any:
         reply = self.http.get(path, params=params)
         if reply.status_code != 200:
-            raise SessionError(f"GET {path}: {reply.status_code} {reply.text[:200]}")
+            raise TuningSessionError(f"GET {path}: {reply.status_code} {reply.text[:200]}")
         return reply.json()
 
     def post(self, path: str, body: Mapping[str, Any]) -> Any:
         reply = self.http.post(path, json=dict(body),
                                headers={"Authorization": f"Bearer {TOKEN}"})
         if reply.status_code not in (200, 201):
-            raise SessionError(f"POST {path}: {reply.status_code} {reply.text[:200]}")
+            raise TuningSessionError(f"POST {path}: {reply.status_code} {reply.text[:200]}")
         return reply.json()
 
     def job_status(self) -> dict[str, Any] | None:
@@ -393,7 +393,7 @@ class TrainingSession:
                                          "change": change["id"]},
                                    headers={"Authorization": f"Bearer {TOKEN}"})
             if reply.status_code not in (200, 409):  # 409: it ended meanwhile
-                raise SessionError(f"rollback: {reply.status_code} {reply.text[:200]}")
+                raise TuningSessionError(f"rollback: {reply.status_code} {reply.text[:200]}")
         self.wait_idle(timeout_s)
 
     def wait_idle(self, timeout_s: float) -> None:
@@ -507,5 +507,5 @@ def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None
         proc.wait()
 
 
-__all__ = ["SessionConfig", "SessionError", "SessionResult", "Trial", "TrainingSession",
+__all__ = ["SessionConfig", "TuningSessionError", "SessionResult", "Trial", "TrainingSession",
            "run_training_session"]
