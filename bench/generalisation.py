@@ -70,7 +70,7 @@ import torch  # noqa: E402
 
 from bench._default_session import DefaultSettingsSession, code_revision  # noqa: E402
 from bench._serving_family import bench_serving  # noqa: E402
-from seedancectl._session import TuningSessionError, TrainingSession, Trial  # noqa: E402
+from seedancectl._session import TrainingSession, Trial, TuningSessionError  # noqa: E402
 from workloads.families import FAMILIES, Built, family  # noqa: E402
 from workloads.train_family import (  # noqa: E402
     Config,
