@@ -65,12 +65,13 @@ from policies._hardware import (
     peak_pcie_bandwidth_bytes_per_s,
 )
 from policies._quantile import histogram_quantile
-from policies._state_db import FindingStore, sqlite_url
+from policies._state_db import DuplicateFindingError, FindingStore, sqlite_url
 from policies._window import JOB_ATTRIBUTE, FrameStore, QueryableStore, StoreWindow, WindowSource
 
 __all__ = [
     "ACTIVE_FINDINGS_METRIC",
     "Detector",
+    "DuplicateFindingError",
     "ERRORS_METRIC",
     "EngineConfig",
     "EvaluationReport",

@@ -23,9 +23,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 
+from collectors import SeedanceError, state_engine
 from collectors import sqlite_url as sqlite_url
-from collectors import state_engine
 from policies._findings import Finding
 
 _metadata = MetaData()
@@ -47,6 +48,11 @@ findings_table = Table(
 )
 
 
+class DuplicateFindingError(SeedanceError):
+    """Another finding with the same (detector, job, resource) is still open in the state DB
+    (two engines on one database opened the same one)."""
+
+
 class FindingStore:
     """Saves and loads findings. Thread-safe (one pooled engine); ``close`` is idempotent."""
 
@@ -63,11 +69,26 @@ class FindingStore:
         row = {"detector": detector, "job": job, "resource_key": resource,
                "severity": finding.severity, "opened_at_ns": finding.opened_at_ns,
                "closed_at_ns": finding.closed_at_ns, "body": finding.to_json()}
-        with self._engine.begin() as conn:
-            result = conn.execute(
-                update(findings_table).where(findings_table.c.id == finding.id).values(**row))
-            if result.rowcount == 0:
-                conn.execute(insert(findings_table).values(id=finding.id, **row))
+        try:
+            with self._engine.begin() as conn:
+                result = conn.execute(update(findings_table)
+                                      .where(findings_table.c.id == finding.id).values(**row))
+                if result.rowcount == 0:
+                    conn.execute(insert(findings_table).values(id=finding.id, **row))
+        except IntegrityError as e:  # SQLite reports a full disk as one too: ask which
+            other = self._open_id(detector, job, resource)
+            if other is None or other == finding.id:
+                raise
+            raise DuplicateFindingError(
+                f"finding {finding.id}: {detector} on job {job} ({resource or 'whole job'}) is "
+                f"already open as finding {other}") from e
+
+    def _open_id(self, detector: str, job: str, resource: str) -> str | None:
+        t = findings_table
+        with self._engine.connect() as conn:
+            return conn.execute(select(t.c.id).where(
+                t.c.detector == detector, t.c.job == job, t.c.resource_key == resource,
+                t.c.closed_at_ns.is_(None))).scalar_one_or_none()
 
     def get(self, finding_id: str) -> Finding | None:
         """The finding with this id, or None."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import IntegrityError
 
-from policies import Evidence, Finding, FindingStore, sqlite_url
+from policies import DuplicateFindingError, Evidence, Finding, FindingStore, sqlite_url
 
 
 def _finding(fid: str, opened: int, *, gpu: str = "0", closed: int | None = None) -> Finding:
@@ -33,7 +32,7 @@ def test_save_update_and_reopen(tmp_path: Path) -> None:
 def test_one_active_finding_per_key(tmp_path: Path) -> None:
     with FindingStore(sqlite_url(tmp_path / "state.db")) as db:
         db.save(_finding("a", 1))
-        with pytest.raises(IntegrityError):
+        with pytest.raises(DuplicateFindingError, match="already open"):
             db.save(_finding("b", 2))  # same detector, job and resource, both open
         db.save(_finding("a", 1, closed=3))
         db.save(_finding("b", 4))  # fine once the first is closed
