@@ -14,7 +14,8 @@ a temp dir), and around it for ``--minutes``:
 - 4 CLI readers (threads): ``GET /v1/status``, ``/v1/changes``, ``/v1/findings`` and
   ``/readyz`` in turn, every 0.5 s, each call's latency recorded.
 
-Every 10 s: the sidecar's RSS (``/proc/PID/status``) and the store file's size (with its WAL).
+Every 10 s: the sidecar's RSS and its anonymous, file-mapped and shared parts and its thread
+count (``/proc/PID/status``), and the store file's size (with its WAL).
 At the end the sidecar stops (SIGTERM) and the store is read back: points lost = points sent
 (answered 200) that are not in it.
 
@@ -121,11 +122,18 @@ class Exporter(ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
-def rss_mib(pid: int) -> float:
+STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "Threads")
+"""From /proc/PID/status: RSS and its anonymous / file-mapped / shared parts (MiB), threads."""
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    found = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            number = int(value.split()[0])
+            found[key] = number if key == "Threads" else number / 1024
+    return found
 
 
 def store_bytes(path: Path) -> int:
@@ -244,12 +252,15 @@ def main(argv: list[str] | None = None) -> None:
         thread.start()
     started = time.monotonic()
     samples: list[tuple[float, float, int]] = []
+    parts: list[dict[str, float]] = []
     print(f"soak: {args.minutes:g} minutes, sidecar pid {sidecar.pid}, logs in {work}",
           flush=True)
     while time.monotonic() - started < args.minutes * 60:
         if sidecar.poll() is not None:
             raise SystemExit(f"the sidecar died; see {work / 'sidecar.log'}")
-        samples.append((time.monotonic() - started, rss_mib(sidecar.pid), store_bytes(store)))
+        status = proc_status(sidecar.pid)
+        samples.append((time.monotonic() - started, status.pop("VmRSS"), store_bytes(store)))
+        parts.append(status)
         time.sleep(10)
     metrics_text = http.get("/metrics").text
     stop.set()
@@ -292,8 +303,9 @@ def main(argv: list[str] | None = None) -> None:
                    "lost": sum(sent) - stored, "refused_or_failed": sum(refused)},
         "scrape_up": scrape_up, "changes": len(changes),
         "sidecar_exit_code": sidecar_code,
-        "samples": [{"t_s": round(a, 1), "rss_mib": round(b, 1), "store_bytes": c}
-                    for a, b, c in samples],
+        "samples": [{"t_s": round(a, 1), "rss_mib": round(b, 1), "store_bytes": c,
+                     **{k.lower(): round(v, 1) for k, v in part.items()}}
+                    for (a, b, c), part in zip(samples, parts, strict=True)],
     }
     if args.trace_memory:
         result["tracemalloc"] = heap_growth([work / f"tracemalloc-{t:.0f}.snap"

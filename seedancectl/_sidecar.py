@@ -65,7 +65,6 @@ from seedancectl._health import (
     readiness,
     register_health_metrics,
 )
-from seedancectl._native_memory import cap_arenas, trim_periodically
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
@@ -588,7 +587,6 @@ def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
     config = sidecar.config
     yield_cpu(config.nice)
-    cap_arenas()  # before the server's threads: each would otherwise grow an arena of its own
     if not config.loopback:
         log.warning("listening on %s, reachable from other hosts (%s)", config.listen,
                     "TLS" if config.tls_cert_file is not None else "allow_insecure_listen: "
@@ -598,10 +596,4 @@ def run_sidecar(sidecar: Sidecar) -> None:
         sidecar.app(), host=config.host.strip("[]"), port=config.port, log_level="warning",
         ssl_certfile=str(config.tls_cert_file) if tls else None,
         ssl_keyfile=str(config.tls_key_file) if tls else None))
-    stop_trimming = threading.Event()
-    threading.Thread(target=trim_periodically, args=(stop_trimming,), daemon=True,
-                     name="malloc-trim").start()
-    try:
-        server.run()
-    finally:
-        stop_trimming.set()
+    server.run()
