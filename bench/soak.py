@@ -24,7 +24,8 @@ API latency p50/p99 over every reader call, points sent / stored / lost, scrapes
 
 With ``--trace-memory`` the sidecar runs with tracemalloc on (``bench/_traced_sidecar.py``):
 snapshots at the first quarter and near the end, and the result adds Python's traced heap at
-each and the allocation sites that grew most between them. Tracing slows the sidecar and adds
+each and the allocation sites that grew most between them, and every 10 s Python's traced heap
+and SQLite's own allocations (``memory_parts``). Tracing slows the sidecar and adds
 its own memory: compare its RSS only with another traced run.
 
 Run: python bench/soak.py [--minutes 30] [--trace-memory --out bench/results/soak_traced.json]
@@ -310,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.trace_memory:
         result["tracemalloc"] = heap_growth([work / f"tracemalloc-{t:.0f}.snap"
                                              for t in snapshot_at])
+        memory = work / "memory.jsonl"
+        result["memory_parts"] = ([json.loads(line) for line in memory.read_text().splitlines()]
+                                  if memory.exists() else [])
     for log in logs.values():
         log.close()
     exporter.shutdown()
