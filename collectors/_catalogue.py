@@ -234,6 +234,13 @@ SERVING_METRICS: tuple[MetricSpec, ...] = (
                source="serving workload", attributes=_JOB,
                description="Share of sampled generated tokens that match a cache-free forward "
                "pass (quality guardrail)"),
+    MetricSpec(name="seedance.serve.quality.checked_tokens", unit="{token}", kind=S,
+               source="serving workload", attributes=_JOB,
+               description="Generated tokens checked against a cache-free forward pass (the "
+               "quality guardrail's sample size)"),
+    MetricSpec(name="seedance.serve.quality.agreeing_tokens", unit="{token}", kind=S,
+               source="serving workload", attributes=_JOB,
+               description="Checked tokens that match the cache-free forward pass"),
     MetricSpec(name="seedance.serve.replicas", unit="{replica}", kind=G, source="serving job",
                attributes=_JOB, description="Serving replicas running"),
     MetricSpec(name="seedance.serve.cold_starts", unit="{replica}", kind=S, source="serving job",

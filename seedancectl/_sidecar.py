@@ -287,7 +287,8 @@ class Sidecar:
                     warmup_steps=rollout.warmup_steps, min_steps=rollout.min_steps,
                     min_window_s=rollout.min_window_s, max_window_s=rollout.max_window_s,
                     tokens_per_step=rollout.tokens_per_step, confidence=rollout.confidence,
-                    loss_tolerance=rollout.loss_tolerance)),
+                    loss_tolerance=rollout.loss_tolerance,
+                    min_token_agreement=config.serving_slo.min_token_agreement)),
             tracing=self.traces.tracing)
         for job, job_config in config.jobs.items():
             if job_config.mode is not None and self.controller.mode(job) != job_config.mode:

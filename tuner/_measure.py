@@ -27,11 +27,16 @@ way, in requests: the export at which the version's finished requests first reac
 warm-up is longer than a training one). Throughput is generated tokens/s, (tokens_end -
 tokens_start) / (export time_end - time_start) summed over replicas; the latency quantile
 (``latency_quantile``, p99) is ``histogram_quantile`` over the bucket counts finished inside the
-window, merged over replicas; quality is the mean ``seedance.serve.quality.token_agreement``
-after the start. A serving window has no loss (NaN): ``compare`` judges tokens/s, and a
+window, merged over replicas; quality is the token agreement of the whole version (config
+does not warm up in quality): agreeing over checked tokens from the job's token counters
+(``seedance.serve.quality.checked_tokens`` / ``.agreeing_tokens``), or, from senders with only
+the gauge, the mean ``seedance.serve.quality.token_agreement`` after the start. A serving window has no loss (NaN): ``compare`` judges tokens/s, and a
 candidate whose mean p99 is more than ``latency_tolerance`` above its baselines' is not kept
 (tokens/s bought with tail latency is no gain). The absolute p99 SLO and the quality bound are
-guardrails (``tuner.serving_guardrails``); the quality bound is on by default.
+guardrails (``tuner.serving_guardrails``); the quality bound is on by default. The guardrail
+ends a trial early on agreement measured below the bound; the keep rule
+(``min_token_agreement``) holds the candidate's agreement over all its windows' checked tokens
+to the bound, so what is kept is within it on the most evidence the trial has.
 
 Tokens/s is exact and needs no configuration: the job counts the tokens of every step
 (``seedance.train.tokens``, cumulative per version, from ``session.step(tokens=...)``), so a
@@ -83,6 +88,8 @@ NONFINITE_WHAT = "seedance.nonfinite.what"
 REQUEST_DURATION = "gen_ai.server.request.duration"
 GENERATION_TOKENS = "seedance.serve.generation_tokens"
 TOKEN_AGREEMENT = "seedance.serve.quality.token_agreement"
+CHECKED_TOKENS = "seedance.serve.quality.checked_tokens"
+AGREEING_TOKENS = "seedance.serve.quality.agreeing_tokens"
 JOB_ATTR = "service.name"
 RANK_ATTR = "seedance.rank"
 
@@ -113,6 +120,8 @@ class MeasureConfig:
     warmup_requests: int = 30
     min_requests: int = 60
     latency_quantile: float = 0.99
+    min_token_agreement: float | None = None
+    """A serving candidate is kept only with its agreement over all its windows at least this."""
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -151,13 +160,17 @@ class MeasureConfig:
         if not 0 < self.latency_quantile < 1:
             raise ValueError(f"MeasureConfig.latency_quantile must be in (0, 1), "
                              f"got {self.latency_quantile}")
+        if self.min_token_agreement is not None and not 0 <= self.min_token_agreement <= 1:
+            raise ValueError(f"MeasureConfig.min_token_agreement must be in [0, 1], "
+                             f"got {self.min_token_agreement}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Window:
     """What one version measured after its warm-up. Training: ``steps`` optimizer steps of
     ``step_s``. Serving: ``steps`` finished requests, ``step_s`` seconds per finished request,
-    ``p99_s`` the latency quantile and ``quality`` the token agreement (NaN without points);
+    ``p99_s`` the latency quantile and ``quality`` the token agreement (NaN without points)
+    over ``quality_tokens`` checked tokens (0: from the gauge, count unknown);
     ``loss`` is NaN."""
 
     version: int
@@ -171,6 +184,7 @@ class Window:
     end_ns: int
     p99_s: float = math.nan
     quality: float = math.nan
+    quality_tokens: int = 0
     step_cv: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
@@ -193,6 +207,10 @@ class Comparison:
     latency_ok: bool = True
     pair_ratios: tuple[float, ...] = ()
     """Each pair's candidate/baseline tokens/s (what a harm bound reads, not a test)."""
+    quality: float = math.nan
+    """The candidate's token agreement pooled over its windows (NaN: not measured)."""
+    quality_tokens: int = 0
+    quality_ok: bool = True
 
     @property
     def improves(self) -> bool:
@@ -210,7 +228,8 @@ class Comparison:
                 "confidence": self.confidence,
                 "loss_excess": self.loss_excess, "loss_ok": self.loss_ok,
                 "latency_excess": self.latency_excess, "latency_ok": self.latency_ok,
-                "pair_ratios": list(self.pair_ratios)}
+                "quality": self.quality, "quality_tokens": self.quality_tokens,
+                "quality_ok": self.quality_ok, "pair_ratios": list(self.pair_ratios)}
 
 
 def _by_rank(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -359,14 +378,29 @@ def measure_serving_window(query: QueryFn, job: str, version: int, arm: Arm,
     if requests < config.min_requests:
         return None
     start_ns, end_ns = max(starts), min(ends)
-    quality = version_points(query, TOKEN_AGREEMENT, job, version)
-    agreement = (quality["value"].to_numpy()[_ns(quality) > start_ns] if len(quality)
-                 else np.array([]))
+    quality, quality_tokens = _version_agreement(query, job, version, start_ns)
     return Window(version=version, arm=arm, steps=requests, step_s=1.0 / requests_per_s,
                   tokens_per_s=tokens_per_s, loss=math.nan, nonfinite_loss=False,
                   start_ns=start_ns, end_ns=end_ns,
                   p99_s=histogram_quantile(config.latency_quantile, merged),
-                  quality=float(agreement.mean()) if agreement.size else math.nan)
+                  quality=quality, quality_tokens=quality_tokens)
+
+
+def _version_agreement(query: QueryFn, job: str, version: int, start_ns: int
+                       ) -> tuple[float, int]:
+    """(token agreement, checked tokens) of the version: its token counters' last values
+    summed over replicas (a version's series start with it); without them the gauge's mean
+    after ``start_ns`` and 0 tokens; NaN without either."""
+    checked = _by_rank(version_points(query, CHECKED_TOKENS, job, version))
+    if checked:
+        agreeing = _by_rank(version_points(query, AGREEING_TOKENS, job, version))
+        n = sum(int(f.sort_values("time")["value"].iloc[-1]) for f in checked.values())
+        k = sum(int(f.sort_values("time")["value"].iloc[-1]) for f in agreeing.values())
+        if n > 0:
+            return min(k, n) / n, n
+    gauge = version_points(query, TOKEN_AGREEMENT, job, version)
+    after = gauge["value"].to_numpy()[_ns(gauge) > start_ns] if len(gauge) else np.array([])
+    return (float(after.mean()) if after.size else math.nan), 0
 
 
 def nonfinite_loss(query: QueryFn, job: str, version: int) -> bool:
@@ -414,12 +448,28 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
     nonfinite = any(c.nonfinite_loss for c, _ in pairs)
     loss_ok = not nonfinite and (not excess or worst <= config.loss_tolerance)
     latency = _latency_excess(pairs)
+    quality, quality_tokens = _pooled_quality([c for c, _ in pairs])
+    bound = config.min_token_agreement
     return Comparison(pairs=len(pairs), gain=math.expm1(float(log_gains.mean())),
                       ci_low=math.expm1(low), ci_high=math.expm1(high),
                       confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok,
                       latency_excess=latency,
                       latency_ok=not latency > config.latency_tolerance,
-                      pair_ratios=tuple(float(r) for r in np.exp(log_gains)))
+                      pair_ratios=tuple(float(r) for r in np.exp(log_gains)),
+                      quality=quality, quality_tokens=quality_tokens,
+                      quality_ok=bound is None or not quality < bound)
+
+
+def _pooled_quality(candidates: Sequence[Window]) -> tuple[float, int]:
+    """(agreement, checked tokens) over the candidate windows: agreeing over checked tokens
+    where the windows counted them, else the mean of the windows' gauge readings; NaN
+    without any."""
+    counted = [w for w in candidates if w.quality_tokens > 0 and math.isfinite(w.quality)]
+    if counted:
+        tokens = sum(w.quality_tokens for w in counted)
+        return sum(w.quality * w.quality_tokens for w in counted) / tokens, tokens
+    read = [w.quality for w in candidates if math.isfinite(w.quality)]
+    return (float(np.mean(read)) if read else math.nan), 0
 
 
 def _latency_excess(pairs: Sequence[tuple[Window, list[Window]]]) -> float:
@@ -510,4 +560,5 @@ def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:
                    start_ns=int(r["start_ns"]), end_ns=int(r["end_ns"]),
                    p99_s=float(r.get("p99_s", math.nan)),
                    quality=float(r.get("quality", math.nan)),
+                   quality_tokens=int(r.get("quality_tokens", 0)),
                    step_cv=float(r.get("step_cv", math.nan))) for r in rows]

@@ -198,6 +198,12 @@ class Change:
     def candidate(self) -> dict[str, KnobValue]:
         return {**self.baseline, **self.values}
 
+    def arm_of(self, version: int) -> str | None:
+        """Which arm config ``version`` ran as in this change (None: not one of its windows)."""
+        if self.plan.get("version") == version:
+            return str(self.plan["arms"][int(self.plan["index"])])
+        return next((w.arm for w in self.windows if w.version == version), None)
+
     def to_json(self) -> str:
         body = {k: v for k, v in self.__dict__.items() if k != "windows"}
         body["windows"] = [w.to_json() for w in self.windows]
@@ -287,7 +293,9 @@ class RolloutConfig:
     ``early_stop_pairs`` on when it excludes zero from below, and from ``min_pairs`` on when
     its upper end is below ``min_gain``, a gain not worth having), or until ``max_pairs`` or
     ``trial_budget_s`` of job time since the candidate was acked (then rolled back: no
-    measured gain). Whatever the test says, two candidate windows that ran below
+    measured gain). A serving candidate whose token agreement over all its windows is below
+    ``measure.min_token_agreement`` is rolled back from ``min_pairs`` on, so it is never
+    kept. Whatever the test says, two candidate windows that ran below
     ``max_slowdown`` of their baselines' tokens/s end the trial at once: it harms the job (one
     such window may be a neighbour's burst on a shared box)."""
 
@@ -1048,6 +1056,11 @@ def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
     if not comparison.latency_ok:
         return Trip(kind="config", reason=(
             f"p99 latency {comparison.latency_excess:+.2%} above the baseline's"))
+    if pairs >= config.min_pairs and not comparison.quality_ok:
+        return Trip(kind="config", reason=(
+            f"token agreement {comparison.quality:.4f} over the candidate's "
+            f"{comparison.quality_tokens} checked tokens is below the bound "
+            f"{config.measure.min_token_agreement:.4f}"))
     slow = sorted(r for r in comparison.pair_ratios if r < config.max_slowdown)
     if len(slow) >= 2:
         return Trip(kind="config", reason=(

@@ -1,6 +1,6 @@
 """Serving guardrails: a p99 latency SLO and a quality bound; breaching either means roll back.
 
-``check_guardrails(window)`` reads two series from a window of the store (anything with the
+``check_guardrails(window)`` reads two things from a window of the store (anything with the
 store's ``query(name, where=..., resolution=...)``: ``policies.StoreWindow``, the rollout
 controller's version-bound query):
 
@@ -11,12 +11,17 @@ controller's version-bound query):
   Counts per series are last minus first export in the window, or the last alone when
   ``series_start_in_window`` (a config version's series start with it). Fewer than
   ``min_requests`` requests in the window give no latency verdict.
-- ``seedance.serve.quality.token_agreement``: the share of greedy tokens a replica produced
-  that a full-precision, cache-free forward of the same sequence also picks (the serving
-  workload checks a sample of finished requests). Its mean over the window must stay at or
-  above ``min_token_agreement``; a window without points gives no quality verdict.
+- token agreement: the share of greedy tokens a replica produced that a full-precision,
+  cache-free forward of the same sequence also picks (the serving workload checks a sample of
+  finished requests). From the token counters (``seedance.serve.quality.checked_tokens`` and
+  ``.agreeing_tokens``), a breach is an agreement *measured* below ``min_token_agreement``: the
+  one-sided ``breach_confidence`` upper bound (Wilson) of the window's agreement is under it.
+  The guardrail is checked again on every tick while a window grows, so judging a point
+  estimate from the first hundred tokens would roll back a config a little above the bound one
+  time in a few (what the rollout's keep rule settles on all the tokens instead). A sender
+  with only the ``seedance.serve.quality.token_agreement`` gauge is judged by the gauge's mean.
+  A window without either gives no quality verdict.
 """
-
 from __future__ import annotations
 
 import math
@@ -25,17 +30,27 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pandas as pd
+from scipy import stats
 
 from collectors import CONFIG_VERSION_ATTR, SeedanceError
 from policies import histogram_quantile
-from tuner._measure import JOB_ATTR, QueryFn
+from tuner._measure import (
+    AGREEING_TOKENS,
+    CHECKED_TOKENS,
+    JOB_ATTR,
+    TOKEN_AGREEMENT,
+    QueryFn,
+)
 from tuner._rollout import Change, Guardrail, Trip
 
-__all__ = ["QUALITY_METRIC", "ServingGuardrailConfig", "ServingSLOGuardrail",
-           "check_guardrails", "window_latency_quantile"]
+__all__ = ["AGREEING_TOKENS_METRIC", "CHECKED_TOKENS_METRIC", "QUALITY_METRIC",
+           "ServingGuardrailConfig", "ServingSLOGuardrail", "TokenAgreement",
+           "check_guardrails", "window_agreement", "window_latency_quantile"]
 
 LATENCY_METRIC = "gen_ai.server.request.duration"
-QUALITY_METRIC = "seedance.serve.quality.token_agreement"
+QUALITY_METRIC = TOKEN_AGREEMENT
+CHECKED_TOKENS_METRIC = CHECKED_TOKENS
+AGREEING_TOKENS_METRIC = AGREEING_TOKENS
 _TIME_VALUE = ("time", "value")
 
 
@@ -52,6 +67,8 @@ class ServingGuardrailConfig:
     p99_slo_s: float | None = None
     quantile: float = 0.99
     min_token_agreement: float = 0.98
+    breach_confidence: float = 0.95
+    """How sure (one-sided) the counted tokens must make it that agreement is below the bound."""
     min_requests: int = 20
     series_start_in_window: bool = False
 
@@ -64,8 +81,36 @@ class ServingGuardrailConfig:
                                 f"got {self.quantile}")
         if not 0 <= self.min_token_agreement <= 1:
             raise SeedanceError("ServingGuardrailConfig.min_token_agreement must be in [0, 1]")
+        if not 0.5 <= self.breach_confidence < 1:
+            raise SeedanceError("ServingGuardrailConfig.breach_confidence must be in [0.5, 1)")
         if self.min_requests < 1:
             raise SeedanceError("ServingGuardrailConfig.min_requests must be >= 1")
+
+
+@dataclass(frozen=True)
+class TokenAgreement:
+    """A window's token agreement: the estimate, its one-sided upper confidence bound and the
+    checked tokens behind it (0 when only the gauge was there: the bound is the estimate)."""
+
+    agreement: float
+    upper: float
+    tokens: int
+
+
+def _increase(series: pd.DataFrame, starts_in_window: bool) -> float:
+    """A cumulative series' increase over the window: last minus first export (the last alone
+    when the series starts in the window)."""
+    values = series.sort_values("time")["value"].to_numpy()
+    first = 0.0 if starts_in_window else float(values[0])
+    return max(0.0, float(values[-1]) - first)
+
+
+def _window_total(frame: pd.DataFrame, starts_in_window: bool,
+                  ignore: tuple[str, ...] = ()) -> float:
+    """A cumulative metric's increase over the window, summed over its series."""
+    keys = [c for c in frame.columns if c not in _TIME_VALUE and c not in ignore]
+    groups = frame.groupby(keys, dropna=False) if keys else [((), frame)]
+    return sum(_increase(series, starts_in_window) for _, series in groups)
 
 
 def window_latency_quantile(window: Queryable, config: ServingGuardrailConfig,
@@ -74,15 +119,8 @@ def window_latency_quantile(window: Queryable, config: ServingGuardrailConfig,
     frame = window.query(LATENCY_METRIC + ".bucket", where=where)
     if frame.empty:
         return math.nan, 0
-    keys = [c for c in frame.columns if c not in _TIME_VALUE and c != "le"]
-    merged: dict[float, float] = {}
-    for le, by_le in frame.groupby("le"):
-        total = 0.0
-        for _, series in (by_le.groupby(keys, dropna=False) if keys else [((), by_le)]):
-            values = series.sort_values("time")["value"].to_numpy()
-            first = 0.0 if config.series_start_in_window else float(values[0])
-            total += max(0.0, float(values[-1]) - first)
-        merged[float(le)] = total
+    merged = {float(le): _window_total(by_le, config.series_start_in_window, ("le",))
+              for le, by_le in frame.groupby("le")}
     return histogram_quantile(config.quantile, merged), int(merged.get(math.inf, 0.0))
 
 
@@ -97,13 +135,33 @@ def check_guardrails(window: Queryable, config: ServingGuardrailConfig | None = 
             and not latency_s <= config.p99_slo_s):
         breaches.append(f"p{config.quantile * 100:g} latency {latency_s:.3f} s over "
                         f"{requests} requests exceeds the SLO {config.p99_slo_s:.3f} s")
-    quality = window.query(QUALITY_METRIC, where=where)
-    if not quality.empty:
-        agreement = float(quality["value"].mean())
-        if not agreement >= config.min_token_agreement:
-            breaches.append(f"token agreement {agreement:.4f} is below the bound "
-                            f"{config.min_token_agreement:.4f}")
+    quality = window_agreement(window, config, where)
+    if quality is not None and quality.upper < config.min_token_agreement:
+        counted = f" over {quality.tokens} checked tokens" if quality.tokens else ""
+        breaches.append(f"token agreement {quality.agreement:.4f}{counted} is below the bound "
+                        f"{config.min_token_agreement:.4f}")
     return breaches
+
+
+def window_agreement(window: Queryable, config: ServingGuardrailConfig,
+                     where: Mapping[str, str] | None = None) -> TokenAgreement | None:
+    """The window's token agreement from the token counters, else the gauge's mean; None
+    without either."""
+    checked = window.query(CHECKED_TOKENS_METRIC, where=where)
+    if not checked.empty:
+        agreeing = window.query(AGREEING_TOKENS_METRIC, where=where)
+        n = round(_window_total(checked, config.series_start_in_window))
+        k = round(_window_total(agreeing, config.series_start_in_window)) if len(agreeing) else 0
+        if n > 0:
+            k = min(k, n)
+            ci = stats.binomtest(k, n).proportion_ci(
+                confidence_level=2 * config.breach_confidence - 1, method="wilson")
+            return TokenAgreement(agreement=k / n, upper=float(ci.high), tokens=n)
+    gauge = window.query(QUALITY_METRIC, where=where)
+    if gauge.empty:
+        return None
+    mean = float(gauge["value"].mean())
+    return TokenAgreement(agreement=mean, upper=mean, tokens=0)
 
 
 class _VersionWindow:
@@ -120,12 +178,19 @@ class _VersionWindow:
 class ServingSLOGuardrail(Guardrail):
     """``check_guardrails`` on the change's current version for the rollout controller: any
     breach is a config rollback. A version's series start with it, so its last cumulative
-    counts are the window's."""
+    counts are the window's.
+
+    Only candidate windows are judged. A baseline window runs the config the job ran before
+    the change; a serving job carries no state from one config to the next, so a breach there
+    (a neighbour's burst, a slow launch config) says nothing against the candidate, and
+    rolling back to that same baseline would not end it."""
 
     def __init__(self, config: ServingGuardrailConfig | None = None) -> None:
         base = config or ServingGuardrailConfig()
         self.config = ServingGuardrailConfig(**{**base.__dict__, "series_start_in_window": True})
 
     def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+        if change.arm_of(version) != "candidate":
+            return None
         breaches = check_guardrails(_VersionWindow(query, change.job, version), self.config)
         return Trip(kind="config", reason="; ".join(breaches)) if breaches else None

@@ -43,13 +43,17 @@ from tuner import KnobValue
 from tuner.kv_cache import QuantizedKVCache
 from tuner.prefix_cache import PrefixCache, PrefixCacheConfig
 from tuner.routing import LoadAwareConfig, LoadAwareRouter, RoundRobinRouter, Router
+from tuner.serving_guardrails import (
+    AGREEING_TOKENS_METRIC,
+    CHECKED_TOKENS_METRIC,
+    QUALITY_METRIC,
+)
 from workloads import loadgen
 from workloads.gpt import GPT, Block, GPTConfig
 from workloads.loadgen import LoadConfig, Request
 
 log = logging.getLogger(__name__)
 
-QUALITY_METRIC = "seedance.serve.quality.token_agreement"
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -230,6 +234,13 @@ class Engine:
             QUALITY_METRIC, callbacks=[self._observe_quality], unit="1",
             description="Share of sampled greedy tokens a cache-free full-precision forward "
             "also picks")
+        # the counts behind it, per config version: a judge needs the sample's size
+        self._checked_tokens = meter.create_counter(
+            CHECKED_TOKENS_METRIC, unit="{token}",
+            description="Generated tokens checked against a cache-free forward")
+        self._agreeing_tokens = meter.create_counter(
+            AGREEING_TOKENS_METRIC, unit="{token}",
+            description="Checked tokens the cache-free forward also picks")
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -373,7 +384,11 @@ class Engine:
         prompt = list(r.request.prompt)
         sequence = torch.tensor([prompt + r.tokens[:-1]])
         picks = self.model(sequence)[0, len(prompt) - 1:].argmax(-1).tolist()
-        self._checked.extend(p == t for p, t in zip(picks, r.tokens, strict=True))
+        agrees = [p == t for p, t in zip(picks, r.tokens, strict=True)]
+        self._checked.extend(agrees)
+        version = {"seedance.config.version": self.instrumentation.config_version}
+        self._checked_tokens.add(len(agrees), version)
+        self._agreeing_tokens.add(sum(agrees), version)
 
     def _observe_quality(self, options: CallbackOptions) -> list[Observation]:
         """The agreement over the checked tokens, once there are ``quality_min_tokens`` (a

@@ -80,7 +80,8 @@ def _wait(live: Live, job: subprocess.Popen[bytes], what: str, timeout_s: float,
         if result:
             return result
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s; changes: " + \
-            json.dumps([(c["state"], c["values"], c.get("comparison")) for c in _changes(live)])
+            json.dumps([(c["state"], c["values"], c.get("reason"), c.get("comparison"))
+                        for c in _changes(live)])
         time.sleep(0.5)
 
 

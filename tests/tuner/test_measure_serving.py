@@ -113,3 +113,22 @@ def test_histogram_quantile_is_linear_within_the_bucket() -> None:
     assert histogram_quantile(0.75, buckets) == pytest.approx(0.15)
     assert histogram_quantile(0.99, {0.1: 0.0, math.inf: 10.0}) == math.inf
     assert np.isnan(histogram_quantile(0.5, {}))
+
+
+def test_a_serving_windows_quality_is_its_versions_counted_tokens(
+        store: TimeSeriesStore) -> None:
+    """The counters (synthetic, as the workload exports them) outrank the gauge's mean."""
+    t0 = now_ns()
+    exports = [(1.0, 10, 10, 0.05)] + [(1.0 + s, 20, 100, 0.05) for s in (1, 2, 3)]
+    emit(store, 7, exports, start_ns=t0, quality=0.5)
+    attrs = {"service.name": JOB, CONFIG_VERSION_ATTR: "7", "seedance.rank": "0"}
+    store.write([Point("seedance.serve.quality.checked_tokens", n, t0 + i * NS, attrs)
+                 for i, n in enumerate((100.0, 250.0, 400.0), start=1)]
+                + [Point("seedance.serve.quality.agreeing_tokens", n, t0 + i * NS, attrs)
+                   for i, n in enumerate((99.0, 247.0, 396.0), start=1)])
+    store.flush()
+    window = measure_window(store.query, JOB, 7, "candidate", CONFIG, kind="serve")
+    assert window is not None
+    assert (window.quality, window.quality_tokens) == (pytest.approx(0.99), 400)
+    (again,) = windows_from_json([window.to_json()])
+    assert again.quality_tokens == 400

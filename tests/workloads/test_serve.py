@@ -28,9 +28,12 @@ from tests.collectors.test_otel import (  # noqa: F401 (otlp_http is a fixture)
 )
 from tuner.prefix_cache import PrefixCacheConfig
 from tuner.serving_guardrails import (
+    AGREEING_TOKENS_METRIC,
+    CHECKED_TOKENS_METRIC,
     QUALITY_METRIC,
     ServingGuardrailConfig,
     check_guardrails,
+    window_agreement,
 )
 from workloads import loadgen
 from workloads.gpt import GPTConfig
@@ -132,6 +135,11 @@ def test_guardrails_read_the_engines_exported_latency_and_quality() -> None:
     # unquantised cache: every sampled token agrees, so even the strictest bound holds
     strict = ServingGuardrailConfig(p99_slo_s=60.0, min_token_agreement=1.0, **whole)
     assert check_guardrails(window, strict) == []
+    # the agreement is judged on the counted tokens: every request was checked
+    counted = window_agreement(window, strict)
+    generated = sum(int(p.value) for p in points if p.name == "seedance.serve.generation_tokens")
+    assert counted is not None and counted.agreement == 1.0
+    assert 0 < counted.tokens <= generated
     # one export per series and no claim that the series started in the window: no verdict
     assert check_guardrails(window, ServingGuardrailConfig(p99_slo_s=1e-6)) == []
 
@@ -178,7 +186,7 @@ def test_replica_processes_export_to_the_sidecar_over_otlp(
     names = metric_names(requests)
     assert {"gen_ai.server.request.duration", "gen_ai.server.time_to_first_token",
             "seedance.serve.prefix_cache.queries", "seedance.serve.kv_cache.bytes",
-            QUALITY_METRIC} <= names
+            QUALITY_METRIC, CHECKED_TOKENS_METRIC, AGREEING_TOKENS_METRIC} <= names
 
 
 
