@@ -24,7 +24,6 @@ from collections.abc import Hashable
 from dataclasses import replace
 from typing import Any
 
-from opentelemetry.sdk.metrics import _Gauge as SyncGauge
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Histogram,
@@ -36,6 +35,8 @@ from opentelemetry.sdk.metrics.export import (
     NumberDataPoint,
     Sum,
 )
+
+from collectors._otel_internals import SyncGauge
 
 GAUGE_TEMPORALITY: dict[type, AggregationTemporality] = {SyncGauge: AggregationTemporality.DELTA}
 """``preferred_temporality`` for exporters: synchronous gauges export only fresh values."""

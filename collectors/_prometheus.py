@@ -15,11 +15,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from opentelemetry.exporter.prometheus._mapping import (
-    map_unit,
-    sanitize_attribute,
-    sanitize_full_name,
-)
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -31,6 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from collectors._errors import SeedanceError
+from collectors._otel_internals import map_unit, sanitize_attribute, sanitize_full_name
 from collectors._otlp_decode import DecodedMetrics, MetricInfo, Temporality
 from collectors._points import MetricKind
 

@@ -51,6 +51,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.samplers import BaseSampler, TPESampler
+from optuna.storages import BaseStorage
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
@@ -60,6 +61,7 @@ from tuner._ceilings import above_ceiling
 from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue
 from tuner._measure import Comparison
 from tuner._rollout import ACTIVE, PRUNED, Change, RolloutController
+from tuner._study_records import StudyRecords
 
 log = logging.getLogger(__name__)
 
@@ -243,16 +245,16 @@ def grid(space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]] | None:
     return [dict(zip(space, combo, strict=True)) for combo in itertools.product(*axes)]
 
 
-def _seen(study: Study) -> set[str]:
+def _seen(study: Study, records: StudyRecords) -> set[str]:
     """Configs not to propose: measured, pruned, running, failed (unless retryable), unsafe."""
     keys = {config_key(t.params) for t in study.get_trials(deepcopy=False)
             if t.state != TrialState.WAITING and t.params
             and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
-    return keys | unsafe_keys(study)
+    return keys | unsafe_keys(records)
 
 
-def unsafe_keys(study: Study) -> set[str]:
-    attrs = study._storage.get_study_system_attrs(study._study_id)
+def unsafe_keys(records: StudyRecords) -> set[str]:
+    attrs = records.attrs()
     return {k[len(UNSAFE_PREFIX):] for k in attrs if k.startswith(UNSAFE_PREFIX)}
 
 
@@ -264,9 +266,11 @@ class NeighbourhoodSampler(BaseSampler):
     sidecars sharing one study sample consistently.
     """
 
-    def __init__(self, space: Mapping[str, BaseDistribution], *,
+    def __init__(self, space: Mapping[str, BaseDistribution], *, storage: BaseStorage,
                  fallback: BaseSampler | None = None, seed: int | None = None) -> None:
         self.space = dict(space)
+        self.storage = storage
+        """The study's storage: where the configs barred from proposal are recorded."""
         self.fallback = fallback or TPESampler(seed=seed, n_startup_trials=2)
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial
@@ -281,7 +285,7 @@ class NeighbourhoodSampler(BaseSampler):
             return {}
         maximize = study.direction == StudyDirection.MAXIMIZE
         best = (max if maximize else min)(complete, key=lambda t: t.value)  # type: ignore
-        seen = _seen(study)
+        seen = _seen(study, StudyRecords(self.storage, study.study_name))
         for candidate in neighbours({k: best.params[k] for k in self.space}, self.space):
             if config_key(candidate) not in seen:
                 return candidate
@@ -368,11 +372,12 @@ class SearchDriver:
             study_name=config.study_name, storage=self._storage, load_if_exists=True,
             direction=config.direction,
             sampler=sampler or NeighbourhoodSampler(
-                self.distributions, seed=config.seed,
+                self.distributions, storage=self._storage, seed=config.seed,
                 fallback=TPESampler(seed=config.seed,
                                     n_startup_trials=config.tpe_startup_trials)),
             pruner=pruner or optuna.pruners.MedianPruner(
                 n_startup_trials=config.pruner_startup_trials, n_warmup_steps=3))
+        self.records = StudyRecords(self._storage, config.study_name)
         self._mine: dict[int, Trial] = {}
         self._converged = ""
 
@@ -394,12 +399,12 @@ class SearchDriver:
                 added += 1
             if old is None or (move.expected_gain or 0.0) > (old.expected_gain or 0.0):
                 known[key] = replace(move, values=values)
-        self._storage.set_study_system_attr(self.study._study_id, PRIORS_ATTR,
+        self.records.set_attr(PRIORS_ATTR,
                                             [m.to_json() for m in known.values()])
         return added
 
     def priors(self) -> list[Move]:
-        attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        attrs = self.records.attrs()
         return [Move(values=dict(m["values"]), expected_gain=m.get("expected_gain"),
                      why=str(m.get("why", ""))) for m in attrs.get(PRIORS_ATTR, ())]
 
@@ -437,10 +442,10 @@ class SearchDriver:
         (``SearchConfig.revisit_after_s``); an ``undecided_gain`` above zero (it ran out of
         time with the estimate on the candidate's side) may be measured again at once."""
         if revisit:
-            self._storage.set_trial_user_attr(self._trial_id(number), MEASURED_AT_ATTR,
+            self.records.set_trial_attr(number, MEASURED_AT_ATTR,
                                               self._clock())
         if undecided_gain is not None and math.isfinite(undecided_gain):
-            self._storage.set_trial_user_attr(self._trial_id(number), UNDECIDED_GAIN_ATTR,
+            self.records.set_trial_attr(number, UNDECIDED_GAIN_ATTR,
                                               undecided_gain)
         self.study.tell(number, value, skip_if_finished=True)
         self._mine.pop(number, None)
@@ -451,9 +456,8 @@ class SearchDriver:
 
     def fail(self, number: int, *, reason: str, unsafe: bool) -> None:
         """Fail the trial; ``unsafe`` (its job died) bars its config from ever being proposed."""
-        trial_id = self._trial_id(number)
-        frozen = self._storage.get_trial(trial_id)
-        self._storage.set_trial_user_attr(trial_id, "seedance:fail_reason", reason)
+        frozen = self.records.trial(number)
+        self.records.set_trial_attr(number, "seedance:fail_reason", reason)
         if unsafe:
             self.mark_unsafe(frozen.params, reason=reason)
         self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
@@ -461,8 +465,7 @@ class SearchDriver:
 
     def mark_unsafe(self, values: Mapping[str, Any], *, reason: str) -> None:
         params = {k: values[k] for k in self.distributions}
-        self._storage.set_study_system_attr(self.study._study_id,
-                                            UNSAFE_PREFIX + config_key(params), reason)
+        self.records.set_attr(UNSAFE_PREFIX + config_key(params), reason)
 
     def best(self) -> tuple[dict[str, Any], float] | None:
         complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -474,7 +477,7 @@ class SearchDriver:
     # ---- the trial lease -----------------------------------------------------------------------
 
     def renew(self, number: int) -> None:
-        self._storage.set_trial_system_attr(self._trial_id(number), LEASE_ATTR,
+        self.records.set_trial_system_attr(number, LEASE_ATTR,
                                             self._clock() + self.config.trial_lease_s)
 
     def heartbeat(self) -> None:
@@ -489,9 +492,9 @@ class SearchDriver:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             until = t.system_attrs.get(LEASE_ATTR)
             if until is None or float(until) < now:
-                self._storage.set_trial_user_attr(t._trial_id, "seedance:fail_reason",
+                self.records.set_trial_attr(t.number, "seedance:fail_reason",
                                                   "trial lease expired")
-                self._storage.set_trial_user_attr(t._trial_id, RETRY_ATTR, True)
+                self.records.set_trial_attr(t.number, RETRY_ATTR, True)
                 self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
                 self._mine.pop(t.number, None)
                 failed.append(t.number)
@@ -509,7 +512,7 @@ class SearchDriver:
         single move from it was tried."""
         self.reap()
         params = {k: baseline[k] for k in self.distributions}
-        seen = _seen(self.study)
+        seen = _seen(self.study, self.records)
         moves = [m for m in self._moves(params)
                  if not (low_risk_only and knobs.risk_of(m.values) == "high")]
         for move in moves:
@@ -534,14 +537,14 @@ class SearchDriver:
             return None
         now = self._clock()
         newest: dict[str, FrozenTrial] = {}  # config -> its newest measurement
-        busy = unsafe_keys(self.study)
+        busy = unsafe_keys(self.records)
         for t in self.study.get_trials(deepcopy=False):  # in trial-number order
             key = config_key(t.params)
             if t.state in (TrialState.RUNNING, TrialState.WAITING):
                 busy.add(key)
             elif t.state == TrialState.COMPLETE and t.value is not None:
                 newest[key] = t
-        attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        attrs = self.records.attrs()
         # (again at once, value, measured at, config)
         stale: list[tuple[bool, float, float, dict[str, Any]]] = []
         for config in ({**params, **m.values} for m in moves):
@@ -573,15 +576,15 @@ class SearchDriver:
             if config_key(trial.params) == config_key(config):
                 return self._lease(trial)
             # a stale enqueued trial (a crash between enqueue and ask): not this baseline's
-            self._storage.set_trial_user_attr(trial._trial_id, "seedance:fail_reason",
+            self.records.set_trial_attr(trial.number, "seedance:fail_reason",
                                               "stale enqueued trial")
-            self._storage.set_trial_user_attr(trial._trial_id, RETRY_ATTR, True)
+            self.records.set_trial_attr(trial.number, RETRY_ATTR, True)
             self.study.tell(trial, state=TrialState.FAIL)
 
     def moves_left(self, baseline: Mapping[str, Any]) -> int:
         """How many single moves from ``baseline`` were not tried yet (0: the search waits)."""
         params = {k: baseline[k] for k in self.distributions}
-        seen = _seen(self.study)
+        seen = _seen(self.study, self.records)
         return sum(config_key({**params, **m.values}) not in seen
                    for m in self._moves(params))
 
@@ -642,9 +645,8 @@ class SearchDriver:
         self._record_baseline(change, anchor)
         if change.windows:  # both arms were measured just now
             for values in (change.baseline, change.candidate):
-                self._storage.set_study_system_attr(self.study._study_id,
-                                                    SEEN_PREFIX + self._key(values), self._clock())
-        last = self.study._storage.get_trial(self._trial_id(number))
+                self.records.set_attr(SEEN_PREFIX + self._key(values), self._clock())
+        last = self.records.trial(number)
         if last.state.is_finished():
             return
         rollback = change.plan.get("rollback")
@@ -678,7 +680,7 @@ class SearchDriver:
                 if t.number != trial.number and t.params and config_key(t.params) == key]
         complete = [t for t in same if t.state == TrialState.COMPLETE]
         if complete:
-            self._storage.set_trial_user_attr(trial._trial_id, "seedance:cached_from",
+            self.records.set_trial_attr(trial.number, "seedance:cached_from",
                                               complete[0].number)
             self.study.tell(trial, complete[0].value)
             return True
@@ -687,10 +689,9 @@ class SearchDriver:
             return True
         blocking = [t for t in same if t.state == TrialState.RUNNING or (
             t.state == TrialState.FAIL and not t.user_attrs.get(RETRY_ATTR))]
-        if key in unsafe_keys(self.study) or blocking:
-            self._storage.set_trial_user_attr(
-                trial._trial_id, "seedance:fail_reason",
-                "unsafe" if key in unsafe_keys(self.study) else
+        if key in unsafe_keys(self.records) or blocking:
+            self.records.set_trial_attr(trial.number, "seedance:fail_reason",
+                "unsafe" if key in unsafe_keys(self.records) else
                 f"duplicate of trial {blocking[0].number} ({blocking[0].state.name})")
             self.study.tell(trial, state=TrialState.FAIL)
             return True
@@ -711,9 +712,9 @@ class SearchDriver:
         measured = self._baseline_tokens_per_s(change)
         if measured is None:
             return None
-        attrs = self._storage.get_study_system_attrs(self.study._study_id)
+        attrs = self.records.attrs()
         if REFERENCE_ATTR not in attrs:
-            self._storage.set_study_system_attr(self.study._study_id, REFERENCE_ATTR, measured)
+            self.records.set_attr(REFERENCE_ATTR, measured)
             self._set_level(change.baseline, 1.0)
             return measured, 1.0
         reference = float(attrs[REFERENCE_ATTR])
@@ -730,8 +731,7 @@ class SearchDriver:
         return reference * level * (1 + gain)
 
     def _set_level(self, values: Mapping[str, Any], level: float) -> None:
-        self._storage.set_study_system_attr(self.study._study_id,
-                                            LEVEL_PREFIX + self._key(values), level)
+        self.records.set_attr(LEVEL_PREFIX + self._key(values), level)
 
     def _key(self, values: Mapping[str, Any]) -> str:
         return config_key({k: values[k] for k in self.distributions})
@@ -757,17 +757,13 @@ class SearchDriver:
 
     def _untried(self) -> list[dict[str, Any]]:
         configs = grid(self.distributions) or []
-        seen = _seen(self.study)
+        seen = _seen(self.study, self.records)
         return [c for c in configs if config_key(c) not in seen]
-
-    def _trial_id(self, number: int) -> int:
-        return self._storage.get_trial_id_from_study_id_trial_number(self.study._study_id,
-                                                                     number)
 
     def _trial(self, number: int) -> Trial:
         trial = self._mine.get(number)
         if trial is None:
-            trial = self._mine[number] = Trial(self.study, self._trial_id(number))
+            trial = self._mine[number] = Trial(self.study, self.records.trial_id(number))
         return trial
 
     def _number_of(self, change: Change) -> int | None:

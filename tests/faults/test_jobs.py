@@ -16,6 +16,7 @@ import pytest
 
 from tests.faults._sidecar import ROOT, TOKEN, SidecarProcess, record
 from tuner._search import config_key, unsafe_keys
+from tuner._study_records import StudyRecords
 
 pytestmark = pytest.mark.integration
 
@@ -89,12 +90,12 @@ def test_a_job_that_dies_mid_trial_fails_the_trial_never_leaves_it_running(
         assert ended["state"] == "failed", ended
         assert "lapsed" in ended["events"][-1]["reason"], ended["events"][-1]
         # the study bars the config that was in force when the job died
-        study = optuna.load_study(study_name=trial["meta"]["study"],
-                                  storage=f"sqlite:///{tmp_path / 'state.db'}")
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'state.db'}")
+        study = optuna.load_study(study_name=trial["meta"]["study"], storage=storage)
         failed = study.trials[trial["meta"]["trial"]]
         assert failed.state == optuna.trial.TrialState.FAIL
         assert "the job died" in failed.user_attrs["seedance:fail_reason"]
-        assert config_key(failed.params) in unsafe_keys(study)
+        assert config_key(failed.params) in unsafe_keys(StudyRecords(storage, study.study_name))
         record("job_dies_mid_trial", change_state=ended["state"], trial_barred=True)
 
 

@@ -247,7 +247,7 @@ def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any
     (trial,) = search.study.trials
     assert trial.state == TrialState.FAIL
     from tuner._search import unsafe_keys
-    assert config_key({"micro_batch": 2}) in unsafe_keys(search.study)
+    assert config_key({"micro_batch": 2}) in unsafe_keys(search.records)
 
 
 def test_tuning_loop_runs_distinct_trials_and_learns_the_baseline(
@@ -398,7 +398,7 @@ def test_a_config_the_job_reports_failing_is_rolled_back_and_never_proposed_agai
     assert done.state == "rolled_back" and done.plan["job_failed"], done.plan
     assert "expected scalar type Half" in done.plan["ended_because"]
     from tuner._search import unsafe_keys
-    assert config_key({"micro_batch": 4}) in unsafe_keys(search.study)
+    assert config_key({"micro_batch": 4}) in unsafe_keys(search.records)
 
 
 def test_a_config_kept_under_a_passing_load_is_left_once_its_measurement_is_stale(

@@ -1,0 +1,45 @@
+"""The search's records in its Optuna study, through Optuna's public storage API only.
+
+The tuner writes onto trials by number, whoever asked them (another sidecar sharing the study,
+or this one before a restart): why one failed, when it was measured, its lease. It keeps
+study-wide records (priors, barred configs, the reference rate) as system attributes. Optuna 5's
+``Study`` can do neither without private attributes (``_storage``, ``_study_id``,
+``_trial_id``); the storage (``optuna.storages.BaseStorage``) can, given ids the storage itself
+resolves from the study's name and a trial's number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial
+
+__all__ = ["StudyRecords"]
+
+
+class StudyRecords:
+    """One study's system attributes and its trials' attributes, by trial number."""
+
+    def __init__(self, storage: BaseStorage, study_name: str) -> None:
+        self._storage = storage
+        self.study_id = storage.get_study_id_from_name(study_name)
+
+    def attrs(self) -> dict[str, Any]:
+        return self._storage.get_study_system_attrs(self.study_id)
+
+    def set_attr(self, key: str, value: Any) -> None:
+        self._storage.set_study_system_attr(self.study_id, key, value)
+
+    def trial_id(self, number: int) -> int:
+        return self._storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    def trial(self, number: int) -> FrozenTrial:
+        return self._storage.get_trial(self.trial_id(number))
+
+    def set_trial_attr(self, number: int, key: str, value: Any) -> None:
+        """A user attribute; the trial must still be running (Optuna refuses ended ones)."""
+        self._storage.set_trial_user_attr(self.trial_id(number), key, value)
+
+    def set_trial_system_attr(self, number: int, key: str, value: Any) -> None:
+        self._storage.set_trial_system_attr(self.trial_id(number), key, value)
