@@ -32,7 +32,7 @@ from tuner.checkpoint import Checkpointer
 from tuner.precision import PrecisionPolicy, apply_precision
 from workloads.gpt import GPT, GPTConfig, count_parameters
 
-SEED_MS = {"local": 37.0, "full": 124.0}
+ARTICLE_MS = {"local": 37.0, "full": 124.0}
 TARGET_LOCAL_TO_FULL = 0.35
 
 
@@ -122,7 +122,7 @@ def main() -> None:
         "ratio_local_to_full_of_min": {
             g: min(samples[f"local:{g}"]) / min(samples["full"]) for g in groups},
         "target_local_to_full": TARGET_LOCAL_TO_FULL,
-        "seed_article_ms_reference_only": SEED_MS,
+        "seed_article_ms_reference_only": ARTICLE_MS,
     }
     print(f"GPT {result['model']['parameters'] / 1e6:.1f}M params, Adam, {device}, "
           f"{torch.get_num_threads()} threads; full state {state_bytes / 2**20:.1f} MiB; "

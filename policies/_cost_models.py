@@ -17,11 +17,11 @@ import pandas as pd
 # 2.1 Bandwidth saturation
 # --------------------------------------------------------------------------------------------
 
-SEED_COUPLING_K = 0.8
+ARTICLE_COUPLING_K = 0.8
 """The seed's "hardware coupling" coefficient k of the saturation model (section 2.1)."""
 
 
-def bandwidth_saturation(demand: float, available: float, *, k: float = SEED_COUPLING_K) -> float:
+def bandwidth_saturation(demand: float, available: float, *, k: float = ARTICLE_COUPLING_K) -> float:
     """Effective compute fraction f(x) = 1 - exp(-k x / B) (seed section 2.1).
 
     ``demand`` (x) and ``available`` (B) in the same unit (GB/s in the seed); the result is a
@@ -36,7 +36,7 @@ def bandwidth_saturation(demand: float, available: float, *, k: float = SEED_COU
 
 
 def saturation_marginal_cost_ratio(
-    pressure_from: float, pressure_to: float, *, k: float = SEED_COUPLING_K
+    pressure_from: float, pressure_to: float, *, k: float = ARTICLE_COUPLING_K
 ) -> float:
     """How many times more bandwidth pressure one unit of effective compute costs at
     ``pressure_to`` than at ``pressure_from`` (pressures are x/B, dimensionless).
@@ -50,7 +50,7 @@ def saturation_marginal_cost_ratio(
     return math.exp(k * (pressure_to - pressure_from))
 
 
-def pressure_for_marginal_cost_ratio(ratio: float, *, k: float = SEED_COUPLING_K) -> float:
+def pressure_for_marginal_cost_ratio(ratio: float, *, k: float = ARTICLE_COUPLING_K) -> float:
     """The pressure x/B at which compute costs ``ratio`` times its zero-pressure cost: ln(r)/k."""
     if ratio <= 0 or k <= 0:
         raise ValueError(f"ratio and k must be > 0, got {ratio}, {k}")
@@ -61,11 +61,11 @@ def pressure_for_marginal_cost_ratio(ratio: float, *, k: float = SEED_COUPLING_K
 # 4.4 KV-cache decompression cost
 # --------------------------------------------------------------------------------------------
 
-SEED_PCIE5_X16_MEASURED_BYTES_PER_S = 28.3e9
+ARTICLE_PCIE5_X16_MEASURED_BYTES_PER_S = 28.3e9
 """PCIe 5.0 x16 throughput the seed measured (section 4.4 table), bytes per second."""
-SEED_HBM2E_ROW_ACCESS_S = 12.8e-9
+ARTICLE_HBM2E_ROW_ACCESS_S = 12.8e-9
 """HBM2e single-bank row access the seed uses (section 4.4 table), seconds."""
-SEED_FP16_TO_INT4_RATIO = 4.0
+ARTICLE_FP16_TO_INT4_RATIO = 4.0
 """FP16 -> INT4 compression ratio (section 4.4 table)."""
 HBM_ROW_BYTES = 1024
 """HBM2/HBM2e page (row) size in pseudo-channel mode, bytes (JEDEC JESD235: 1 KB)."""
@@ -83,7 +83,7 @@ def kv_decompression_cost_s(
     *,
     pcie_bytes_per_s: float | None = None,
     n_hbm_accesses: int | None = None,
-    hbm_access_s: float = SEED_HBM2E_ROW_ACCESS_S,
+    hbm_access_s: float = ARTICLE_HBM2E_ROW_ACCESS_S,
     dequantize_bytes_per_s: float | None = None,
 ) -> float:
     """Seconds to decompress ``compressed_bytes`` of KV cache (seed section 4.4).
@@ -369,7 +369,7 @@ def split_communication(
 # 2.5 ROI of repairing utilisation vs scaling out
 # --------------------------------------------------------------------------------------------
 
-SEED_GAMMA = 0.78
+ARTICLE_GAMMA = 0.78
 """The seed's cross-elasticity gamma, "fitted on 23 clusters" (section 2.5)."""
 
 
@@ -379,7 +379,7 @@ def _check_gamma(gamma: float) -> None:
 
 
 def equivalent_scale_out_nodes(
-    n_nodes: float, utilisation_gain: float, *, gamma: float = SEED_GAMMA
+    n_nodes: float, utilisation_gain: float, *, gamma: float = ARTICLE_GAMMA
 ) -> float:
     """Nodes one would have to add to match a utilisation repair (seed 2.5 "等效扩容节省").
 
@@ -414,7 +414,7 @@ def payback_months(fix_cost: float, nodes_saved: float, node_cost_per_month: flo
 def roi_delta(
     utilisation: float, scale_out: float, *, n_nodes: float, target_utilisation: float,
     node_cost_per_month: float, fix_cost: float, horizon_months: float,
-    gamma: float = SEED_GAMMA,
+    gamma: float = ARTICLE_GAMMA,
 ) -> float:
     """ROI of repairing utilisation instead of running a planned scale-out, over a horizon.
 
@@ -441,13 +441,13 @@ def roi_delta(
     return (nodes_saved * node_cost_per_month * horizon_months - fix_cost) / fix_cost
 
 
-SEED_UTILISATION_GRID: tuple[float, ...] = tuple(np.linspace(0.4, 0.9, 6).tolist())
-SEED_SCALE_OUT_GRID: tuple[float, ...] = tuple(np.linspace(1.0, 2.5, 5).tolist())
+ARTICLE_UTILISATION_GRID: tuple[float, ...] = tuple(np.linspace(0.4, 0.9, 6).tolist())
+ARTICLE_SCALE_OUT_GRID: tuple[float, ...] = tuple(np.linspace(1.0, 2.5, 5).tolist())
 
 
 def roi_matrix(
-    *, utilisation_grid: tuple[float, ...] = SEED_UTILISATION_GRID,
-    scale_out_grid: tuple[float, ...] = SEED_SCALE_OUT_GRID, **roi_params: float,
+    *, utilisation_grid: tuple[float, ...] = ARTICLE_UTILISATION_GRID,
+    scale_out_grid: tuple[float, ...] = ARTICLE_SCALE_OUT_GRID, **roi_params: float,
 ) -> pd.DataFrame:
     """The seed's ROI table (2.5): :func:`roi_delta` over scale-out (rows) x utilisation (cols).
 

@@ -48,7 +48,7 @@ _H100_DS = (
 _H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s, FP16 tensor 1,979 sparse"
 _L40S_DS = "NVIDIA L40S datasheet (2023): 864 GB/s, FP16 tensor 362.05 dense (733 sparse)"
 _T4_DS = "NVIDIA T4 datasheet (2019): 320+ GB/s, 65 TFLOPS mixed FP16/FP32"
-_SEED_KNEE = "; critical x/B from the seed, section 2.1"
+_ARTICLE_KNEE = "; critical x/B from the seed, section 2.1"
 
 # (pattern on the NVML device name, spec); the first match wins, so variants come first.
 _SPECS: tuple[tuple[re.Pattern[str], GpuSpec], ...] = (
@@ -57,21 +57,21 @@ _SPECS: tuple[tuple[re.Pattern[str], GpuSpec], ...] = (
                                    source="NVIDIA V100S datasheet (2019): 1,134 GB/s, 130 TFLOPS")),
     (re.compile(r"V100.*PCI", re.I), GpuSpec(model="V100 PCIe", memory_bandwidth_gb_s=900.0,
                                              fp16_tensor_tflops=112.0, critical_saturation=0.68,
-                                             source=_V100_DS + "; PCIe 112 TFLOPS" + _SEED_KNEE)),
+                                             source=_V100_DS + "; PCIe 112 TFLOPS" + _ARTICLE_KNEE)),
     (re.compile(r"V100"), GpuSpec(model="V100 SXM2", memory_bandwidth_gb_s=900.0,
                                   fp16_tensor_tflops=125.0, critical_saturation=0.68,
-                                  source=_V100_DS + _SEED_KNEE)),
+                                  source=_V100_DS + _ARTICLE_KNEE)),
     (re.compile(r"A100.*80GB.*PCI", re.I), GpuSpec(model="A100 80GB PCIe",
                                                    memory_bandwidth_gb_s=1935.0,
                                                    fp16_tensor_tflops=312.0,
                                                    critical_saturation=0.72,
-                                                   source=_A100_DS + _SEED_KNEE)),
+                                                   source=_A100_DS + _ARTICLE_KNEE)),
     (re.compile(r"A100.*80GB"), GpuSpec(model="A100 80GB SXM", memory_bandwidth_gb_s=2039.0,
                                         fp16_tensor_tflops=312.0, critical_saturation=0.72,
-                                        source=_A100_DS + _SEED_KNEE)),
+                                        source=_A100_DS + _ARTICLE_KNEE)),
     (re.compile(r"A100"), GpuSpec(model="A100 40GB", memory_bandwidth_gb_s=1555.0,
                                   fp16_tensor_tflops=312.0, critical_saturation=0.72,
-                                  source=_A100_DS + _SEED_KNEE)),
+                                  source=_A100_DS + _ARTICLE_KNEE)),
     (re.compile(r"H100.*PCI", re.I), GpuSpec(model="H100 PCIe", memory_bandwidth_gb_s=2000.0,
                                              fp16_tensor_tflops=756.5, critical_saturation=None,
                                              source=_H100_DS)),

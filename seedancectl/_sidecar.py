@@ -192,7 +192,7 @@ class Sidecar:
         self._metrics_server: MetricsServer | None = None
         self._audit: Engine | None = None
         self._searches: dict[str, SearchDriver | None] = {}
-        self._seeded: dict[str, frozenset[str]] = {}
+        self._priors_from: dict[str, frozenset[str]] = {}
         self._first_seen_s: dict[str, float] = {}
         self._priors_at_s: dict[str, float] = {}
         self._has_priors: set[str] = set()
@@ -338,16 +338,16 @@ class Sidecar:
 
     def housekeeping(self) -> None:
         """One round on the tuning thread: a search for every newly attached job the config
-        tunes, the engine's new suggestions seeded into it, waiting proposals announced."""
+        tunes, the engine's new suggestions added to its priors, waiting proposals announced."""
         for status in self.jobs.jobs():
             if status.state == "attached" and self.config.job_config(status.job).tune:
                 try:
-                    self._seed_search(status)
+                    self._set_up_search(status)
                 except Exception:
                     log.exception("tuning set-up of job %s failed; going on", status.job)
         self.notify_waiting()
 
-    def _seed_search(self, status: JobStatus) -> None:
+    def _set_up_search(self, status: JobStatus) -> None:
         assert self.tuning is not None and self.engine is not None
         job = status.job
         if job not in self._searches:
@@ -358,16 +358,16 @@ class Sidecar:
         driver = self._searches[job]
         if driver is None:
             return
-        self._seed_priors(status, driver)
+        self._add_compute_priors(status, driver)
         findings = [f for f in self.engine.active() if f.job == job]
         ids = frozenset(f.id for f in findings)
-        if ids and self._seeded.get(job) != ids:
-            added = driver.seed(suggestions(findings, status.baseline.values, status.knobs))
-            self._seeded[job] = ids
+        if ids and self._priors_from.get(job) != ids:
+            added = driver.add_priors(suggestions(findings, status.baseline.values, status.knobs))
+            self._priors_from[job] = ids
             if added:
                 log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
 
-    def _seed_priors(self, status: JobStatus, driver: SearchDriver) -> None:
+    def _add_compute_priors(self, status: JobStatus, driver: SearchDriver) -> None:
         """The compute priors of the job's profile, read straight from the store every
         ``PRIORS_EVERY_S`` (the engine opens them as findings too, but only after its
         hysteresis, and the first trials should already follow them)."""
@@ -382,7 +382,7 @@ class Sidecar:
         moves = suggestions(self._priors.evaluate(window), status.baseline.values, status.knobs)
         if moves:
             self._has_priors.add(job)
-            if driver.seed(moves):
+            if driver.add_priors(moves):
                 log.info("job %s: compute priors: %s", job, "; ".join(
                     f"{m.values} expects {m.expected_gain:+.0%}" for m in moves
                     if m.expected_gain is not None))

@@ -383,7 +383,7 @@ class SearchDriver:
 
     # ---- priors --------------------------------------------------------------------------------
 
-    def seed(self, priors: Sequence[Move]) -> int:
+    def add_priors(self, priors: Sequence[Move]) -> int:
         """Remember the policy engine's moves (with the gain each expects) for ``single_moves``
         to try first, in the study so every sidecar sharing it sees them; a move already
         known keeps its larger expected gain. Returns how many were new."""

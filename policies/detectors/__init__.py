@@ -26,8 +26,8 @@ from policies.detectors._gradients import (
     NonFiniteConfig,
     NonFiniteDetector,
     UnderflowConfig,
+    article_collapse_step,
     locate_cause,
-    seed_collapse_step,
 )
 from policies.detectors._input import InputBoundConfig, InputBoundDetector
 from policies.detectors._precision import SmallBatchPrecisionConfig, SmallBatchPrecisionDetector
@@ -85,5 +85,5 @@ __all__ = [
     "nvlink_peak_bytes_per_s",
     "p99_per_interval",
     "rebalance_weight",
-    "seed_collapse_step",
+    "article_collapse_step",
 ]

@@ -37,9 +37,9 @@ from policies._window import StoreWindow
 from policies.detectors._communication import collective_intervals
 from policies.detectors._series import increase, interval_increases, latest_version
 
-SEED_IMBALANCE_FRACTION = 0.15
-SEED_REBALANCE_ALPHA = 0.82
-SEED_COOLDOWN_TAU_S = 45.0
+ARTICLE_IMBALANCE_FRACTION = 0.15
+ARTICLE_REBALANCE_ALPHA = 0.82
+ARTICLE_COOLDOWN_TAU_S = 45.0
 STEP_COUNT = "seedance.train.step.duration.count"
 STEP_SUM = "seedance.train.step.duration.sum"
 RANK = "seedance.rank"
@@ -48,7 +48,7 @@ REQUEST_BUCKETS = "gen_ai.server.request.duration.bucket"
 
 
 def rebalance_weight(cap_i: float, cap_j: float, d_load: float, *,
-                     alpha: float = SEED_REBALANCE_ALPHA, tau: float = 1.0) -> float:
+                     alpha: float = ARTICLE_REBALANCE_ALPHA, tau: float = 1.0) -> float:
     """Seed 2.3: min(Cap_i, Cap_j) x alpha x (1 - exp(-dL / tau)); see the module doc on units."""
     if tau <= 0 or d_load < 0:
         raise ValueError(f"tau must be > 0 and d_load >= 0, got {tau}, {d_load}")
@@ -59,9 +59,9 @@ def rebalance_weight(cap_i: float, cap_j: float, d_load: float, *,
 class ImbalanceConfig:
     """Seed 2.3's constants and what load is read from."""
 
-    fraction: float = SEED_IMBALANCE_FRACTION
-    alpha: float = SEED_REBALANCE_ALPHA
-    cooldown_s: float = SEED_COOLDOWN_TAU_S
+    fraction: float = ARTICLE_IMBALANCE_FRACTION
+    alpha: float = ARTICLE_REBALANCE_ALPHA
+    cooldown_s: float = ARTICLE_COOLDOWN_TAU_S
     load_metric: str | None = None
     group_by: str = RANK
     capacities: Mapping[str, float] = field(default_factory=dict)

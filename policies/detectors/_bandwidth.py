@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from policies._cost_models import SEED_COUPLING_K, bandwidth_saturation
+from policies._cost_models import ARTICLE_COUPLING_K, bandwidth_saturation
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
 from policies._hardware import critical_saturation, gpu_spec
@@ -42,7 +42,7 @@ PCIE_PEAK = "seedance.gpu.pcie.link.peak_bandwidth"
 PCIE_GENERATION = "seedance.gpu.pcie.link.generation"
 PCIE_WIDTH = "seedance.gpu.pcie.link.width"
 GPU = "gpu.index"
-_MODEL = (f"policies.bandwidth_saturation: f = 1 - exp(-k x/B), k = {SEED_COUPLING_K}; knee "
+_MODEL = (f"policies.bandwidth_saturation: f = 1 - exp(-k x/B), k = {ARTICLE_COUPLING_K}; knee "
           "x/B from policies.critical_saturation (seed 2.1)")
 
 

@@ -91,7 +91,7 @@ def _rule_holds(norms: np.ndarray, t: int, rule: CollapseConfig) -> bool:
     return bool(np.isfinite(window).all() and np.var(window) < rule.variance_below)
 
 
-def seed_collapse_step(norms: Sequence[float], rule: CollapseConfig | None = None) -> int | None:
+def article_collapse_step(norms: Sequence[float], rule: CollapseConfig | None = None) -> int | None:
     """The first index t of ``norms`` (per-step global gradient L2 norms) where the seed's
     collapse rule holds (see :class:`CollapseConfig`), or None if it never does."""
     rule = rule or CollapseConfig()
@@ -121,7 +121,7 @@ class GradientCollapseDetector(Detector):
         rule = self.config
         for key, rows in by(per_step(window, GRAD_NORM), [RANK_ATTR]):
             norms = rows["value"].to_numpy(dtype=np.float64)
-            t = seed_collapse_step(norms, rule)
+            t = article_collapse_step(norms, rule)
             if t is None:
                 continue
             ratios = [norms[i] / norms[i - 1] for i in range(t - rule.consecutive + 1, t + 1)]

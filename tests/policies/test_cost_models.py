@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import (
-    SEED_FP16_TO_INT4_RATIO,
-    SEED_HBM2E_ROW_ACCESS_S,
-    SEED_PCIE5_X16_MEASURED_BYTES_PER_S,
+    ARTICLE_FP16_TO_INT4_RATIO,
+    ARTICLE_HBM2E_ROW_ACCESS_S,
+    ARTICLE_PCIE5_X16_MEASURED_BYTES_PER_S,
     allreduce_calls,
     allreduce_time_s,
     bandwidth_saturation,
@@ -137,7 +137,7 @@ def test_pcie_per_lane_rates_after_encoding() -> None:
         assert pcie_lane_bandwidth_bytes_per_s(gen) / 1e6 == pytest.approx(mb_s, abs=1)
     x16 = peak_pcie_bandwidth_bytes_per_s(5, 16)
     assert x16 == 16 * pcie_lane_bandwidth_bytes_per_s(5)
-    assert SEED_PCIE5_X16_MEASURED_BYTES_PER_S < x16
+    assert ARTICLE_PCIE5_X16_MEASURED_BYTES_PER_S < x16
     with pytest.raises(ValueError, match="generation"):
         pcie_lane_bandwidth_bytes_per_s(9)
 
@@ -147,14 +147,14 @@ def test_pcie_per_lane_rates_after_encoding() -> None:
 
 def test_kv_cost_gpu_path_with_seed_reference_values() -> None:
     kv_fp16 = 1 << 30
-    compressed = kv_fp16 / SEED_FP16_TO_INT4_RATIO
-    t = kv_decompression_cost_s(compressed, pcie_bytes_per_s=SEED_PCIE5_X16_MEASURED_BYTES_PER_S)
+    compressed = kv_fp16 / ARTICLE_FP16_TO_INT4_RATIO
+    t = kv_decompression_cost_s(compressed, pcie_bytes_per_s=ARTICLE_PCIE5_X16_MEASURED_BYTES_PER_S)
     rows = math.ceil(compressed / 1024)
     assert t == pytest.approx(compressed / 28.3e9 + rows * 12.8e-9)
     assert hbm_row_accesses(compressed) == rows
     explicit = kv_decompression_cost_s(compressed, pcie_bytes_per_s=28.3e9, n_hbm_accesses=0)
     assert explicit == pytest.approx(compressed / 28.3e9)
-    assert t - explicit == pytest.approx(rows * SEED_HBM2E_ROW_ACCESS_S)
+    assert t - explicit == pytest.approx(rows * ARTICLE_HBM2E_ROW_ACCESS_S)
 
 
 def test_kv_cost_cpu_path_and_argument_errors() -> None:

@@ -27,8 +27,8 @@ from policies.detectors import (
     NonFiniteDetector,
     SmallBatchPrecisionDetector,
     UnderflowConfig,
+    article_collapse_step,
     locate_cause,
-    seed_collapse_step,
 )
 
 JOB = "train-a"
@@ -68,32 +68,32 @@ def test_seed_rule_fires_at_the_first_step_where_both_conditions_hold() -> None:
     # ratios < 0.05 from step 2 on, three in a row first at step 4; the variance of the last 5
     # norms first drops below 1e-8 at step 7 (window 1e-5 .. 1e-13): that is the step.
     norms = [1.0, 1.0, 1e-3, 1e-5, 1e-7, 1e-9, 1e-11, 1e-13, 1e-15]
-    assert seed_collapse_step(norms) == 7
-    assert seed_collapse_step(norms[:7]) is None
+    assert article_collapse_step(norms) == 7
+    assert article_collapse_step(norms[:7]) is None
     assert np.var(norms[2:7]) > 1e-8 > np.var(norms[3:8])  # why not earlier: the variance
 
 
 def test_seed_rule_needs_three_ratios_in_a_row_and_skips_zero_predecessors() -> None:
-    assert seed_collapse_step([1.0] * 20) is None
+    assert article_collapse_step([1.0] * 20) is None
     tiny = [1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 4e-8, 1e-6, 4e-8, 1e-6]  # variance tiny, ratios not
-    assert seed_collapse_step(tiny) is None
+    assert article_collapse_step(tiny) is None
     flushed = [1.0, 1.0, 1e-3, 0.0, 0.0, 0.0, 0.0, 0.0]  # ratio after a zero is undefined
-    assert seed_collapse_step(flushed) is None
-    assert seed_collapse_step([5e-5, 1e-6, 1e-8, 1e-10, 1e-12]) == 4  # earliest possible step
+    assert article_collapse_step(flushed) is None
+    assert article_collapse_step([5e-5, 1e-6, 1e-8, 1e-10, 1e-12]) == 4  # earliest possible step
     loose = CollapseConfig(ratio_below=0.5, consecutive=2, variance_below=1.0, variance_window=3)
-    assert seed_collapse_step([1.0, 0.4, 0.1], loose) == 2
+    assert article_collapse_step([1.0, 0.4, 0.1], loose) == 2
 
 
 @given(st.lists(st.sampled_from([1.0, 0.3, 1e-2, 1e-4, 1e-6, 1e-8, 1e-10, 1e-12, 0.0,
                                  math.inf, math.nan]), max_size=14))
 def test_seed_rule_flags_no_later_and_no_earlier(norms: list[float]) -> None:
-    t = seed_collapse_step(norms)
+    t = article_collapse_step(norms)
     if t is None:
-        assert all(seed_collapse_step(norms[:k]) is None for k in range(len(norms)))
+        assert all(article_collapse_step(norms[:k]) is None for k in range(len(norms)))
         return
-    assert seed_collapse_step(norms[:t + 1]) == t  # holds with only the past
-    assert seed_collapse_step(norms[:t]) is None  # and not before
-    assert seed_collapse_step(norms + [1.0, 0.0]) == t  # the future does not move it
+    assert article_collapse_step(norms[:t + 1]) == t  # holds with only the past
+    assert article_collapse_step(norms[:t]) is None  # and not before
+    assert article_collapse_step(norms + [1.0, 0.0]) == t  # the future does not move it
 
 
 def test_collapse_detector_counts_steps_not_exports() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.detectors import seed_collapse_step
+from policies.detectors import article_collapse_step
 from tests.policies.scenarios_training import SCENARIOS, collapse_points
 
 TRAINING_DETECTORS = {"gradient_collapse", "gradient_underflow", "non_finite", "input_bound",
@@ -22,7 +22,7 @@ def test_synthetic_collapse_is_found_when_the_seed_rule_first_holds() -> None:
     by_name = {s.name: s for s in SCENARIOS if s.detector == "gradient_collapse"}
     flags, built = by_name["positive_norm_collapse_at_step_20"].run()
     norms = [p.value for p in collapse_points(collapse_at=20) if p.name.endswith("grad.norm")]
-    rule_step = seed_collapse_step(norms)
+    rule_step = article_collapse_step(norms)
     assert built.onset is not None and rule_step is not None
     assert flags.index(True) - built.onset == rule_step - 20
     assert not any(flags[:built.onset])

@@ -21,9 +21,9 @@ from typer.testing import CliRunner, Result
 
 from collectors._store import TimeSeriesStore
 from policies import (
-    SEED_GAMMA,
-    SEED_SCALE_OUT_GRID,
-    SEED_UTILISATION_GRID,
+    ARTICLE_GAMMA,
+    ARTICLE_SCALE_OUT_GRID,
+    ARTICLE_UTILISATION_GRID,
     Evidence,
     Finding,
     FindingStore,
@@ -396,11 +396,11 @@ def test_roi_json_equals_the_policy_matrix() -> None:
     assert np.allclose(printed["roi"], matrix.to_numpy())
     assert printed["png"] is None
     default = ok_json("roi")  # the seed's grids and gamma; 8 nodes, repaired to 90%
-    assert np.allclose(default["utilisation"], SEED_UTILISATION_GRID)
-    assert np.allclose(default["scale_out"], SEED_SCALE_OUT_GRID)
+    assert np.allclose(default["utilisation"], ARTICLE_UTILISATION_GRID)
+    assert np.allclose(default["scale_out"], ARTICLE_SCALE_OUT_GRID)
     assert np.allclose(default["roi"], roi_matrix(
         n_nodes=8.0, target_utilisation=0.9, node_cost_per_month=20_000.0, fix_cost=100_000.0,
-        horizon_months=12.0, gamma=SEED_GAMMA).to_numpy())
+        horizon_months=12.0, gamma=ARTICLE_GAMMA).to_numpy())
 
 
 def test_roi_table_and_png(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from tuner.kv_adaptive import (
 )
 from tuner.kv_cache import KVCacheError, QuantizedKVCache
 
-SEED_FIELDS = {"seq_pos", "kv_len", "entropy", "target_bw", "reason"}
+ARTICLE_FIELDS = {"seq_pos", "kv_len", "entropy", "target_bw", "reason"}
 
 
 @settings(max_examples=60, deadline=None)
@@ -94,7 +94,7 @@ def test_decisions_are_logged_with_the_seed_fields_and_change_widths_live(tmp_pa
     _decode(cache, adaptive, 128, even)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert records == adaptive.decisions
-    assert all(SEED_FIELDS <= set(r) for r in records)
+    assert all(ARTICLE_FIELDS <= set(r) for r in records)
     assert [r["seq_pos"] for r in records] == [0, 16, 32, 48, 64, 80, 96, 112]
     reasons = [r["reason"] for r in records]
     assert [r["kv_len"] for r in records] == [1, 17, 33, 49, 65, 81, 97, 113]

@@ -95,7 +95,7 @@ def test_repeats_are_answered_from_the_cache(tmp_path: Path) -> None:
 def test_priors_come_first_by_expected_gain_then_one_knob_moves(tmp_path: Path) -> None:
     search = driver(tmp_path)
     baseline = {"micro_batch": 8, "precision": "fp32"}
-    assert search.seed([Move(values={"micro_batch": 4}, expected_gain=0.1),
+    assert search.add_priors([Move(values={"micro_batch": 4}, expected_gain=0.1),
                         Move(values={"precision": "bf16"}, expected_gain=0.4),
                         Move(values={"precision": "bf16"}, expected_gain=0.2)]) == 2
     asked = []
@@ -211,7 +211,7 @@ def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, An
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
                           config=SearchConfig(study_name="live", seed=0), clock=rollout["clock"])
     ctl.add_observer(search)
-    search.seed([Move(values={"micro_batch": 4})])
+    search.add_priors([Move(values={"micro_batch": 4})])
     change = search.propose_next(ctl, job.job)
     assert change is not None and change.state == "approved"  # low risk, auto mode
     for _ in range(30):
@@ -236,7 +236,7 @@ def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
                           config=SearchConfig(study_name="lapse", seed=0), clock=clock)
     ctl.add_observer(search)
-    search.seed([Move(values={"micro_batch": 2})])
+    search.add_priors([Move(values={"micro_batch": 2})])
     change = search.propose_next(ctl, job.job)
     assert change is not None
     ctl.tick()
@@ -262,9 +262,9 @@ def test_tuning_loop_runs_distinct_trials_and_learns_the_baseline(
                           SuggestedChange(knob="micro_batch", value=4, expected_effect="e"),
                           SuggestedChange(knob="nonexistent", value=1, expected_effect="e")))
     baseline = dict(registry.status(job.job).baseline.values)
-    seeds = suggestions([finding], baseline, SPACE)
-    assert [m.values for m in seeds] == [{"micro_batch": 4}]
-    search.seed(seeds)
+    priors = suggestions([finding], baseline, SPACE)
+    assert [m.values for m in priors] == [{"micro_batch": 4}]
+    search.add_priors(priors)
     loop = TuningLoop(ctl)
     loop.add_search(job.job, search)
     for _ in range(60):
@@ -291,7 +291,7 @@ def test_trial_values_cancel_a_box_that_keeps_slowing_down(rollout: dict[str, An
                                               pruner_startup_trials=100),
                           clock=rollout["clock"])
     ctl.add_observer(search)
-    search.seed([Move(values={"micro_batch": 4}, expected_gain=0.2),
+    search.add_priors([Move(values={"micro_batch": 4}, expected_gain=0.2),
                  Move(values={"micro_batch": 2}, expected_gain=0.1)])
     for _ in range(2):
         change = search.propose_next(ctl, job.job)
@@ -384,7 +384,7 @@ def test_a_config_the_job_reports_failing_is_rolled_back_and_never_proposed_agai
                           config=SearchConfig(study_name="raised", seed=0),
                           clock=rollout["clock"])
     ctl.add_observer(search)
-    search.seed([Move(values={"micro_batch": 4})])
+    search.add_priors([Move(values={"micro_batch": 4})])
     change = search.propose_next(ctl, job.job)
     assert change is not None
     ctl.tick()
