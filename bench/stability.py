@@ -59,7 +59,10 @@ def run_once(node: str) -> dict[str, Any]:
     row: dict[str, Any] = {"passed": done.returncode == 0, "rc": done.returncode,
                            "wall_s": round(time.monotonic() - started, 1), "code_revision": code}
     if done.returncode != 0:
-        row["tail"] = (done.stdout + done.stderr)[-3000:]
+        output = done.stdout + done.stderr
+        row["tail"] = output[-3000:]
+        row["errors"] = [line[:20000] for line in output.splitlines()
+                         if line.startswith("E ")][:20]  # the assertion, whole
     return row
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collectors._catalogue import BY_NAME as BY_NAME
     from collectors._catalogue import CATALOGUE as CATALOGUE
     from collectors._catalogue import MetricSpec as MetricSpec
+    from collectors._errors import ConfigError as ConfigError
     from collectors._errors import SeedanceError as SeedanceError
     from collectors._nvml import GpuSampler as GpuSampler
     from collectors._nvml import GpuSamplerConfig as GpuSamplerConfig

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from collectors._errors import ConfigError
 from collectors._points import Point
 
 JOB_ATTR = "service.name"
@@ -23,7 +24,7 @@ class CardinalityLimit:
 
     def __post_init__(self) -> None:
         if self.max_per_metric < 1 or self.max_per_job < 1:
-            raise ValueError("CardinalityLimit: both limits must be >= 1")
+            raise ConfigError("CardinalityLimit: both limits must be >= 1")
 
 
 class SeriesLimiter:

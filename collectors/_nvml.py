@@ -37,6 +37,7 @@ from types import TracebackType
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from collectors._catalogue import GPU_METRICS
+from collectors._errors import ConfigError
 from collectors._nvml_backends import (
     XID_FIELD,
     LiveNvmlBackend,
@@ -97,9 +98,9 @@ class GpuSamplerConfig:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
-            raise ValueError(f"interval_s must be a positive number, got {self.interval_s!r}")
+            raise ConfigError(f"interval_s must be a positive number, got {self.interval_s!r}")
         if not self.host_name:
-            raise ValueError("host_name must not be empty")
+            raise ConfigError("host_name must not be empty")
 
 
 _SPEC_KIND = {spec.name: spec.kind for spec in GPU_METRICS}

@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from collectors._errors import SeedanceError
+from collectors._errors import ConfigError, SeedanceError
 from collectors._otlp_decode import (
     DecodedMetrics,
     OtlpDecodeError,
@@ -101,11 +101,11 @@ class ForwarderConfig:
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"ForwarderConfig.url must be an http(s) URL, got {self.url!r}")
+            raise ConfigError(f"ForwarderConfig.url must be an http(s) URL, got {self.url!r}")
         if not self.timeout_s > 0:
-            raise ValueError(f"ForwarderConfig.timeout_s must be > 0, got {self.timeout_s}")
+            raise ConfigError(f"ForwarderConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.max_queue < 1:
-            raise ValueError(f"ForwarderConfig.max_queue must be >= 1, got {self.max_queue}")
+            raise ConfigError(f"ForwarderConfig.max_queue must be >= 1, got {self.max_queue}")
 
 
 class Forwarder:

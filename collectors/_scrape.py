@@ -51,7 +51,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from collectors._catalogue import BY_NAME
-from collectors._errors import SeedanceError
+from collectors._errors import ConfigError, SeedanceError
 from collectors._points import MetricKind, Point
 
 log = logging.getLogger(__name__)
@@ -122,11 +122,11 @@ class SeriesRule:
 
     def __post_init__(self) -> None:
         if self.name not in BY_NAME:
-            raise ValueError(f"SeriesRule.name: {self.name!r} is not in the metric catalogue")
+            raise ConfigError(f"SeriesRule.name: {self.name!r} is not in the metric catalogue")
         if not math.isfinite(self.scale) or self.scale <= 0:
-            raise ValueError(f"SeriesRule.scale: expected a positive number, got {self.scale}")
+            raise ConfigError(f"SeriesRule.scale: expected a positive number, got {self.scale}")
         if bool(self.bits) != bool(self.bit_attribute):
-            raise ValueError("SeriesRule.bit_attribute: set it exactly when bits are set")
+            raise ConfigError("SeriesRule.bit_attribute: set it exactly when bits are set")
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -375,20 +375,20 @@ class ScrapeSource:
         try:
             url = httpx.URL(self.url)
         except httpx.InvalidURL as e:
-            raise ValueError(f"ScrapeSource.url: {e}") from e
+            raise ConfigError(f"ScrapeSource.url: {e}") from e
         if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"ScrapeSource.url: expected an http(s) URL, got {self.url!r}")
+            raise ConfigError(f"ScrapeSource.url: expected an http(s) URL, got {self.url!r}")
         if not self.job:
-            raise ValueError("ScrapeSource.job: must not be empty")
+            raise ConfigError("ScrapeSource.job: must not be empty")
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
-            raise ValueError(f"ScrapeSource.interval_s: expected > 0, got {self.interval_s}")
+            raise ConfigError(f"ScrapeSource.interval_s: expected > 0, got {self.interval_s}")
         if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= self.interval_s):
-            raise ValueError(
+            raise ConfigError(
                 f"ScrapeSource.timeout_s: expected 0 < timeout_s <= interval_s "
                 f"({self.interval_s}), got {self.timeout_s}"
             )
         if self.kind != "auto" and self.kind not in EXPORTERS:
-            raise ValueError(
+            raise ConfigError(
                 f"ScrapeSource.kind: expected 'auto' or one of {sorted(EXPORTERS)}, "
                 f"got {self.kind!r}"
             )

@@ -20,6 +20,7 @@ from opentelemetry import metrics
 from opentelemetry._logs import LoggerProvider, SeverityNumber, get_logger_provider
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
+from collectors import ConfigError
 from policies._detector import Detector, SelfCheck
 from policies._findings import Finding, more_severe
 from policies._state_db import FindingStore
@@ -50,13 +51,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+            raise ConfigError(f"interval_s must be > 0, got {self.interval_s}")
         if not self.window_s > 0:
-            raise ValueError(f"window_s must be > 0, got {self.window_s}")
+            raise ConfigError(f"window_s must be > 0, got {self.window_s}")
         if self.open_after < 1:
-            raise ValueError(f"open_after must be >= 1, got {self.open_after}")
+            raise ConfigError(f"open_after must be >= 1, got {self.open_after}")
         if self.close_after < 1:
-            raise ValueError(f"close_after must be >= 1, got {self.close_after}")
+            raise ConfigError(f"close_after must be >= 1, got {self.close_after}")
 
 
 @dataclass(slots=True)

@@ -23,14 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from collectors import SeedanceError
+from collectors import ConfigError
 
 ENV_PREFIX = "SEEDANCE_"
 ApprovalMode = Literal["auto", "suggest", "off"]
-
-
-class ConfigError(SeedanceError):
-    """The configuration file or an override is invalid."""
 
 
 class _Section(BaseModel):
@@ -48,7 +44,7 @@ class ScrapeConfig(_Section):
     @model_validator(mode="after")
     def _timeout_within_interval(self) -> ScrapeConfig:
         if self.timeout_s > self.interval_s:
-            raise ValueError(f"timeout_s ({self.timeout_s:g}) must be <= interval_s "
+            raise ConfigError(f"timeout_s ({self.timeout_s:g}) must be <= interval_s "
                              f"({self.interval_s:g}): scrapes would pile up")
         return self
 
@@ -67,11 +63,11 @@ class KnobBound(_Section):
     def _one_kind(self) -> KnobBound:
         ranged = self.low is not None or self.high is not None
         if ranged == (self.allowed is not None):
-            raise ValueError("give either low and high, or allowed")
+            raise ConfigError("give either low and high, or allowed")
         if ranged and (self.low is None or self.high is None or self.low > self.high):
-            raise ValueError("low and high must both be set, low <= high")
+            raise ConfigError("low and high must both be set, low <= high")
         if self.allowed is not None and not self.allowed:
-            raise ValueError("allowed must list at least one value")
+            raise ConfigError("allowed must list at least one value")
         return self
 
     def for_controller(self) -> tuple[float, float] | frozenset[bool | int | float | str]:
@@ -118,9 +114,9 @@ class RolloutSection(_Section):
     @model_validator(mode="after")
     def _ordered(self) -> RolloutSection:
         if self.min_pairs > self.max_pairs:
-            raise ValueError("min_pairs must be <= max_pairs")
+            raise ConfigError("min_pairs must be <= max_pairs")
         if self.min_window_s > self.max_window_s:
-            raise ValueError("min_window_s must be <= max_window_s")
+            raise ConfigError("min_window_s must be <= max_window_s")
         return self
 
 
@@ -195,7 +191,7 @@ class SidecarConfig(_Section):
     @classmethod
     def _check_webhook(cls, value: str | None) -> str | None:
         if value is not None and urlsplit(value).scheme not in ("http", "https"):
-            raise ValueError(f"expected an http(s) URL, got {value!r}")
+            raise ConfigError(f"expected an http(s) URL, got {value!r}")
         return value
 
     @field_validator("listen")
@@ -203,7 +199,7 @@ class SidecarConfig(_Section):
     def _check_listen(cls, value: str) -> str:
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
+            raise ConfigError(f"expected HOST:PORT, got {value!r}")
         return value
 
     @model_validator(mode="after")
@@ -211,15 +207,15 @@ class SidecarConfig(_Section):
         """Off loopback, the API needs TLS and OTLP ingest a token, unless the operator says
         otherwise in so many words."""
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+            raise ConfigError("tls_cert_file and tls_key_file go together: set both or neither")
         if self.loopback:
             return self
         if self.tls_cert_file is None and not self.allow_insecure_listen:
-            raise ValueError(
+            raise ConfigError(
                 f"listen = {self.listen!r} is reachable from other hosts: serve it over TLS "
                 "(tls_cert_file and tls_key_file), or set allow_insecure_listen = true")
         if self.ingest_token_file is None and not self.allow_insecure_ingest:
-            raise ValueError(
+            raise ConfigError(
                 f"listen = {self.listen!r} is reachable from other hosts, and OTLP ingest "
                 "decides what is kept: set ingest_token_file, or allow_insecure_ingest = true")
         return self
@@ -240,7 +236,7 @@ class SidecarConfig(_Section):
     def _check_nvml(cls, value: str) -> str:
         if value in ("auto", "off") or value.startswith("replay:"):
             return value
-        raise ValueError(f"expected 'auto', 'off' or 'replay:TRACE', got {value!r}")
+        raise ConfigError(f"expected 'auto', 'off' or 'replay:TRACE', got {value!r}")
 
     def job_config(self, job: str) -> JobConfig:
         """The job's section, or the defaults for a job the file does not name."""

@@ -76,7 +76,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from collectors import CONFIG_VERSION_ATTR
+from collectors import CONFIG_VERSION_ATTR, ConfigError
 from policies import histogram_quantile
 
 STEP_DURATION = "seedance.train.step.duration"
@@ -125,43 +125,43 @@ class MeasureConfig:
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
-            raise ValueError(f"MeasureConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ConfigError(f"MeasureConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.min_steps < 1:
-            raise ValueError(f"MeasureConfig.min_steps must be >= 1, got {self.min_steps}")
+            raise ConfigError(f"MeasureConfig.min_steps must be >= 1, got {self.min_steps}")
         if not 0 < self.min_window_s <= self.max_window_s:
-            raise ValueError(f"MeasureConfig.min_window_s must be > 0 and <= max_window_s, "
+            raise ConfigError(f"MeasureConfig.min_window_s must be > 0 and <= max_window_s, "
                              f"got {self.min_window_s} and {self.max_window_s}")
         if not self.window_cv > 0:
-            raise ValueError(f"MeasureConfig.window_cv must be > 0, got {self.window_cv}")
+            raise ConfigError(f"MeasureConfig.window_cv must be > 0, got {self.window_cv}")
         if self.planned_pairs < 1:
-            raise ValueError(f"MeasureConfig.planned_pairs must be >= 1, "
+            raise ConfigError(f"MeasureConfig.planned_pairs must be >= 1, "
                              f"got {self.planned_pairs}")
         if not self.noise_floor > 0:
-            raise ValueError(f"MeasureConfig.noise_floor must be > 0, got {self.noise_floor}")
+            raise ConfigError(f"MeasureConfig.noise_floor must be > 0, got {self.noise_floor}")
         if self.tokens_per_step is not None and not self.tokens_per_step > 0:
-            raise ValueError("MeasureConfig.tokens_per_step must be > 0")
+            raise ConfigError("MeasureConfig.tokens_per_step must be > 0")
         if not 0.5 < self.confidence < 1:
-            raise ValueError(f"MeasureConfig.confidence must be in (0.5, 1), "
+            raise ConfigError(f"MeasureConfig.confidence must be in (0.5, 1), "
                              f"got {self.confidence}")
         if self.interval not in ("sequential", "t", "bootstrap"):
-            raise ValueError(f"MeasureConfig.interval must be sequential, t or bootstrap, "
+            raise ConfigError(f"MeasureConfig.interval must be sequential, t or bootstrap, "
                              f"got {self.interval!r}")
         if self.n_bootstrap < 100:
-            raise ValueError("MeasureConfig.n_bootstrap must be >= 100")
+            raise ConfigError("MeasureConfig.n_bootstrap must be >= 100")
         if self.loss_tolerance < 0:
-            raise ValueError("MeasureConfig.loss_tolerance must be >= 0")
+            raise ConfigError("MeasureConfig.loss_tolerance must be >= 0")
         if self.latency_tolerance < 0:
-            raise ValueError("MeasureConfig.latency_tolerance must be >= 0")
+            raise ConfigError("MeasureConfig.latency_tolerance must be >= 0")
         if self.warmup_requests < 0:
-            raise ValueError(f"MeasureConfig.warmup_requests must be >= 0, "
+            raise ConfigError(f"MeasureConfig.warmup_requests must be >= 0, "
                              f"got {self.warmup_requests}")
         if self.min_requests < 1:
-            raise ValueError(f"MeasureConfig.min_requests must be >= 1, got {self.min_requests}")
+            raise ConfigError(f"MeasureConfig.min_requests must be >= 1, got {self.min_requests}")
         if not 0 < self.latency_quantile < 1:
-            raise ValueError(f"MeasureConfig.latency_quantile must be in (0, 1), "
+            raise ConfigError(f"MeasureConfig.latency_quantile must be in (0, 1), "
                              f"got {self.latency_quantile}")
         if self.min_token_agreement is not None and not 0 <= self.min_token_agreement <= 1:
-            raise ValueError(f"MeasureConfig.min_token_agreement must be in [0, 1], "
+            raise ConfigError(f"MeasureConfig.min_token_agreement must be in [0, 1], "
                              f"got {self.min_token_agreement}")
 
 

@@ -69,7 +69,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from collectors import SeedanceError, Tracing, new_traceparent, null_tracing, state_engine
+from collectors import (
+    ConfigError,
+    SeedanceError,
+    Tracing,
+    new_traceparent,
+    null_tracing,
+    state_engine,
+)
 from policies import Finding
 from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
 from tuner._knobs import KnobSpace, KnobValue
@@ -316,24 +323,24 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_pairs <= self.max_pairs:
-            raise ValueError(f"RolloutConfig.min_pairs must be >= 1 and <= max_pairs, got "
+            raise ConfigError(f"RolloutConfig.min_pairs must be >= 1 and <= max_pairs, got "
                              f"{self.min_pairs} and {self.max_pairs}")
         if self.restore_attempts < 1:
-            raise ValueError(f"RolloutConfig.restore_attempts must be >= 1, "
+            raise ConfigError(f"RolloutConfig.restore_attempts must be >= 1, "
                              f"got {self.restore_attempts}")
         if self.early_stop_pairs < 1:
-            raise ValueError(f"RolloutConfig.early_stop_pairs must be >= 1, "
+            raise ConfigError(f"RolloutConfig.early_stop_pairs must be >= 1, "
                              f"got {self.early_stop_pairs}")
         if not 0 <= self.max_slowdown < 1:
-            raise ValueError(f"RolloutConfig.max_slowdown must be in [0, 1), "
+            raise ConfigError(f"RolloutConfig.max_slowdown must be in [0, 1), "
                              f"got {self.max_slowdown}")
         if self.min_gain < 0:
-            raise ValueError(f"RolloutConfig.min_gain must be >= 0, got {self.min_gain}")
+            raise ConfigError(f"RolloutConfig.min_gain must be >= 0, got {self.min_gain}")
         for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s", "trial_budget_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"RolloutConfig.{name} must be > 0")
+                raise ConfigError(f"RolloutConfig.{name} must be > 0")
         if self.default_mode not in ("auto", "suggest", "off"):
-            raise ValueError(f"RolloutConfig.default_mode must be auto|suggest|off, "
+            raise ConfigError(f"RolloutConfig.default_mode must be auto|suggest|off, "
                              f"got {self.default_mode!r}")
 
 

@@ -55,6 +55,7 @@ from optuna.storages import BaseStorage
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from collectors import ConfigError
 from policies import Finding
 from policies.detectors import EXPECTED_GAIN
 from tuner._ceilings import above_ceiling
@@ -328,16 +329,16 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         if not self.study_name:
-            raise ValueError("SearchConfig.study_name must not be empty")
+            raise ConfigError("SearchConfig.study_name must not be empty")
         if self.revisit_after_s is not None and not self.revisit_after_s > 0:
-            raise ValueError("SearchConfig.revisit_after_s must be > 0 or None")
+            raise ConfigError("SearchConfig.revisit_after_s must be > 0 or None")
         if self.direction not in ("maximize", "minimize"):
-            raise ValueError(f"SearchConfig.direction must be maximize or minimize, "
+            raise ConfigError(f"SearchConfig.direction must be maximize or minimize, "
                              f"got {self.direction!r}")
         if not self.trial_lease_s > 0:
-            raise ValueError("SearchConfig.trial_lease_s must be > 0")
+            raise ConfigError("SearchConfig.trial_lease_s must be > 0")
         if self.max_ask_attempts < 1:
-            raise ValueError("SearchConfig.max_ask_attempts must be >= 1")
+            raise ConfigError("SearchConfig.max_ask_attempts must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

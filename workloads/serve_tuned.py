@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from collectors import TelemetryConfig, setup_telemetry
+from collectors import ConfigError, TelemetryConfig, setup_telemetry
 from tuner import Knob
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS, PrefixCacheConfig
 from tuner.serve_client import KV_BITS_KNOBS, attach_serving
@@ -70,7 +70,7 @@ class TunedConfig:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ValueError(f"TunedConfig.concurrency must be >= 1, got {self.concurrency}")
+            raise ConfigError(f"TunedConfig.concurrency must be >= 1, got {self.concurrency}")
 
     @property
     def knob_values(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from grafana_foundation_sdk.builders.common import (
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
+from collectors import ConfigError
 from dashboards.grafana._names import PromMetric, prom
 
 DATASOURCE_VAR = "datasource"
@@ -112,10 +113,10 @@ class PanelSpec:
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.queries) <= len(string.ascii_uppercase):
-            raise ValueError(f"panel {self.title!r}: queries must hold 1..26 queries, "
+            raise ConfigError(f"panel {self.title!r}: queries must hold 1..26 queries, "
                              f"got {len(self.queries)}")
         if not 1 <= self.span <= WIDTH:
-            raise ValueError(f"panel {self.title!r}: span must be 1..{WIDTH}, got {self.span}")
+            raise ConfigError(f"panel {self.title!r}: span must be 1..{WIDTH}, got {self.span}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

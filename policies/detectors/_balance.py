@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from collectors import ConfigError
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._quantile import histogram_quantile
@@ -69,13 +70,13 @@ class ImbalanceConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1:
-            raise ValueError(f"fraction must be in (0, 1), got {self.fraction}")
+            raise ConfigError(f"fraction must be in (0, 1), got {self.fraction}")
         if not 0 < self.alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+            raise ConfigError(f"alpha must be in (0, 1], got {self.alpha}")
         if self.cooldown_s < 0:
-            raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+            raise ConfigError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
         if self.min_steps < 1:
-            raise ValueError(f"min_steps must be >= 1, got {self.min_steps}")
+            raise ConfigError(f"min_steps must be >= 1, got {self.min_steps}")
 
 
 class LoadImbalanceDetector(Detector):
@@ -201,11 +202,11 @@ class ThrashConfig:
 
     def __post_init__(self) -> None:
         if self.min_changes < 1:
-            raise ValueError(f"min_changes must be >= 1, got {self.min_changes}")
+            raise ConfigError(f"min_changes must be >= 1, got {self.min_changes}")
         if self.settle_s <= 0:
-            raise ValueError(f"settle_s must be > 0, got {self.settle_s}")
+            raise ConfigError(f"settle_s must be > 0, got {self.settle_s}")
         if self.spike_ratio <= 1:
-            raise ValueError(f"spike_ratio must be > 1, got {self.spike_ratio}")
+            raise ConfigError(f"spike_ratio must be > 1, got {self.spike_ratio}")
 
 
 class AutoscalerThrashDetector(Detector):

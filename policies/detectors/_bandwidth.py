@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from collectors import ConfigError
 from policies._cost_models import ARTICLE_COUPLING_K, bandwidth_saturation
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
@@ -56,11 +57,11 @@ class BandwidthConfig:
 
     def __post_init__(self) -> None:
         if self.min_samples < 1:
-            raise ValueError(f"min_samples must be >= 1, got {self.min_samples}")
+            raise ConfigError(f"min_samples must be >= 1, got {self.min_samples}")
         if not 0 <= self.critical_margin < 1:
-            raise ValueError(f"critical_margin must be in [0, 1), got {self.critical_margin}")
+            raise ConfigError(f"critical_margin must be in [0, 1), got {self.critical_margin}")
         if not 0 < self.pcie_fraction <= 1:
-            raise ValueError(f"pcie_fraction must be in (0, 1], got {self.pcie_fraction}")
+            raise ConfigError(f"pcie_fraction must be in (0, 1], got {self.pcie_fraction}")
 
 
 def _by_gpu(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from collectors import ConfigError
 from policies._cost_models import allreduce_calls, allreduce_time_s
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
@@ -155,14 +156,14 @@ class CommunicationConfig:
 
     def __post_init__(self) -> None:
         if self.link_peak_bytes_per_s is not None and self.link_peak_bytes_per_s <= 0:
-            raise ValueError(f"link_peak_bytes_per_s must be > 0, got "
+            raise ConfigError(f"link_peak_bytes_per_s must be > 0, got "
                              f"{self.link_peak_bytes_per_s}")
         for name in ("degraded_ratio", "baseline_drop", "high_comm_share"):
             value = getattr(self, name)
             if not 0 < value < 1:
-                raise ValueError(f"{name} must be in (0, 1), got {value}")
+                raise ConfigError(f"{name} must be in (0, 1), got {value}")
         if self.min_intervals < 1 or self.recent_intervals < 1:
-            raise ValueError("min_intervals and recent_intervals must be >= 1")
+            raise ConfigError("min_intervals and recent_intervals must be >= 1")
 
 
 def _comm_share(window: StoreWindow, intervals: pd.DataFrame) -> float | None:
@@ -292,13 +293,13 @@ class TinyBucketConfig:
 
     def __post_init__(self) -> None:
         if self.min_calls_per_step <= 1:
-            raise ValueError(f"min_calls_per_step must be > 1, got {self.min_calls_per_step}")
+            raise ConfigError(f"min_calls_per_step must be > 1, got {self.min_calls_per_step}")
         if self.max_bytes_per_call <= 0 or self.target_bucket_bytes <= 0:
-            raise ValueError("max_bytes_per_call and target_bucket_bytes must be > 0")
+            raise ConfigError("max_bytes_per_call and target_bucket_bytes must be > 0")
         if not 0 < self.min_fixed_share < 1:
-            raise ValueError(f"min_fixed_share must be in (0, 1), got {self.min_fixed_share}")
+            raise ConfigError(f"min_fixed_share must be in (0, 1), got {self.min_fixed_share}")
         if self.min_intervals < 1:
-            raise ValueError(f"min_intervals must be >= 1, got {self.min_intervals}")
+            raise ConfigError(f"min_intervals must be >= 1, got {self.min_intervals}")
 
 
 class TinyBucketDetector(Detector):

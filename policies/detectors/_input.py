@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collectors import ConfigError
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
@@ -27,11 +28,11 @@ class InputBoundConfig:
 
     def __post_init__(self) -> None:
         if not self.max_wait_ratio > 0:
-            raise ValueError(f"max_wait_ratio must be > 0, got {self.max_wait_ratio}")
+            raise ConfigError(f"max_wait_ratio must be > 0, got {self.max_wait_ratio}")
         if self.min_steps < 1:
-            raise ValueError(f"min_steps must be >= 1, got {self.min_steps}")
+            raise ConfigError(f"min_steps must be >= 1, got {self.min_steps}")
         if self.num_workers < 1 or self.prefetch_factor < 1:
-            raise ValueError("num_workers and prefetch_factor must be >= 1, got "
+            raise ConfigError("num_workers and prefetch_factor must be >= 1, got "
                              f"{self.num_workers} and {self.prefetch_factor}")
 
 

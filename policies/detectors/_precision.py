@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from collectors import CONFIG_VERSION_ATTR
+from collectors import CONFIG_VERSION_ATTR, ConfigError
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
@@ -44,11 +44,11 @@ class SmallBatchPrecisionConfig:
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
         if not 0 <= self.min_speedup < 1:
-            raise ValueError(f"min_speedup must be in [0, 1), got {self.min_speedup}")
+            raise ConfigError(f"min_speedup must be in [0, 1), got {self.min_speedup}")
         if self.min_steps < 1:
-            raise ValueError(f"min_steps must be >= 1, got {self.min_steps}")
+            raise ConfigError(f"min_steps must be >= 1, got {self.min_steps}")
 
 
 class SmallBatchPrecisionDetector(Detector):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from collectors import CONFIG_VERSION_ATTR
+from collectors import CONFIG_VERSION_ATTR, ConfigError
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
@@ -51,7 +51,7 @@ class ComputePriorsConfig:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
-            raise ValueError(f"min_gain must be a finite number >= 0, got {self.min_gain}")
+            raise ConfigError(f"min_gain must be a finite number >= 0, got {self.min_gain}")
 
 
 class ComputePriorsDetector(Detector):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from collectors import ConfigError
 from policies._cost_models import kv_compression_tradeoff
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
@@ -70,17 +71,17 @@ class KvDecompressionConfig:
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.kv_budget_bytes is not None and not self.kv_budget_bytes > 0:
-            raise ValueError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
+            raise ConfigError(f"kv_budget_bytes must be > 0, got {self.kv_budget_bytes}")
         if not 0 <= self.min_dequant_share < 1:
-            raise ValueError(f"min_dequant_share must be in [0, 1), got {self.min_dequant_share}")
+            raise ConfigError(f"min_dequant_share must be in [0, 1), got {self.min_dequant_share}")
         if self.min_tokens <= 0:
-            raise ValueError(f"min_tokens must be > 0, got {self.min_tokens}")
+            raise ConfigError(f"min_tokens must be > 0, got {self.min_tokens}")
         if not 0 <= self.fixed_step_share < 1:
-            raise ValueError(f"fixed_step_share must be in [0, 1), got {self.fixed_step_share}")
+            raise ConfigError(f"fixed_step_share must be in [0, 1), got {self.fixed_step_share}")
         if tuple(sorted(self.bit_widths)) != self.bit_widths or not self.bit_widths:
-            raise ValueError(f"bit_widths must be ascending and non-empty, got {self.bit_widths}")
+            raise ConfigError(f"bit_widths must be ascending and non-empty, got {self.bit_widths}")
 
 
 class KvDecompressionCostDetector(Detector):
@@ -206,15 +207,15 @@ class LowCacheHitConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.min_hit_rate <= 1:
-            raise ValueError(f"min_hit_rate must be in (0, 1], got {self.min_hit_rate}")
+            raise ConfigError(f"min_hit_rate must be in (0, 1], got {self.min_hit_rate}")
         if not -1 <= self.max_correlation < 0:
-            raise ValueError(f"max_correlation must be in [-1, 0), got {self.max_correlation}")
+            raise ConfigError(f"max_correlation must be in [-1, 0), got {self.max_correlation}")
         if self.min_intervals < 3:
-            raise ValueError(f"min_intervals must be >= 3, got {self.min_intervals}")
+            raise ConfigError(f"min_intervals must be >= 3, got {self.min_intervals}")
         if self.p99_slo_s is not None and not self.p99_slo_s > 0:
-            raise ValueError(f"p99_slo_s must be > 0, got {self.p99_slo_s}")
+            raise ConfigError(f"p99_slo_s must be > 0, got {self.p99_slo_s}")
         if self.prewarm_top_k < 1 or self.capacity_entries < 1:
-            raise ValueError("prewarm_top_k and capacity_entries must be >= 1, got "
+            raise ConfigError("prewarm_top_k and capacity_entries must be >= 1, got "
                              f"{self.prewarm_top_k} and {self.capacity_entries}")
 
 
