@@ -28,7 +28,12 @@ each and the allocation sites that grew most between them, and every 10 s Python
 and SQLite's own allocations (``memory_parts``). Tracing slows the sidecar and adds
 its own memory: compare its RSS only with another traced run.
 
+With ``--allocator jemalloc`` the sidecar (only) runs with jemalloc preloaded (``LD_PRELOAD``,
+Debian's ``libjemalloc2``): if RSS then stays flat where glibc's grows, the growth was glibc's
+arenas fragmenting, not memory something holds.
+
 Run: python bench/soak.py [--minutes 30] [--trace-memory --out bench/results/soak_traced.json]
+     python bench/soak.py --minutes 15 --allocator jemalloc --out bench/results/soak_jemalloc.json
 Results: bench/results/soak.json
 """
 
@@ -165,10 +170,22 @@ def heap_growth(snapshots: list[Path], top: int = 15) -> dict[str, Any]:
     }
 
 
+def jemalloc_library() -> Path:
+    """Debian's libjemalloc2, wherever the architecture put it."""
+    found = sorted(Path("/usr/lib").glob("*/libjemalloc.so.2")) + sorted(
+        Path("/usr/lib").glob("libjemalloc.so.2"))
+    if not found:
+        raise SystemExit("--allocator jemalloc: libjemalloc.so.2 not found; "
+                         "apt-get install libjemalloc2")
+    return found[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--allocator", choices=("glibc", "jemalloc"), default="glibc",
+                   help="the sidecar's malloc (jemalloc: preloaded from libjemalloc2)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the sidecar under tracemalloc and report the sites that grew")
     args = p.parse_args(argv)
@@ -185,16 +202,19 @@ def main(argv: list[str] | None = None) -> None:
         '[jobs.train]', "tune = true", "", "[[scrape]]", f'url = "{exporter.url}"',
         'kind = "dcgm"', ""]))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN}
+    sidecar_env = dict(env)
+    if args.allocator == "jemalloc":
+        sidecar_env["LD_PRELOAD"] = str(jemalloc_library())
     snapshot_at = (0.25 * args.minutes * 60, max(0.25, args.minutes * 60 - 15))
     launcher = ["-m", "seedancectl.sidecar"]
     if args.trace_memory:
         launcher = [str(ROOT / "bench" / "_traced_sidecar.py")]
-        env.update(SOAK_SNAPSHOT_AT=",".join(f"{t:.0f}" for t in snapshot_at),
-                   SOAK_SNAPSHOT_DIR=str(work))
+        sidecar_env.update(SOAK_SNAPSHOT_AT=",".join(f"{t:.0f}" for t in snapshot_at),
+                           SOAK_SNAPSHOT_DIR=str(work))
     logs = {n: (work / f"{n}.log").open("wb") for n in ("sidecar", "train")}
     sidecar = subprocess.Popen([sys.executable, *launcher, "--config",
                                 str(work / "sidecar.toml")], stdout=logs["sidecar"],
-                               stderr=subprocess.STDOUT, env=env, cwd=work)
+                               stderr=subprocess.STDOUT, env=sidecar_env, cwd=work)
     http = httpx.Client(base_url=url, timeout=30.0)
     deadline = time.monotonic() + (240 if args.trace_memory else 60)  # tracing slows imports
     while True:
@@ -288,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                      SERIES_PER_RANK, "export_every_s": 1.0, "readers": READERS,
                      "reader_every_s": 0.5, "scrape": "dcgm capture every 5 s",
                      "tuning": "workloads.train_family mlp, 1 thread, mode auto, tune true",
+                     "sidecar_allocator": args.allocator,
                      "simulated": "the 8 ranks are SIMULATED (threads posting OTLP); the "
                                   "training job, scrapes and readers are real"},
         "rss_mib": {"start": samples[0][1] if samples else None,
