@@ -15,6 +15,18 @@ from collectors import lazy_exports
 
 if TYPE_CHECKING:
     from tuner._ceilings import observed_ceilings as observed_ceilings
+    from tuner._change import ACTIVE as ACTIVE
+    from tuner._change import MANUAL as MANUAL
+    from tuner._change import TRANSITIONS as TRANSITIONS
+    from tuner._change import Change as Change
+    from tuner._change import IllegalTransition as IllegalTransition
+    from tuner._change import RolloutError as RolloutError
+    from tuner._change import Trip as Trip
+    from tuner._change_tables import change_events_table as change_events_table
+    from tuner._change_tables import changes_table as changes_table
+    from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings
+    from tuner._guardrails import Guardrail as Guardrail
+    from tuner._guardrails import NonFiniteLoss as NonFiniteLoss
     from tuner._knobs import Config as Config
     from tuner._knobs import Knob as Knob
     from tuner._knobs import KnobError as KnobError
@@ -37,20 +49,7 @@ if TYPE_CHECKING:
     from tuner._measure import compare as compare
     from tuner._measure import measure_window as measure_window
     from tuner._restore import Restore as Restore
-    from tuner._rollout import ACTIVE as ACTIVE
-    from tuner._rollout import MANUAL as MANUAL
-    from tuner._rollout import TRANSITIONS as TRANSITIONS
-    from tuner._rollout import Change as Change
-    from tuner._rollout import GradientCollapseFindings as GradientCollapseFindings
-    from tuner._rollout import Guardrail as Guardrail
-    from tuner._rollout import IllegalTransition as IllegalTransition
-    from tuner._rollout import NonFiniteLoss as NonFiniteLoss
-    from tuner._rollout import RolloutConfig as RolloutConfig
     from tuner._rollout import RolloutController as RolloutController
-    from tuner._rollout import RolloutError as RolloutError
-    from tuner._rollout import Trip as Trip
-    from tuner._rollout import change_events_table as change_events_table
-    from tuner._rollout import changes_table as changes_table
     from tuner._search import NeighbourhoodSampler as NeighbourhoodSampler
     from tuner._search import SearchConfig as SearchConfig
     from tuner._search import SearchDriver as SearchDriver
@@ -63,6 +62,7 @@ if TYPE_CHECKING:
     from tuner._token import TokenError as TokenError
     from tuner._token import find_token as find_token
     from tuner._token import read_token as read_token
+    from tuner._verdict import RolloutConfig as RolloutConfig
     from tuner._versions import VersionLedger as VersionLedger
     from tuner.prefix_cache import PREFIX_CACHE_KNOBS as PREFIX_CACHE_KNOBS
     from tuner.prefix_cache import PrefixCache as PrefixCache

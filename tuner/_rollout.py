@@ -42,7 +42,6 @@ under a parent it has not received yet.
 
 from __future__ import annotations
 
-import abc
 import json
 import logging
 import math
@@ -50,231 +49,38 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from dataclasses import replace
+from typing import Any, Protocol
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    func,
-    insert,
-    select,
-    update,
-)
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from collectors import (
-    ConfigError,
-    SeedanceError,
-    Tracing,
-    new_traceparent,
-    null_tracing,
-    state_engine,
+from collectors import Tracing, new_traceparent, null_tracing, state_engine
+from tuner._change import (
+    ACTIVE,
+    ENDED,
+    IN_FLIGHT,
+    MANUAL,
+    PRUNED,
+    TRANSITIONS,
+    Change,
+    IllegalTransition,
+    Mode,
+    RolloutError,
+    Source,
+    State,
+    Trip,
+    precision_lowered,
 )
-from policies import Finding
-from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
-from tuner._knobs import KnobSpace, KnobValue
+from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
+from tuner._guardrails import Guardrail
+from tuner._knobs import KnobSpace
 from tuner._lease import AttachEvent, JobRegistry, JobStatus
-from tuner._measure import (
-    Comparison,
-    MeasureConfig,
-    QueryFn,
-    Window,
-    compare,
-    measure_window,
-    nonfinite_loss,
-    window_config,
-    windows_from_json,
-)
+from tuner._measure import Comparison, QueryFn, compare, measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
+from tuner._verdict import RolloutConfig, decide, interval_text
 
 log = logging.getLogger(__name__)
-
-State = Literal["proposed", "approved", "applying", "observing", "kept", "rolled_back",
-                "rejected", "expired", "failed", "manual_intervention_required"]
-Source = Literal["trial", "finding", "operator"]
-Mode = Literal["auto", "suggest", "off"]
-MANUAL: State = "manual_intervention_required"
-RollbackKind = Literal["config", "full", "local"]
-
-TRANSITIONS: Mapping[str, frozenset[str]] = {
-    "proposed": frozenset({"approved", "rejected", "expired", "failed"}),
-    "approved": frozenset({"applying", "rejected", "failed"}),
-    "applying": frozenset({"observing", "rolled_back", "failed"}),
-    "observing": frozenset({"kept", "rolled_back", "failed"}),
-    "kept": frozenset({"rolled_back"}),
-    "rolled_back": frozenset({MANUAL}), MANUAL: frozenset({"rolled_back"}),
-    "rejected": frozenset(), "expired": frozenset(), "failed": frozenset(),
-}
-"""Legal transitions; ``kept -> rolled_back`` only by an operator's ``rollback``;
-``rolled_back <-> manual_intervention_required`` only as its restore fails or is confirmed."""
-ENDED: frozenset[str] = frozenset({"rolled_back", "rejected", "expired", "failed"})
-"""The verdicts of a change that was tried or refused (the search learns from them)."""
-ACTIVE: frozenset[str] = frozenset({"proposed", "approved", "applying", "observing"})
-IN_FLIGHT: frozenset[str] = frozenset({"applying", "observing"})
-PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8")
-"""Higher index = lower precision; lowering one is a risky change (snapshot first)."""
-PRUNED = "pruned by the search"
-
-
-class RolloutError(SeedanceError):
-    """A change cannot be proposed or moved as asked."""
-
-
-class IllegalTransition(RolloutError):
-    """The state machine does not allow this move."""
-
-
-# ---- storage ------------------------------------------------------------------------------
-
-_metadata = MetaData()
-changes_table = Table(
-    "changes", _metadata,
-    Column("id", String(64), primary_key=True),
-    Column("job", String(256), nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("created_at_ns", BigInteger, nullable=False),
-    Column("updated_at_ns", BigInteger, nullable=False),
-    Column("body", Text, nullable=False),
-    Index("changes_by_job", "job", "created_at_ns"),
-    Index("changes_by_state", "state"),
-)
-change_events_table = Table(
-    "change_events", _metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
-    Column("change_id", String(64), nullable=True),
-    Column("job", String(256), nullable=False),
-    Column("at_ns", BigInteger, nullable=False),
-    Column("kind", String(32), nullable=False),
-    Column("from_state", String(16), nullable=True),
-    Column("to_state", String(16), nullable=True),
-    Column("actor", String(256), nullable=False),
-    Column("reason", Text, nullable=False),
-    Column("version_before", BigInteger, nullable=True),
-    Column("version_after", BigInteger, nullable=True),
-    Column("detail", Text, nullable=False),
-    Index("change_events_by_change", "change_id", "seq"),
-    Index("change_events_by_job", "job", "at_ns"),
-)
-modes_table = Table(
-    "approval_modes", _metadata,
-    Column("job", String(256), primary_key=True),
-    Column("mode", String(16), nullable=False),
-)
-
-
-# ---- values ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Change:
-    """Config A -> B for one job; ``values`` are the knobs it sets, ``baseline`` what it left.
-
-    ``plan`` is the observation's progress (window arms, index, version in force, acked);
-    ``windows`` what each window measured; ``comparison`` the verdict's numbers.
-    ``traceparent`` is the W3C context of the change's root span; ``spans`` the spans open
-    across ticks (``apply``, ``observe``): name -> traceparent, start_ns and attributes.
-    """
-
-    id: str
-    job: str
-    state: State
-    source: Source
-    reason: str
-    risk: str
-    scope: str
-    values: Mapping[str, KnobValue]
-    baseline: Mapping[str, KnobValue]
-    created_at_s: float
-    expires_at_s: float
-    approved_by: str | None = None
-    traceparent: str = ""
-    meta: Mapping[str, Any] = field(default_factory=dict)
-    spans: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    plan: Mapping[str, Any] = field(default_factory=dict)
-    windows: tuple[Window, ...] = ()
-    comparison: Mapping[str, Any] | None = None
-
-    @property
-    def candidate(self) -> dict[str, KnobValue]:
-        return {**self.baseline, **self.values}
-
-    def arm_of(self, version: int) -> str | None:
-        """Which arm config ``version`` ran as in this change (None: not one of its windows)."""
-        if self.plan.get("version") == version:
-            return str(self.plan["arms"][int(self.plan["index"])])
-        return next((w.arm for w in self.windows if w.version == version), None)
-
-    def to_json(self) -> str:
-        body = {k: v for k, v in self.__dict__.items() if k != "windows"}
-        body["windows"] = [w.to_json() for w in self.windows]
-        return json.dumps(body, sort_keys=True, default=dict)
-
-    @classmethod
-    def from_json(cls, text: str) -> Change:
-        body = json.loads(text)
-        body["windows"] = tuple(windows_from_json(body.get("windows", ())))
-        return cls(**body)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Trip:
-    """A guardrail fired: roll back now, of this kind (``group`` for a local rollback)."""
-
-    kind: RollbackKind
-    reason: str
-    group: str | None = None
-    job_failed: bool = False
-    """The job itself reported the config failing (it raised there): never to be tried again."""
-    inconclusive: bool = False
-    """The test ran out of pairs or time without an answer: the config may still pay."""
-
-
-class Guardrail(abc.ABC):
-    """A condition that forces an immediate rollback of the change in flight.
-
-    ``check`` is called from ``tick()`` (one thread) with the version in force; it must not
-    block for long and returns None when all is well.
-    """
-
-    @abc.abstractmethod
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None: ...
-
-
-class NonFiniteLoss(Guardrail):
-    """NaN or infinite loss under the change's current version: FULL rollback."""
-
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
-        if nonfinite_loss(query, change.job, version):
-            return Trip(kind="full", reason=f"non-finite loss under config v{version}")
-        return None
-
-
-class GradientCollapseFindings(Guardrail):
-    """A gradient-collapse, underflow or non-finite finding on the job, opened since the change
-    began: LOCAL rollback of the finding's ``module_group`` (FULL when it names none, and always
-    for non-finite gradients: the optimizer may have stepped on them everywhere)."""
-
-    def __init__(self, active_findings: Callable[[], Sequence[Finding]], *,
-                 detectors: Sequence[str] = (COLLAPSE, UNDERFLOW, NON_FINITE)) -> None:
-        self._active = active_findings
-        self.detectors = frozenset(detectors)
-
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
-        since_ns = int(change.plan.get("applied_at_s", change.created_at_s) * 1e9)
-        for f in self._active():
-            if (f.job == change.job and f.detector in self.detectors
-                    and (f.opened_at_ns or 0) >= since_ns):
-                group = None if f.detector == NON_FINITE else f.resource.get("module_group")
-                return Trip(kind="local" if group else "full", group=group,
-                            reason=f"{f.detector} finding {f.id}: {f.evidence.summary}")
-        return None
 
 
 class ChangeObserver(Protocol):
@@ -287,85 +93,6 @@ class ChangeObserver(Protocol):
     def on_finished(self, change: Change) -> None:
         """Called once the change reached a final state."""
         ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    """Timings and sizes of a rollout; ``auto_bounds`` are the operator's per-knob limits for
-    auto-approval: a tuple (low, high) for numbers or a set of allowed values. A knob with no
-    entry may auto-approve anywhere in its domain.
-
-    A trial is a sequential test: pairs of windows are added until the confidence sequence
-    decides (kept from ``min_pairs`` on when it excludes zero from above; rolled back from
-    ``early_stop_pairs`` on when it excludes zero from below, and from ``min_pairs`` on when
-    its upper end is below ``min_gain``, a gain not worth having), or until ``max_pairs`` or
-    ``trial_budget_s`` of job time since the candidate was acked (then rolled back: no
-    measured gain). A trial whose gain so far is at least ``min_gain`` is promising: it is
-    measured on past its budget, up to ``promising_budget_s`` (twice the budget when None),
-    since starting it over later would throw its pairs away; the confidence sequence stays
-    valid however long the trial runs. A serving candidate whose token agreement over all its windows is below
-    ``measure.min_token_agreement`` is rolled back from ``min_pairs`` on, so it is never
-    kept. Whatever the test says, two candidate windows that ran below
-    ``max_slowdown`` of their baselines' tokens/s end the trial at once: it harms the job (one
-    such window may be a neighbour's burst on a shared box)."""
-
-    min_pairs: int = 3
-    max_pairs: int = 24
-    trial_budget_s: float = 90.0
-    promising_budget_s: float | None = None
-    min_gain: float = 0.03
-    max_slowdown: float = 0.4
-    proposal_ttl_s: float = 3600.0
-    ack_timeout_s: float = 60.0
-    restore_attempts: int = 3
-    """Times a rollback's baseline is sent before the change needs a person."""
-    window_timeout_s: float = 600.0
-    early_stop_pairs: int = 2
-    default_mode: Mode = "suggest"
-    auto_bounds: Mapping[str, Any] = field(default_factory=dict)
-    measure: MeasureConfig = field(default_factory=MeasureConfig)
-
-    @property
-    def promising_horizon_s(self) -> float:
-        """How long a promising trial may run (``promising_budget_s``, by default twice the
-        budget)."""
-        return (2 * self.trial_budget_s if self.promising_budget_s is None
-                else self.promising_budget_s)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_pairs <= self.max_pairs:
-            raise ConfigError(f"RolloutConfig.min_pairs must be >= 1 and <= max_pairs, got "
-                             f"{self.min_pairs} and {self.max_pairs}")
-        if self.restore_attempts < 1:
-            raise ConfigError(f"RolloutConfig.restore_attempts must be >= 1, "
-                             f"got {self.restore_attempts}")
-        if self.early_stop_pairs < 1:
-            raise ConfigError(f"RolloutConfig.early_stop_pairs must be >= 1, "
-                             f"got {self.early_stop_pairs}")
-        if not 0 <= self.max_slowdown < 1:
-            raise ConfigError(f"RolloutConfig.max_slowdown must be in [0, 1), "
-                             f"got {self.max_slowdown}")
-        if self.promising_budget_s is not None and \
-                not self.promising_budget_s >= self.trial_budget_s:
-            raise ConfigError(f"RolloutConfig.promising_budget_s must be >= trial_budget_s, "
-                              f"got {self.promising_budget_s} and {self.trial_budget_s}")
-        if self.min_gain < 0:
-            raise ConfigError(f"RolloutConfig.min_gain must be >= 0, got {self.min_gain}")
-        for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s", "trial_budget_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"RolloutConfig.{name} must be > 0")
-        if self.default_mode not in ("auto", "suggest", "off"):
-            raise ConfigError(f"RolloutConfig.default_mode must be auto|suggest|off, "
-                             f"got {self.default_mode!r}")
-
-
-def precision_lowered(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
-    """Precision knobs (``precision`` or ``precision.<group>``) whose value gets lower."""
-    def rank(v: Any) -> int:
-        return PRECISION_ORDER.index(v) if v in PRECISION_ORDER else -1
-    return sorted(k for k, v in after.items()
-                  if (k == "precision" or k.startswith("precision."))
-                  and rank(v) > rank(before.get(k)))
 
 
 # ---- the controller -------------------------------------------------------------------------
@@ -391,7 +118,7 @@ class RolloutController:
         self._lock = threading.RLock()
         self._observers: list[ChangeObserver] = []
         self._engine = state_engine(db_url)
-        _metadata.create_all(self._engine)
+        metadata.create_all(self._engine)
         self._restoring: set[str] = set()  # rolled back, the job's ack of its baseline to come
         registry.on_lapse(self._on_lapse)
         registry.on_attach(self._on_attach)
@@ -687,7 +414,7 @@ class RolloutController:
             change = self._save(change, plan={**change.plan,
                                               "arms": [*arms, "candidate", "baseline"]},
                                 event=("extend", f"pair {comparison.pairs + 1}: undecided, "
-                                       f"gain {_interval_text(comparison)}", version))
+                                       f"gain {interval_text(comparison)}", version))
         self._send(change, index + 1)
 
     def _judge(self, change: Change, comparison: Comparison, now: float) -> bool:
@@ -1061,53 +788,6 @@ class RolloutController:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
-
-
-def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
-           ) -> Literal["keep"] | Trip | None:
-    """The sequential test's verdict after a pair (``RolloutConfig``): keep, a rollback (the
-    trip says why) or None (measure another pair). ``elapsed_s``: job time since the
-    candidate was first acked. Pure, so a bench replays recorded windows through exactly the
-    controller's rule."""
-    pairs = comparison.pairs
-    # loss from min_pairs on: one short window's loss is noisy, and a guardrail that knows the
-    # cause (an underflow finding on one group: a local rollback) gets the time to speak first
-    if pairs >= config.min_pairs and not comparison.loss_ok:
-        return Trip(kind="config", reason=(
-            f"loss {comparison.loss_excess:+.2%} above the baseline's trajectory"))
-    if not comparison.latency_ok:
-        return Trip(kind="config", reason=(
-            f"p99 latency {comparison.latency_excess:+.2%} above the baseline's"))
-    if pairs >= config.min_pairs and not comparison.quality_ok:
-        return Trip(kind="config", reason=(
-            f"token agreement {comparison.quality:.4f} over the candidate's "
-            f"{comparison.quality_tokens} checked tokens is below the bound "
-            f"{config.measure.min_token_agreement:.4f}"))
-    slow = sorted(r for r in comparison.pair_ratios if r < config.max_slowdown)
-    if len(slow) >= 2:
-        return Trip(kind="config", reason=(
-            f"harms the job: {len(slow)} candidate windows ran at {slow[-1]:.0%} or less of "
-            f"their baselines' tokens/s (bound {config.max_slowdown:.0%})"))
-    if pairs >= config.early_stop_pairs and comparison.regresses:
-        return Trip(kind="config", reason=f"measured regression {_interval_text(comparison)}")
-    if comparison.improves:
-        return "keep" if pairs >= config.min_pairs else None
-    if pairs >= config.min_pairs and comparison.ci_high < config.min_gain:
-        return Trip(kind="config", reason=(
-            f"no gain worth having (below {config.min_gain:+.0%}): gain "
-            f"{_interval_text(comparison)}"))
-    promising = comparison.gain >= config.min_gain and elapsed_s < config.promising_horizon_s
-    if pairs >= config.max_pairs or (elapsed_s >= config.trial_budget_s and not promising):
-        spent = (f"{pairs} pairs" if pairs >= config.max_pairs
-                 else f"the trial's {elapsed_s:.0f} s")
-        return Trip(kind="config", inconclusive=True, reason=(
-            f"no measured gain in {spent}: gain {_interval_text(comparison)}"))
-    return None
-
-
-def _interval_text(comparison: Comparison) -> str:
-    return (f"{comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}] "
-            f"after {comparison.pairs} pair(s)")
 
 
 _MOVE_SPANS: Mapping[str, str] = {"approved": "approve", "rejected": "reject",

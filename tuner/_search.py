@@ -59,9 +59,10 @@ from collectors import ConfigError
 from policies import Finding
 from policies.detectors import EXPECTED_GAIN
 from tuner._ceilings import above_ceiling
+from tuner._change import ACTIVE, PRUNED, Change
 from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue
 from tuner._measure import Comparison
-from tuner._rollout import ACTIVE, PRUNED, Change, RolloutController
+from tuner._rollout import RolloutController
 from tuner._study_records import StudyRecords
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,8 @@ from scipy import stats
 
 from collectors import CONFIG_VERSION_ATTR, SeedanceError
 from policies import histogram_quantile
+from tuner._change import Change, Trip
+from tuner._guardrails import Guardrail
 from tuner._measure import (
     AGREEING_TOKENS,
     CHECKED_TOKENS,
@@ -41,7 +43,6 @@ from tuner._measure import (
     TOKEN_AGREEMENT,
     QueryFn,
 )
-from tuner._rollout import Change, Guardrail, Trip
 
 __all__ = ["AGREEING_TOKENS_METRIC", "CHECKED_TOKENS_METRIC", "QUALITY_METRIC",
            "ServingGuardrailConfig", "ServingSLOGuardrail", "TokenAgreement",

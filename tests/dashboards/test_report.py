@@ -25,7 +25,8 @@ from dashboards.report import PrometheusSource, ReportPaths, build_report
 from policies import FindingStore
 from tests.dashboards.week_fixture import RecordedWeek, build_week
 from tests.servers import free_port, start_prometheus, wait_for
-from tuner._rollout import Change, change_events_table, changes_table
+from tuner._change import Change
+from tuner._change_tables import change_events_table, changes_table
 
 NS = 1_000_000_000
 PRICE = 3.0

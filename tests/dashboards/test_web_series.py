@@ -17,10 +17,11 @@ from collectors._store import TimeSeriesStore
 from dashboards.web import web_router
 from dashboards.web._series import change_series, triggering_metric
 from policies._state_db import sqlite_url
+from tuner._change import Change
 from tuner._knobs import Knob
 from tuner._lease import JobRegistry
 from tuner._measure import JOB_ATTR, RANK_ATTR, TOKENS_PER_SECOND, Window
-from tuner._rollout import Change, RolloutController
+from tuner._rollout import RolloutController
 
 T0_S = float(int(time.time()) - 3600)
 """An hour ago: recent enough for the store's raw retention."""

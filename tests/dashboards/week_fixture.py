@@ -30,10 +30,12 @@ import numpy as np
 from collectors._points import CONFIG_VERSION_ATTR, REPLAYED_ATTR, Point
 from collectors._store import TimeSeriesStore
 from policies import Evidence, Finding, FindingStore, Measurement, sqlite_url
+from tuner._guardrails import NonFiniteLoss
 from tuner._knobs import Knob
 from tuner._lease import JobRegistry
 from tuner._measure import MeasureConfig
-from tuner._rollout import NonFiniteLoss, RolloutConfig, RolloutController
+from tuner._rollout import RolloutController
+from tuner._verdict import RolloutConfig
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "demo_run" / "metrics.db"
 JOB = "demo-train"

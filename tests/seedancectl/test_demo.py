@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from collectors._span_store import spans_table
-from tuner._rollout import change_events_table
+from tuner._change_tables import change_events_table
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

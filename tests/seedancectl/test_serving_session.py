@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.seedancectl._live import Live, live_sidecar
-from tuner._rollout import RolloutConfig
+from tuner._verdict import RolloutConfig
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from collectors import ConfigError
+from tuner._change import Trip
 from tuner._measure import Comparison
-from tuner._rollout import RolloutConfig, Trip, decide
+from tuner._verdict import RolloutConfig, decide
 
 
 def _undecided(gain: float, pairs: int = 8) -> Comparison:

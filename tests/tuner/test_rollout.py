@@ -14,20 +14,12 @@ from policies._findings import Evidence, Finding
 from policies._state_db import sqlite_url
 from policies.detectors import NON_FINITE
 from tests.tuner._simjob import SimJob
+from tuner._change import TRANSITIONS, Change, IllegalTransition, RolloutError, Trip
+from tuner._guardrails import GradientCollapseFindings, Guardrail, NonFiniteLoss
 from tuner._lease import JobRegistry
 from tuner._measure import MeasureConfig
-from tuner._rollout import (
-    TRANSITIONS,
-    Change,
-    GradientCollapseFindings,
-    Guardrail,
-    IllegalTransition,
-    NonFiniteLoss,
-    RolloutConfig,
-    RolloutController,
-    RolloutError,
-    Trip,
-)
+from tuner._rollout import RolloutController
+from tuner._verdict import RolloutConfig
 
 MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.3)
 CONFIG = RolloutConfig(min_pairs=3, max_pairs=8, proposal_ttl_s=100.0, measure=MEASURE)

@@ -18,8 +18,9 @@ from collectors._tracing import Tracing, setup_tracing, span_context
 from policies._state_db import sqlite_url
 from tests.tuner._simjob import SimJob
 from tests.tuner.test_rollout import CONFIG, Clock, drive, fast_micro_batch
+from tuner._change import Change
 from tuner._lease import JobRegistry
-from tuner._rollout import Change, RolloutController
+from tuner._rollout import RolloutController
 
 
 class Spans:

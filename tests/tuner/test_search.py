@@ -15,7 +15,7 @@ from tests.tuner._simjob import KNOBS, SimJob
 from tuner._knobs import KnobSpace
 from tuner._lease import JobRegistry
 from tuner._measure import MeasureConfig
-from tuner._rollout import RolloutConfig, RolloutController
+from tuner._rollout import RolloutController
 from tuner._search import (
     Move,
     SearchConfig,
@@ -25,6 +25,7 @@ from tuner._search import (
     search_space,
     single_moves,
 )
+from tuner._verdict import RolloutConfig
 
 SPACE = KnobSpace.of(KNOBS)
 TUNED = ("micro_batch", "precision")  # 4 x 2 = 8 configs

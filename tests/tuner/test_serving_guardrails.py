@@ -13,8 +13,9 @@ import pytest
 
 from collectors._points import CONFIG_VERSION_ATTR, Point
 from policies._window import FrameStore, StoreWindow
+from tuner._change import Change, Trip
 from tuner._measure import MeasureConfig, Window, compare
-from tuner._rollout import Change, RolloutConfig, Trip, decide
+from tuner._verdict import RolloutConfig, decide
 from tuner.serving_guardrails import (
     AGREEING_TOKENS_METRIC,
     CHECKED_TOKENS_METRIC,

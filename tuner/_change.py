@@ -1,0 +1,127 @@
+"""What a change is: its states and legal moves, the change record and a rollback's cause.
+
+A change takes a job from config A to config B (``tuner._rollout`` drives it through its
+states); these values are what the journal stores and every reader (API, report, search) sees.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from collectors import SeedanceError
+from tuner._knobs import KnobValue
+from tuner._measure import Window, windows_from_json
+
+State = Literal["proposed", "approved", "applying", "observing", "kept", "rolled_back",
+                "rejected", "expired", "failed", "manual_intervention_required"]
+Source = Literal["trial", "finding", "operator"]
+Mode = Literal["auto", "suggest", "off"]
+MANUAL: State = "manual_intervention_required"
+RollbackKind = Literal["config", "full", "local"]
+
+TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "proposed": frozenset({"approved", "rejected", "expired", "failed"}),
+    "approved": frozenset({"applying", "rejected", "failed"}),
+    "applying": frozenset({"observing", "rolled_back", "failed"}),
+    "observing": frozenset({"kept", "rolled_back", "failed"}),
+    "kept": frozenset({"rolled_back"}),
+    "rolled_back": frozenset({MANUAL}), MANUAL: frozenset({"rolled_back"}),
+    "rejected": frozenset(), "expired": frozenset(), "failed": frozenset(),
+}
+"""Legal transitions; ``kept -> rolled_back`` only by an operator's ``rollback``;
+``rolled_back <-> manual_intervention_required`` only as its restore fails or is confirmed."""
+ENDED: frozenset[str] = frozenset({"rolled_back", "rejected", "expired", "failed"})
+"""The verdicts of a change that was tried or refused (the search learns from them)."""
+ACTIVE: frozenset[str] = frozenset({"proposed", "approved", "applying", "observing"})
+IN_FLIGHT: frozenset[str] = frozenset({"applying", "observing"})
+PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8")
+"""Higher index = lower precision; lowering one is a risky change (snapshot first)."""
+PRUNED = "pruned by the search"
+
+
+class RolloutError(SeedanceError):
+    """A change cannot be proposed or moved as asked."""
+
+
+class IllegalTransition(RolloutError):
+    """The state machine does not allow this move."""
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """Config A -> B for one job; ``values`` are the knobs it sets, ``baseline`` what it left.
+
+    ``plan`` is the observation's progress (window arms, index, version in force, acked);
+    ``windows`` what each window measured; ``comparison`` the verdict's numbers.
+    ``traceparent`` is the W3C context of the change's root span; ``spans`` the spans open
+    across ticks (``apply``, ``observe``): name -> traceparent, start_ns and attributes.
+    """
+
+    id: str
+    job: str
+    state: State
+    source: Source
+    reason: str
+    risk: str
+    scope: str
+    values: Mapping[str, KnobValue]
+    baseline: Mapping[str, KnobValue]
+    created_at_s: float
+    expires_at_s: float
+    approved_by: str | None = None
+    traceparent: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    spans: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    plan: Mapping[str, Any] = field(default_factory=dict)
+    windows: tuple[Window, ...] = ()
+    comparison: Mapping[str, Any] | None = None
+
+    @property
+    def candidate(self) -> dict[str, KnobValue]:
+        return {**self.baseline, **self.values}
+
+    def arm_of(self, version: int) -> str | None:
+        """Which arm config ``version`` ran as in this change (None: not one of its windows)."""
+        if self.plan.get("version") == version:
+            return str(self.plan["arms"][int(self.plan["index"])])
+        return next((w.arm for w in self.windows if w.version == version), None)
+
+    def to_json(self) -> str:
+        body = {k: v for k, v in self.__dict__.items() if k != "windows"}
+        body["windows"] = [w.to_json() for w in self.windows]
+        return json.dumps(body, sort_keys=True, default=dict)
+
+    @classmethod
+    def from_json(cls, text: str) -> Change:
+        body = json.loads(text)
+        body["windows"] = tuple(windows_from_json(body.get("windows", ())))
+        return cls(**body)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trip:
+    """A guardrail fired: roll back now, of this kind (``group`` for a local rollback)."""
+
+    kind: RollbackKind
+    reason: str
+    group: str | None = None
+    job_failed: bool = False
+    """The job itself reported the config failing (it raised there): never to be tried again."""
+    inconclusive: bool = False
+    """The test ran out of pairs or time without an answer: the config may still pay."""
+
+
+
+def precision_lowered(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Precision knobs (``precision`` or ``precision.<group>``) whose value gets lower."""
+    def rank(v: Any) -> int:
+        return PRECISION_ORDER.index(v) if v in PRECISION_ORDER else -1
+    return sorted(k for k, v in after.items()
+                  if (k == "precision" or k.startswith("precision."))
+                  and rank(v) > rank(before.get(k)))
+
+

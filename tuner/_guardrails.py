@@ -1,0 +1,55 @@
+"""Guardrails of training jobs: conditions that roll the change in flight back at once (the
+serving ones are in ``tuner.serving_guardrails``)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+
+from policies import Finding
+from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
+from tuner._change import Change, Trip
+from tuner._measure import QueryFn, nonfinite_loss
+
+
+class Guardrail(abc.ABC):
+    """A condition that forces an immediate rollback of the change in flight.
+
+    ``check`` is called from ``tick()`` (one thread) with the version in force; it must not
+    block for long and returns None when all is well.
+    """
+
+    @abc.abstractmethod
+    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None: ...
+
+
+class NonFiniteLoss(Guardrail):
+    """NaN or infinite loss under the change's current version: FULL rollback."""
+
+    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+        if nonfinite_loss(query, change.job, version):
+            return Trip(kind="full", reason=f"non-finite loss under config v{version}")
+        return None
+
+
+class GradientCollapseFindings(Guardrail):
+    """A gradient-collapse, underflow or non-finite finding on the job, opened since the change
+    began: LOCAL rollback of the finding's ``module_group`` (FULL when it names none, and always
+    for non-finite gradients: the optimizer may have stepped on them everywhere)."""
+
+    def __init__(self, active_findings: Callable[[], Sequence[Finding]], *,
+                 detectors: Sequence[str] = (COLLAPSE, UNDERFLOW, NON_FINITE)) -> None:
+        self._active = active_findings
+        self.detectors = frozenset(detectors)
+
+    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+        since_ns = int(change.plan.get("applied_at_s", change.created_at_s) * 1e9)
+        for f in self._active():
+            if (f.job == change.job and f.detector in self.detectors
+                    and (f.opened_at_ns or 0) >= since_ns):
+                group = None if f.detector == NON_FINITE else f.resource.get("module_group")
+                return Trip(kind="local" if group else "full", group=group,
+                            reason=f"{f.detector} finding {f.id}: {f.evidence.summary}")
+        return None
+
+
