@@ -9,6 +9,11 @@ from policies.detectors._balance import (
     rebalance_weight,
 )
 from policies.detectors._bandwidth import BandwidthConfig, BandwidthSaturationDetector
+from policies.detectors._collapse import (
+    CollapseConfig,
+    GradientCollapseDetector,
+    article_collapse_step,
+)
 from policies.detectors._communication import (
     CommunicationConfig,
     CommunicationDegradationDetector,
@@ -16,20 +21,9 @@ from policies.detectors._communication import (
     TinyBucketDetector,
     nvlink_peak_bytes_per_s,
 )
-from policies.detectors._gradients import (
-    COLLAPSE,
-    NON_FINITE,
-    UNDERFLOW,
-    CollapseConfig,
-    GradientCollapseDetector,
-    GradientUnderflowDetector,
-    NonFiniteConfig,
-    NonFiniteDetector,
-    UnderflowConfig,
-    article_collapse_step,
-    locate_cause,
-)
+from policies.detectors._gradient_parts import COLLAPSE, NON_FINITE, UNDERFLOW, locate_cause
 from policies.detectors._input import InputBoundConfig, InputBoundDetector
+from policies.detectors._nonfinite import NonFiniteConfig, NonFiniteDetector
 from policies.detectors._precision import SmallBatchPrecisionConfig, SmallBatchPrecisionDetector
 from policies.detectors._priors import (
     EXPECTED_GAIN,
@@ -45,6 +39,7 @@ from policies.detectors._serving import (
     LowCacheHitRateDetector,
 )
 from policies.detectors._steps import BATCH_SIZE_ATTR, PRECISION_ATTR
+from policies.detectors._underflow import GradientUnderflowDetector, UnderflowConfig
 
 __all__ = [
     "COLLAPSE",
