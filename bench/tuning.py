@@ -184,7 +184,7 @@ def run_optuna(grid: Mapping[str, Any], observe: Observer, budget: int, sampler:
                done: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]]:
     import optuna
 
-    from tuner._search import search_space
+    from tuner._space import search_space
     study = optuna.create_study(direction="maximize", sampler=sampler)
     distributions = search_space(knob_space(grid))
     picked = []

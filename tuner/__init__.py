@@ -50,18 +50,18 @@ if TYPE_CHECKING:
     from tuner._measure import measure_window as measure_window
     from tuner._restore import Restore as Restore
     from tuner._rollout import RolloutController as RolloutController
-    from tuner._search import NeighbourhoodSampler as NeighbourhoodSampler
+    from tuner._sampler import NeighbourhoodSampler as NeighbourhoodSampler
     from tuner._search import SearchConfig as SearchConfig
     from tuner._search import SearchDriver as SearchDriver
-    from tuner._search import TuningLoop as TuningLoop
-    from tuner._search import suggestions as suggestions
-    from tuner._search import within_bounds as within_bounds
+    from tuner._space import suggestions as suggestions
+    from tuner._space import within_bounds as within_bounds
     from tuner._token import DEFAULT_TOKEN_FILE as DEFAULT_TOKEN_FILE
     from tuner._token import TOKEN_ENV as TOKEN_ENV
     from tuner._token import TOKEN_FILE_ENV as TOKEN_FILE_ENV
     from tuner._token import TokenError as TokenError
     from tuner._token import find_token as find_token
     from tuner._token import read_token as read_token
+    from tuner._tuning_loop import TuningLoop as TuningLoop
     from tuner._verdict import RolloutConfig as RolloutConfig
     from tuner._versions import VersionLedger as VersionLedger
     from tuner.prefix_cache import PREFIX_CACHE_KNOBS as PREFIX_CACHE_KNOBS

@@ -4,7 +4,7 @@ How it searches a live job, where each trial costs a minute of the job's time an
 could hurt it (``single_moves``):
 
 - one knob at a time, from the job's baseline (the config last kept): first the moves the
-  policy engine's findings expect to pay, by expected gain (``seed``, ``suggestions``: "72% of
+  policy engine's findings expect to pay, by expected gain (``add_priors``, ``suggestions``: "72% of
   step time is in group ffn, bf16 measured 2.3x faster here"), then each neighbour of the
   baseline (one step of one knob), the moves that usually pay first. A kept move becomes the
   baseline, so multi-knob configs are reached by combining single moves that were kept, never
@@ -32,281 +32,42 @@ lease expired, so a trial whose sidecar died is never left RUNNING.
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import math
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
 from optuna.samplers import BaseSampler, TPESampler
-from optuna.storages import BaseStorage
-from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from collectors import ConfigError
-from policies import Finding
-from policies.detectors import EXPECTED_GAIN
 from tuner._ceilings import above_ceiling
-from tuner._change import ACTIVE, PRUNED, Change
-from tuner._knobs import Knob, KnobError, KnobSpace, KnobValue
+from tuner._change import PRUNED, Change
+from tuner._knobs import KnobSpace, KnobValue
 from tuner._measure import Comparison
 from tuner._rollout import RolloutController
-from tuner._study_records import StudyRecords
+from tuner._sampler import NeighbourhoodSampler, seen_keys, unsafe_keys
+from tuner._space import Move, config_key, grid, search_space, single_moves
+from tuner._study_records import (
+    AGAIN,
+    LEASE_ATTR,
+    LEVEL_PREFIX,
+    MEASURED_AT_ATTR,
+    ORIGIN_ATTR,
+    PRIORS_ATTR,
+    REFERENCE_ATTR,
+    RETRY_ATTR,
+    SEEN_PREFIX,
+    UNDECIDED_GAIN_ATTR,
+    UNSAFE_PREFIX,
+    StudyRecords,
+)
 
 log = logging.getLogger(__name__)
-
-LEASE_ATTR = "seedance:lease_until_s"
-UNSAFE_PREFIX = "seedance:unsafe:"
-ORIGIN_ATTR = "seedance:origin"
-RETRY_ATTR = "seedance:retryable"
-MEASURED_AT_ATTR = "seedance:revisitable_measured_at_s"
-UNDECIDED_GAIN_ATTR = "seedance:undecided_gain"
-"""The gain estimate of a trial that ran out of time undecided."""
-AGAIN = "again"
-"""Origin of a trial that measures an undecided, promising one again at once."""
-SEEN_PREFIX = "seedance:measured_at_s:"
-"""Study attribute per config: when a change last measured it, in either arm."""
-"""When a config that may be measured again (kept, a baseline, inconclusive) was measured."""
-REFERENCE_ATTR = "seedance:reference"
-PRIORS_ATTR = "seedance:priors"
-LEVEL_PREFIX = "seedance:level:"
-_ENUMERATE_LIMIT = 100_000
-
-
-def config_key(values: Mapping[str, Any]) -> str:
-    """A canonical string for a config (sorted JSON), what dedupe compares."""
-    return json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True)
-
-
-def distribution(knob: Knob) -> BaseDistribution:
-    """The Optuna distribution of the part of a knob's domain a search may propose (its
-    ``search_excludes`` left out, its default always in)."""
-    if knob.choices is not None:
-        return CategoricalDistribution(tuple(
-            c for c in knob.choices if c == knob.default or c not in knob.search_excludes))
-    assert knob.low is not None and knob.high is not None
-    if knob.integer:
-        return IntDistribution(int(knob.low), int(knob.high), log=knob.log)
-    return FloatDistribution(knob.low, knob.high, log=knob.log)
-
-
-def search_space(space: KnobSpace, names: Sequence[str] | None = None
-                 ) -> dict[str, BaseDistribution]:
-    """Distributions of the named knobs (default: every knob), in the space's order."""
-    chosen = list(space.knobs) if names is None else list(names)
-    return {name: distribution(space.knobs[name]) for name in chosen}
-
-
-def within_bounds(space: KnobSpace, bounds: Mapping[str, Any]) -> KnobSpace:
-    """``space`` narrowed to the operator's auto-approval ``bounds`` (``RolloutConfig.
-    auto_bounds``: (low, high) or a set of allowed values per knob), so a search in auto mode
-    only proposes what may auto-approve. A knob's default always stays in its domain; a knob
-    left with nothing but its default is dropped (nothing to search)."""
-    kept: list[Knob] = []
-    for knob in space.knobs.values():
-        bound = bounds.get(knob.name)
-        if bound is None:
-            kept.append(knob)
-            continue
-        if knob.choices is not None:
-            allowed = () if isinstance(bound, tuple) else tuple(bound)
-            choices = tuple(c for c in knob.choices if c == knob.default or (
-                c in allowed if allowed else bound[0] <= c <= bound[1]))  # type: ignore[operator]
-            if len(choices) > 1:
-                kept.append(replace(knob, choices=choices))
-        elif isinstance(bound, tuple):
-            assert knob.low is not None and knob.high is not None
-            low = min(max(knob.low, bound[0]), float(knob.default))  # type: ignore[arg-type]
-            high = max(min(knob.high, bound[1]), float(knob.default))  # type: ignore[arg-type]
-            if low < high:
-                kept.append(replace(knob, low=low, high=high))
-        else:  # a number knob with a set of allowed values: those values, as choices
-            choices = tuple(sorted({knob.default, *(
-                v for v in bound if isinstance(v, int | float) and not isinstance(v, bool)
-                and knob.low is not None and knob.high is not None
-                and knob.low <= v <= knob.high)}))  # type: ignore[type-var]
-            if len(choices) > 1:
-                kept.append(replace(knob, choices=choices, low=None, high=None, log=False))
-    return KnobSpace.of(kept)
-
-
-def neighbours(values: Mapping[str, Any], space: Mapping[str, BaseDistribution]
-               ) -> Iterator[dict[str, Any]]:
-    """Configs one knob one step away: the adjacent choice (numeric choices are ordered,
-    others are all neighbours); for numbers, x2 and /2 on a log or wide domain (a cache of
-    256 MiB moves to 512 or 128, not by a tenth of a 64 GiB range), else +-1 for ints and
-    +-10% of the range for floats; up before down, knobs in order."""
-    for name, dist in space.items():
-        value = values[name]
-        steps: list[Any] = []
-        if isinstance(dist, CategoricalDistribution):
-            choices = list(dist.choices)
-            ordered = all(isinstance(c, int | float) and not isinstance(c, bool)
-                          for c in choices)
-            if ordered:
-                ranked = sorted(choices, key=lambda c: float(c))  # type: ignore[arg-type]
-                i = ranked.index(value)
-                steps = [ranked[j] for j in (i + 1, i - 1) if 0 <= j < len(ranked)]
-            else:
-                steps = [c for c in choices if c != value]
-        elif isinstance(dist, IntDistribution):
-            wide = dist.log or dist.high - dist.low > 16
-            steps = ([max(value * 2, value + 1), value // 2] if wide
-                     else [value + 1, value - 1])
-            steps = [v for v in steps if dist.low <= v <= dist.high and v != value]
-        elif isinstance(dist, FloatDistribution):
-            wide = dist.log or (dist.low >= 0 and dist.high > 10 * max(dist.low, 1e-12)
-                                and dist.high - dist.low > 10)
-            if wide and value > 0:
-                steps = [value * 2, value / 2]
-            else:
-                steps = [value + 0.1 * (dist.high - dist.low),
-                         value - 0.1 * (dist.high - dist.low)]
-            steps = [min(dist.high, max(dist.low, v)) for v in steps]
-            steps = [v for v in steps if v != value]
-        for v in steps:
-            yield {**values, name: v}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Move:
-    """One step from the job's baseline: the knobs it sets, the gain a prior expects of it
-    (None: no prior), and why it is tried."""
-
-    values: dict[str, KnobValue]
-    expected_gain: float | None = None
-    why: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"values": self.values, "expected_gain": self.expected_gain, "why": self.why}
-
-
-_PRECISION_RANK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3, "fp8": 4}
-
-
-def _move_order(name: str, before: Any, after: Any) -> int:
-    """Without a prior, the moves most likely to pay come first: a lower precision, more
-    threads, a bigger micro-batch (fewer, larger kernels), then anything else, then the moves
-    that usually cost (a higher precision, fewer threads, a smaller micro-batch)."""
-    if name == "precision" or name.startswith("precision."):
-        return 0 if _PRECISION_RANK.get(after, 0) > _PRECISION_RANK.get(before, 0) else 5
-    if name in ("threads", "micro_batch"):
-        return (1 if name == "threads" else 2) if after > before else 6
-    return 3
-
-
-def single_moves(baseline: Mapping[str, Any], space: Mapping[str, BaseDistribution],
-                 priors: Sequence[Move] = ()) -> list[Move]:
-    """The next trials from ``baseline``, one knob at a time: the priors' moves by expected
-    gain, then every neighbour (``neighbours``) in ``_move_order``. A multi-knob config is
-    only ever reached by keeping single moves one after another."""
-    moves: list[Move] = []
-    seen: set[str] = set()
-    for prior in sorted(priors, key=lambda m: -(m.expected_gain or 0.0)):
-        values = {k: v for k, v in prior.values.items()
-                  if k in space and baseline.get(k) != v}
-        if values and config_key(values) not in seen:
-            seen.add(config_key(values))
-            moves.append(replace(prior, values=values))
-    ranked = []
-    for i, config in enumerate(neighbours({k: baseline[k] for k in space}, space)):
-        (name, value), = ((k, v) for k, v in config.items() if baseline[k] != v)
-        ranked.append((_move_order(name, baseline[name], value), i, name, value))
-    for _, _, name, value in sorted(ranked):
-        key = config_key({name: value})
-        if key not in seen:
-            seen.add(key)
-            moves.append(Move(values={name: value}, why=f"one step of {name}"))
-    return moves
-
-
-def grid(space: Mapping[str, BaseDistribution]) -> list[dict[str, Any]] | None:
-    """Every config of a finite space (categorical and int knobs), or None if too large."""
-    axes: list[list[Any]] = []
-    for dist in space.values():
-        if isinstance(dist, CategoricalDistribution):
-            axes.append(list(dist.choices))
-        elif isinstance(dist, IntDistribution) and not dist.log:
-            axes.append(list(range(dist.low, dist.high + 1, dist.step)))
-        else:
-            return None
-    if math.prod(len(a) for a in axes) > _ENUMERATE_LIMIT:
-        return None
-    return [dict(zip(space, combo, strict=True)) for combo in itertools.product(*axes)]
-
-
-def _seen(study: Study, records: StudyRecords) -> set[str]:
-    """Configs not to propose: measured, pruned, running, failed (unless retryable), unsafe."""
-    keys = {config_key(t.params) for t in study.get_trials(deepcopy=False)
-            if t.state != TrialState.WAITING and t.params
-            and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
-    return keys | unsafe_keys(records)
-
-
-def unsafe_keys(records: StudyRecords) -> set[str]:
-    attrs = records.attrs()
-    return {k[len(UNSAFE_PREFIX):] for k in attrs if k.startswith(UNSAFE_PREFIX)}
-
-
-class NeighbourhoodSampler(BaseSampler):
-    """A prior for small, costly spaces: the untried neighbours of the best complete trial
-    first, then ``fallback`` (TPE by default). Enqueued trials keep their fixed params.
-
-    Stateless between calls: everything it needs is read from the study, so several
-    sidecars sharing one study sample consistently.
-    """
-
-    def __init__(self, space: Mapping[str, BaseDistribution], *, storage: BaseStorage,
-                 fallback: BaseSampler | None = None, seed: int | None = None) -> None:
-        self.space = dict(space)
-        self.storage = storage
-        """The study's storage: where the configs barred from proposal are recorded."""
-        self.fallback = fallback or TPESampler(seed=seed, n_startup_trials=2)
-
-    def infer_relative_search_space(self, study: Study, trial: FrozenTrial
-                                    ) -> dict[str, BaseDistribution]:
-        return dict(self.space)
-
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if set(self.space) <= set(t.params)]
-        if not complete or not search_space:
-            return {}
-        maximize = study.direction == StudyDirection.MAXIMIZE
-        best = (max if maximize else min)(complete, key=lambda t: t.value)  # type: ignore
-        seen = _seen(study, StudyRecords(self.storage, study.study_name))
-        for candidate in neighbours({k: best.params[k] for k in self.space}, self.space):
-            if config_key(candidate) not in seen:
-                return candidate
-        return {}
-
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        return self.fallback.sample_independent(study, trial, param_name, param_distribution)
-
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self.fallback.before_trial(study, trial)
-
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
-        self.fallback.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self.fallback.reseed_rng()
-
 
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
@@ -514,7 +275,7 @@ class SearchDriver:
         single move from it was tried."""
         self.reap()
         params = {k: baseline[k] for k in self.distributions}
-        seen = _seen(self.study, self.records)
+        seen = seen_keys(self.study, self.records)
         moves = [m for m in self._moves(params)
                  if not (low_risk_only and knobs.risk_of(m.values) == "high")]
         for move in moves:
@@ -586,7 +347,7 @@ class SearchDriver:
     def moves_left(self, baseline: Mapping[str, Any]) -> int:
         """How many single moves from ``baseline`` were not tried yet (0: the search waits)."""
         params = {k: baseline[k] for k in self.distributions}
-        seen = _seen(self.study, self.records)
+        seen = seen_keys(self.study, self.records)
         return sum(config_key({**params, **m.values}) not in seen
                    for m in self._moves(params))
 
@@ -759,7 +520,7 @@ class SearchDriver:
 
     def _untried(self) -> list[dict[str, Any]]:
         configs = grid(self.distributions) or []
-        seen = _seen(self.study, self.records)
+        seen = seen_keys(self.study, self.records)
         return [c for c in configs if config_key(c) not in seen]
 
     def _trial(self, number: int) -> Trial:
@@ -774,106 +535,3 @@ class SearchDriver:
         return int(change.meta["trial"])
 
 
-def suggestions(findings: Sequence[Finding], baseline: Mapping[str, Any],
-                space: KnobSpace) -> list[Move]:
-    """The policy engine's suggested changes as moves from ``baseline`` (knobs outside
-    ``space``, values outside their domain and values the baseline already holds left out),
-    with the gain each finding expects (its ``expected_gain`` measurement, if any)."""
-    out: list[Move] = []
-    for finding in findings:
-        values: dict[str, KnobValue] = {}
-        for suggested in finding.suggested_changes:
-            knob = space.knobs.get(suggested.knob)
-            if knob is None:
-                continue
-            try:
-                value = knob.validate(suggested.value)
-            except KnobError:
-                log.info("finding %s suggests %s = %r outside its domain; skipped",
-                         finding.id, suggested.knob, suggested.value)
-                continue
-            if baseline.get(suggested.knob) != value:
-                values[suggested.knob] = value
-        if not values:
-            continue
-        try:
-            expected: float | None = finding.evidence.value(EXPECTED_GAIN)
-        except KeyError:
-            expected = None
-        move = Move(values=values, expected_gain=expected,
-                    why=f"{finding.detector}: {finding.evidence.summary}")
-        if move not in out:
-            out.append(move)
-    return out
-
-
-class TuningLoop:
-    """The sidecar's rollout thread: every ``interval_s`` it ticks the controller, renews the
-    trial leases and, for each job with a search driver and nothing active, proposes the next
-    trial. Loops never die (errors are logged); ``start``/``shutdown`` are idempotent."""
-
-    def __init__(self, controller: RolloutController, *, interval_s: float = 1.0) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s}")
-        self.controller = controller
-        self.interval_s = interval_s
-        self._drivers: dict[str, SearchDriver] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add_search(self, job: str, driver: SearchDriver) -> None:
-        """Tune ``job`` with ``driver`` (also registered as the controller's observer)."""
-        with self._lock:
-            self._drivers[job] = driver
-        self.controller.add_observer(driver)
-
-    def step(self) -> None:
-        """One round (the thread calls it; tests may call it directly).
-
-        A job gets a new trial only while it is attached (a search never proposes to a job
-        that is gone: it pauses until the job is back) and nothing of it is approved or in
-        flight. A proposal waiting for a person does not stall the search: in auto mode the
-        search goes on with low-risk moves (they auto-approve and run); the waiting one runs
-        when approved, rebased on the baseline of that time."""
-        self.controller.tick()
-        with self._lock:
-            drivers = dict(self._drivers)
-        attached = {s.job for s in self.controller.registry.jobs() if s.state == "attached"}
-        for job, driver in drivers.items():
-            try:
-                driver.heartbeat()
-                mode = self.controller.mode(job)
-                if mode == "off" or job not in attached:
-                    continue
-                active = self.controller.changes(job=job, states=sorted(ACTIVE))
-                if any(c.state != "proposed" for c in active):
-                    continue
-                if not active:
-                    driver.propose_next(self.controller, job)
-                elif mode == "auto":
-                    driver.propose_next(self.controller, job, low_risk_only=True)
-            except Exception:
-                log.exception("tuning loop: job %s failed; going on", job)
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                return
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="rollout", daemon=True)
-            self._thread.start()
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stop.set()
-            thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.step()
-            except Exception:
-                log.exception("tuning loop failed; going on")

@@ -17,6 +17,22 @@ from optuna.trial import FrozenTrial
 
 __all__ = ["StudyRecords"]
 
+LEASE_ATTR = "seedance:lease_until_s"
+UNSAFE_PREFIX = "seedance:unsafe:"
+ORIGIN_ATTR = "seedance:origin"
+RETRY_ATTR = "seedance:retryable"
+MEASURED_AT_ATTR = "seedance:revisitable_measured_at_s"
+"""When a config that may be measured again (kept, a baseline, inconclusive) was measured."""
+UNDECIDED_GAIN_ATTR = "seedance:undecided_gain"
+"""The gain estimate of a trial that ran out of time undecided."""
+AGAIN = "again"
+"""Origin of a trial that measures an undecided, promising one again at once."""
+SEEN_PREFIX = "seedance:measured_at_s:"
+"""Study attribute per config: when a change last measured it, in either arm."""
+REFERENCE_ATTR = "seedance:reference"
+PRIORS_ATTR = "seedance:priors"
+LEVEL_PREFIX = "seedance:level:"
+
 
 class StudyRecords:
     """One study's system attributes and its trials' attributes, by trial number."""

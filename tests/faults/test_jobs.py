@@ -15,7 +15,8 @@ import optuna
 import pytest
 
 from tests.faults._sidecar import ROOT, TOKEN, SidecarProcess, record
-from tuner._search import config_key, unsafe_keys
+from tuner._sampler import unsafe_keys
+from tuner._space import config_key
 from tuner._study_records import StudyRecords
 
 pytestmark = pytest.mark.integration

@@ -16,15 +16,8 @@ from tuner._knobs import KnobSpace
 from tuner._lease import JobRegistry
 from tuner._measure import MeasureConfig
 from tuner._rollout import RolloutController
-from tuner._search import (
-    Move,
-    SearchConfig,
-    SearchDriver,
-    config_key,
-    neighbours,
-    search_space,
-    single_moves,
-)
+from tuner._search import SearchConfig, SearchDriver
+from tuner._space import Move, config_key, neighbours, search_space, single_moves
 from tuner._verdict import RolloutConfig
 
 SPACE = KnobSpace.of(KNOBS)
@@ -247,14 +240,15 @@ def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any
     assert ctl.get(change.id).state == "failed"
     (trial,) = search.study.trials
     assert trial.state == TrialState.FAIL
-    from tuner._search import unsafe_keys
+    from tuner._sampler import unsafe_keys
     assert config_key({"micro_batch": 2}) in unsafe_keys(search.records)
 
 
 def test_tuning_loop_runs_distinct_trials_and_learns_the_baseline(
         rollout: dict[str, Any]) -> None:
     from policies._findings import Evidence, Finding, SuggestedChange
-    from tuner._search import TuningLoop, suggestions
+    from tuner._space import suggestions
+    from tuner._tuning_loop import TuningLoop
     ctl, job, registry = rollout["ctl"], rollout["job"], rollout["registry"]
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
                           config=SearchConfig(study_name="loop", seed=1), clock=rollout["clock"])
@@ -315,7 +309,7 @@ def test_trial_values_cancel_a_box_that_keeps_slowing_down(rollout: dict[str, An
 
 def test_a_proposal_waiting_for_a_person_does_not_stall_the_low_risk_moves(
         rollout: dict[str, Any]) -> None:
-    from tuner._search import TuningLoop
+    from tuner._tuning_loop import TuningLoop
     ctl, job = rollout["ctl"], rollout["job"]
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=TUNED,
                           config=SearchConfig(study_name="stall", seed=0), clock=rollout["clock"])
@@ -344,7 +338,7 @@ def test_a_proposal_waiting_for_a_person_does_not_stall_the_low_risk_moves(
 
 
 def test_no_trial_is_proposed_to_a_job_that_is_gone(rollout: dict[str, Any]) -> None:
-    from tuner._search import TuningLoop
+    from tuner._tuning_loop import TuningLoop
     ctl, job, clock, registry = (rollout["ctl"], rollout["job"], rollout["clock"],
                                  rollout["registry"])
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
@@ -398,7 +392,7 @@ def test_a_config_the_job_reports_failing_is_rolled_back_and_never_proposed_agai
     done = ctl.get(change.id)
     assert done.state == "rolled_back" and done.plan["job_failed"], done.plan
     assert "expected scalar type Half" in done.plan["ended_because"]
-    from tuner._search import unsafe_keys
+    from tuner._sampler import unsafe_keys
     assert config_key({"micro_batch": 4}) in unsafe_keys(search.records)
 
 
@@ -406,7 +400,7 @@ def test_a_config_kept_under_a_passing_load_is_left_once_its_measurement_is_stal
         rollout: dict[str, Any]) -> None:
     # SIMULATED: while a neighbour loads the box, micro-batch 4 runs faster than the job's 8;
     # once it is gone, 8 is faster again. The kept 4 is measured again after revisit_after_s.
-    from tuner._search import TuningLoop
+    from tuner._tuning_loop import TuningLoop
     ctl, registry, clock = rollout["ctl"], rollout["registry"], rollout["clock"]
     loaded = True
 
