@@ -40,7 +40,8 @@ from tuner.prefix_cache import PREFIX_CACHE_KNOBS, PrefixCacheConfig
 from tuner.serve_client import KV_BITS_KNOBS, attach_serving
 from workloads import loadgen
 from workloads.gpt import GPTConfig
-from workloads.serve import Engine, ReplicaConfig, build_model, quantile, quantized_cache_factory
+from workloads.serve import build_model, quantile
+from workloads.serve_engine import Engine, ReplicaConfig, quantized_cache_factory
 
 log = logging.getLogger(__name__)
 

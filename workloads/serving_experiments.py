@@ -23,15 +23,8 @@ from tuner.prefix_cache import PrefixCacheConfig
 from tuner.routing import LoadAwareConfig
 from workloads import loadgen
 from workloads.gpt import GPTConfig
-from workloads.serve import (
-    Engine,
-    ReplicaConfig,
-    ServeConfig,
-    build_model,
-    quantized_cache_factory,
-    replay,
-    run,
-)
+from workloads.serve import ServeConfig, build_model, replay, run
+from workloads.serve_engine import Engine, ReplicaConfig, quantized_cache_factory
 
 SMALL_MODEL = GPTConfig(n_layer=4, n_head=4, n_embd=128)
 """Small enough for a shared 2-core box when several replicas share it."""

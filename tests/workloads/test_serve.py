@@ -37,13 +37,8 @@ from tuner.serving_guardrails import (
 )
 from workloads import loadgen
 from workloads.gpt import GPTConfig
-from workloads.serve import (
-    Engine,
-    ReplicaConfig,
-    build_model,
-    quantile,
-    quantized_cache_factory,
-)
+from workloads.serve import build_model, quantile
+from workloads.serve_engine import Engine, ReplicaConfig, quantized_cache_factory
 
 MODEL = GPTConfig(n_layer=2, n_head=2, n_embd=64)
 LOAD = loadgen.LoadConfig(rate_rps=50.0, duration_s=1.0, n_prefixes=4, prefix_tokens=24,
