@@ -1,0 +1,5 @@
+"""``python -m seedancectl.cli``."""
+
+from seedancectl.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""The command line's shell: the Typer app and its command groups, the consoles, the options
+every command shares, and how a user mistake becomes one red line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from collectors import SeedanceError
+
+stdout = Console()
+err = Console(stderr=True)
+
+
+class _Group(TyperGroup):
+    """Every user mistake, from any command, ends in one red line and exit code 2."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SeedanceError as exc:
+            err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="seedancectl",
+    help="Attach to a live PyTorch job, find what holds it back, and tune it safely.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+metrics_app = typer.Typer(help="Look at what the time-series store holds.", no_args_is_help=True)
+config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
+app.add_typer(metrics_app, name="metrics")
+app.add_typer(config_app, name="config")
+dashboards_app = typer.Typer(help="Generate dashboards for the metrics the sidecar exports.",
+                             no_args_is_help=True)
+app.add_typer(dashboards_app, name="dashboards")
+
+changes_app = typer.Typer(help="Changes the tuner proposed, applied, kept or rolled back.",
+                          no_args_is_help=True)
+app.add_typer(changes_app, name="changes")
+tuning_app = typer.Typer(help="Pause or resume a job's search.", no_args_is_help=True)
+app.add_typer(tuning_app, name="tuning")
+scheduler_app = typer.Typer(help="The job's scheduler (restart scope: needs approval).",
+                            no_args_is_help=True)
+app.add_typer(scheduler_app, name="scheduler")
+precision_app = typer.Typer(help="Layer-wise precision of the job's module groups.",
+                            no_args_is_help=True)
+app.add_typer(precision_app, name="precision")
+kv_app = typer.Typer(help="The serving job's quantised KV cache.", no_args_is_help=True)
+app.add_typer(kv_app, name="kv")
+
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML configuration file.")
+]
+StoreOption = Annotated[
+    Path, typer.Option("--store", help="Time-series store file.")
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+class UsageError(SeedanceError):
+    """A command was given input it cannot use."""
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def when(ns: int | None) -> str:
+    """A timestamp (ns) as UTC date and time; "-" for none."""
+    import datetime as dt
+
+    if ns is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,391 @@
+"""Commands that talk to a running sidecar over its HTTP API: status, changes, approvals,
+rollbacks, tuning, and the job's knobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Column, Table
+
+from seedancectl.cli._app import (
+    JsonFlag,
+    UsageError,
+    app,
+    changes_app,
+    kv_app,
+    precision_app,
+    print_json,
+    scheduler_app,
+    stdout,
+    tuning_app,
+    when,
+)
+
+DEFAULT_SIDECAR = "http://127.0.0.1:4318"
+SidecarOption = Annotated[
+    str, typer.Option("--sidecar", envvar="SEEDANCE_SIDECAR", help="The sidecar's URL.")
+]
+TokenFileOption = Annotated[
+    Path | None, typer.Option("--token-file", help=(
+        "File holding the API token (else $SEEDANCE_TOKEN, else the file "
+        "$SEEDANCE_TOKEN_FILE names, else seedance-data/token)."))
+]
+JobOption = Annotated[str, typer.Option("--job", help="The job (as it attached).")]
+ByOption = Annotated[str, typer.Option("--by", help="Who you are, for the audit log.")]
+UserOption = Annotated[
+    str | None, typer.Option("--by", help="Who you are, for the audit log (default: $USER).")
+]
+ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the audit log.")]
+
+
+def _token(token_file: Path | None) -> str:
+    from tuner import DEFAULT_TOKEN_FILE, TOKEN_ENV, TOKEN_FILE_ENV, find_token
+
+    token = find_token(token_file)
+    if token is None:
+        raise UsageError(f"this command needs the sidecar's API token: pass --token-file or set "
+                         f"{TOKEN_ENV} or {TOKEN_FILE_ENV} (a sidecar without a token_file "
+                         f"writes one to {DEFAULT_TOKEN_FILE})")
+    return token
+
+
+def _call(method: str, sidecar: str, path: str, *, token_file: Path | None = None,
+          mutate: bool = False, body: dict[str, Any] | None = None,
+          params: dict[str, Any] | None = None) -> Any:
+    """One API call; every failure is a UsageError of one line."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {_token(token_file)}"} if mutate else {}
+    url = sidecar.rstrip("/") + path
+    try:
+        reply = httpx.request(method, url, json=body, params=params, headers=headers,
+                              timeout=30.0)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--sidecar {sidecar!r}: {exc}") from None
+    except httpx.HTTPError as exc:
+        raise UsageError(f"no sidecar answers at {sidecar} ({type(exc).__name__}: {exc}); "
+                         "is `seedancectl sidecar` running?") from None
+    if reply.is_success:
+        return reply.json()
+    try:
+        detail = reply.json().get("detail")
+    except ValueError:
+        detail = reply.text.strip()[:200]
+    if isinstance(detail, list) and detail:  # a validation error: name the field
+        first = detail[0]
+        detail = f"{'.'.join(str(p) for p in first.get('loc', ())[1:])}: {first.get('msg')}"
+    raise UsageError(f"sidecar {sidecar}: HTTP {reply.status_code}: {detail}")
+
+
+def _user(by: str | None) -> str:
+    import getpass
+
+    return by or getpass.getuser()
+
+
+def _values(items: list[str], prefix: str, option: str) -> dict[str, Any]:
+    """KEY=VALUE items as knob values ``prefix + KEY``; numbers and true/false are typed."""
+    if not items:
+        raise UsageError(f"give at least one {option}")
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key or not text:
+            raise UsageError(f"{item!r}: expected {option}")
+        values[prefix + key] = _typed(text)
+    return values
+
+
+def _typed(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _bool(text: str, option: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on", "1"):
+        return True
+    if lowered in ("false", "no", "off", "0"):
+        return False
+    raise UsageError(f"{option} {text!r}: expected true or false")
+
+
+def _print_change(change: dict[str, Any], sidecar: str) -> None:
+    knobs = ", ".join(f"{k}: {change['baseline'].get(k)!r} -> {v!r}"
+                      for k, v in sorted(change["values"].items()))
+    stdout.print(f"change {change['id']} of job {change['job']}: [bold]{change['state']}[/] "
+                 f"({change['scope']} scope, {change['risk']} risk) {knobs}", highlight=False,
+                 soft_wrap=True)
+    if change["state"] == "proposed":
+        target = "" if sidecar == DEFAULT_SIDECAR else f" --sidecar {sidecar}"
+        stdout.print(f"waits for a person: seedancectl approve {change['id']} --by NAME{target}",
+                     highlight=False, soft_wrap=True)
+
+
+def _propose(sidecar: str, token_file: Path | None, job: str, values: dict[str, Any],
+             by: str, reason: str, json_out: bool) -> None:
+    change = _call("POST", sidecar, f"/v1/jobs/{job}/changes", token_file=token_file,
+                   mutate=True, body={"values": values, "by": by, "reason": reason})
+    if json_out:
+        print_json(change)
+        return
+    _print_change(change, sidecar)
+
+
+def _show_knobs(sidecar: str, job: str, prefix: str, json_out: bool) -> None:
+    found = _call("GET", sidecar, f"/v1/jobs/{job}/knobs")
+    knobs = [k for k in found["knobs"] if k["name"].startswith(prefix)]
+    if json_out:
+        print_json({**found, "knobs": knobs})
+        return
+    if not knobs:
+        stdout.print(f"job {job} declares no {prefix}* knobs")
+        return
+    table = Table("knob", "baseline", "desired", "domain", "scope", "risk",
+                  title=f"job {job}: baseline v{found['baseline']['version']}, desired "
+                        f"v{found['desired']['version']}")
+    for k in knobs:
+        domain = (", ".join(map(str, k["choices"])) if "choices" in k
+                  else f"{k['low']:g} .. {k['high']:g}")
+        table.add_row(k["name"], str(found["baseline"]["values"].get(k["name"])),
+                      str(found["desired"]["values"].get(k["name"])), domain, k["scope"],
+                      k["risk"])
+    stdout.print(table)
+
+
+@app.command()
+def status(sidecar: SidecarOption = DEFAULT_SIDECAR, json_out: JsonFlag = False) -> None:
+    """What the sidecar watches: jobs, their config versions, modes, open findings, changes."""
+    found = _call("GET", sidecar, "/v1/status")
+    if json_out:
+        print_json(found)
+        return
+    table = Table("job", "state", "config (desired/acked)", "mode", "tuning",
+                  Column("change", no_wrap=True),
+                  title=f"seedance sidecar {found['sidecar']['job']} at {sidecar}")
+    for job in found["jobs"]:
+        change = job["change"]
+        table.add_row(job["job"], job["state"],
+                      f"v{job['desired_version']} / v{job['acked_version']}"
+                      if job["desired_version"] is not None else "-",
+                      job["mode"], job["tuning"],
+                      "-" if change is None else f"{change['id']} {change['state']}")
+    stdout.print(table)
+    findings_line = ", ".join(f"{k} {v}" for k, v in found["findings"].items()) or "none"
+    stdout.print(f"open findings: {findings_line}", highlight=False)
+    stdout.print(f"waiting for approval: {', '.join(found['waiting']) or 'none'}",
+                 highlight=False)
+
+
+@changes_app.command("list")
+def changes_list(
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    state: Annotated[list[str] | None, typer.Option(help="Only this state (repeatable).")] = None,
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    json_out: JsonFlag = False,
+) -> None:
+    """Changes, oldest first."""
+    params: dict[str, Any] = {"job": job, "state": state or None}
+    found = _call("GET", sidecar, "/v1/changes",
+                  params={k: v for k, v in params.items() if v is not None})
+    if json_out:
+        print_json(found)
+        return
+    if not found:
+        stdout.print("no changes")
+        return
+    table = Table(Column("id", no_wrap=True), "job", "state", "source", "scope/risk", "change",
+                  "created")
+    for c in found:
+        table.add_row(c["id"], c["job"], c["state"], c["source"], f"{c['scope']}/{c['risk']}",
+                      ", ".join(f"{k}={v}" for k, v in sorted(c["values"].items())),
+                      when(int(c["created_at_s"] * 1e9)))
+    stdout.print(table)
+
+
+@changes_app.command("show")
+def changes_show(
+    change_id: Annotated[str, typer.Argument(help="Change id (see `seedancectl changes list`).")],
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    json_out: JsonFlag = False,
+) -> None:
+    """One change with its audit trail."""
+    found = _call("GET", sidecar, f"/v1/changes/{change_id}")
+    if json_out:
+        print_json(found)
+        return
+    _print_change(found, sidecar)
+    stdout.print(f"reason: {found['reason']}", highlight=False, soft_wrap=True)
+    if found.get("comparison"):
+        c = found["comparison"]
+        stdout.print(f"measured gain {c['gain']:+.2%} [{c['ci_low']:+.2%}, {c['ci_high']:+.2%}]",
+                     highlight=False)
+    table = Table("when", "event", "by", "versions", "reason")
+    for e in found["events"]:
+        versions = f"{e['version_before'] or '-'} -> {e['version_after'] or '-'}"
+        table.add_row(when(e["at_ns"]), e["kind"], e["actor"], versions, e["reason"])
+    stdout.print(table)
+
+
+@app.command()
+def approve(
+    change_id: Annotated[str, typer.Argument(help="The change to approve.")],
+    by: ByOption,
+    comment: Annotated[str, typer.Option(help="A note for the audit log.")] = "",
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    token_file: TokenFileOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Approve a proposed change; the controller applies and measures it."""
+    change = _call("POST", sidecar, f"/v1/changes/{change_id}/approve", token_file=token_file,
+                   mutate=True, body={"by": by, "comment": comment})
+    if json_out:
+        print_json(change)
+        return
+    _print_change(change, sidecar)
+
+
+@app.command()
+def reject(
+    change_id: Annotated[str, typer.Argument(help="The change to reject.")],
+    by: ByOption,
+    reason: ReasonOption,
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    token_file: TokenFileOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Reject a proposed (or approved, not yet applied) change."""
+    change = _call("POST", sidecar, f"/v1/changes/{change_id}/reject", token_file=token_file,
+                   mutate=True, body={"by": by, "reason": reason})
+    if json_out:
+        print_json(change)
+        return
+    _print_change(change, sidecar)
+
+
+@app.command()
+def rollback(
+    job: JobOption,
+    by: ByOption,
+    reason: ReasonOption,
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    token_file: TokenFileOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Roll back the job's change in flight, else its last kept one."""
+    change = _call("POST", sidecar, f"/v1/jobs/{job}/rollback", token_file=token_file,
+                   mutate=True, body={"by": by, "reason": reason})
+    if json_out:
+        print_json(change)
+        return
+    _print_change(change, sidecar)
+
+
+def _tuning(action: str, job: str, by: str | None, sidecar: str, token_file: Path | None,
+            json_out: bool) -> None:
+    found = _call("POST", sidecar, f"/v1/jobs/{job}/tuning", token_file=token_file,
+                  mutate=True, body={"action": action, "by": _user(by)})
+    if json_out:
+        print_json(found)
+        return
+    stdout.print(f"job {job}: tuning {found['tuning']}")
+
+
+@tuning_app.command("pause")
+def tuning_pause(job: JobOption, by: UserOption = None, sidecar: SidecarOption = DEFAULT_SIDECAR,
+                 token_file: TokenFileOption = None, json_out: JsonFlag = False) -> None:
+    """Stop proposing new trials for the job (a change in flight runs to its end)."""
+    _tuning("pause", job, by, sidecar, token_file, json_out)
+
+
+@tuning_app.command("resume")
+def tuning_resume(job: JobOption, by: UserOption = None,
+                  sidecar: SidecarOption = DEFAULT_SIDECAR,
+                  token_file: TokenFileOption = None, json_out: JsonFlag = False) -> None:
+    """Propose trials for the job again."""
+    _tuning("resume", job, by, sidecar, token_file, json_out)
+
+
+SCHEDULER_POLICIES = ("static", "dynamic-topo")
+
+
+@scheduler_app.command("set")
+def scheduler_set(
+    job: JobOption,
+    policy: Annotated[str | None, typer.Option(help="static | dynamic-topo")] = None,
+    rdma_enable: Annotated[str | None, typer.Option(help="true | false")] = None,
+    numa_aware: Annotated[str | None, typer.Option(help="true | false")] = None,
+    by: UserOption = None,
+    reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "scheduler set",
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    token_file: TokenFileOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Propose a scheduler change (restart scope, high risk: it waits for approval)."""
+    values: dict[str, Any] = {}
+    if policy is not None:
+        if policy not in SCHEDULER_POLICIES:
+            raise UsageError(f"--policy {policy!r}: expected static or dynamic-topo")
+        values["scheduler.policy"] = policy
+    if rdma_enable is not None:
+        values["scheduler.rdma"] = _bool(rdma_enable, "--rdma-enable")
+    if numa_aware is not None:
+        values["scheduler.numa_aware"] = _bool(numa_aware, "--numa-aware")
+    if not values:
+        raise UsageError("give at least one of --policy, --rdma-enable, --numa-aware")
+    _propose(sidecar, token_file, job, values, _user(by), reason, json_out)
+
+
+@precision_app.command("show")
+def precision_show(job: JobOption, sidecar: SidecarOption = DEFAULT_SIDECAR,
+                   json_out: JsonFlag = False) -> None:
+    """Each module group's precision: baseline, desired, allowed."""
+    _show_knobs(sidecar, job, "precision", json_out)
+
+
+@precision_app.command("set")
+def precision_set(
+    job: JobOption,
+    groups: Annotated[list[str], typer.Argument(help="GROUP=PRECISION, e.g. ffn=bf16.")],
+    by: UserOption = None,
+    reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "precision set",
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    token_file: TokenFileOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Propose new precisions for module groups (applied, measured, kept or rolled back)."""
+    _propose(sidecar, token_file, job, _values(groups, "precision.", "GROUP=PRECISION"),
+             _user(by), reason, json_out)
+
+
+@kv_app.command("show")
+def kv_show(job: JobOption, sidecar: SidecarOption = DEFAULT_SIDECAR,
+            json_out: JsonFlag = False) -> None:
+    """The KV cache knobs (kv.*): baseline, desired, allowed."""
+    _show_knobs(sidecar, job, "kv.", json_out)
+
+
+@kv_app.command("set")
+def kv_set(
+    job: JobOption,
+    settings: Annotated[list[str], typer.Argument(help="key_bits=N value_bits=N (kv.* knobs).")],
+    by: UserOption = None,
+    reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "kv set",
+    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    token_file: TokenFileOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Propose KV cache settings (knobs kv.key_bits, kv.value_bits, ...)."""
+    _propose(sidecar, token_file, job, _values(settings, "kv.", "KEY=VALUE"), _user(by),
+             reason, json_out)
+
+
