@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
@@ -65,8 +66,10 @@ class BandwidthConfig:
 
 
 def _by_gpu(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The finite readings per GPU (a NaN reading is a missing one)."""
     if frame.empty or GPU not in frame.columns:
         return {}
+    frame = frame[np.isfinite(frame["value"].to_numpy(dtype=float))]
     return {str(gpu): rows for gpu, rows in frame.groupby(GPU)}
 
 

@@ -96,8 +96,8 @@ def collective_intervals(window: StoreWindow) -> pd.DataFrame:
         n = min(len(p) for p in parts)
         for k in range(n):
             d_calls, d_bytes, d_count, d_sum = (float(p["delta"].iloc[k]) for p in parts)
-            if d_calls <= 0 or d_count <= 0 or d_sum <= 0:
-                continue
+            if not (d_calls > 0 and d_count > 0 and d_sum > 0 and math.isfinite(d_bytes)):
+                continue  # nothing counted, or missing (NaN) values: no interval
             rows.append({"rank": rank, "interval": k, "time": parts[0]["time"].iloc[k],
                          "calls": d_calls,
                          "bytes": d_bytes, "message_bytes": d_bytes / d_calls,
@@ -328,7 +328,9 @@ class TinyBucketDetector(Detector):
         step_bytes_frame = latest_version(window.query(STEP_BYTES))
         if len(intervals) < cfg.min_intervals or step_bytes_frame.empty:
             return []
-        step_bytes = float(step_bytes_frame["value"].median())
+        step_bytes = float(step_bytes_frame["value"].median())  # NaN when all are missing
+        if not step_bytes > 0:
+            return []
         message = float((intervals["bytes"].sum()) / intervals["calls"].sum())
         latency = float((intervals["latency_s"] * intervals["calls"]).sum()
                         / intervals["calls"].sum())
