@@ -19,7 +19,8 @@ ROUTERS: dict[str, Callable[[int], Router]] = {
 
 def test_every_router_is_covered() -> None:
     """A new Router subclass must be added to ROUTERS (and so to this suite)."""
-    assert {c.__name__ for c in Router.__subclasses__()} == {
+    assert {c.__name__ for c in Router.__subclasses__()
+            if not c.__module__.startswith("tests.")} == {
         f(1).__class__.__name__ for f in ROUTERS.values()}
 
 
