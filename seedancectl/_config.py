@@ -90,16 +90,13 @@ class RolloutSection(_Section):
     """How the controller observes a change (``tuner.RolloutConfig`` and ``MeasureConfig``):
     interleaved candidate and baseline windows, each ``warmup_steps`` dropped then at least
     ``min_steps`` steps and ``min_window_s`` seconds measured, pairs added until a sequential
-    test decides (from ``min_pairs`` on) or ``max_pairs`` / ``trial_budget_s`` run out (a
-    trial whose gain so far is at least ``min_gain`` runs on to ``promising_budget_s``, twice
-    the budget unless set).
+    test decides (from ``min_pairs`` on) or ``max_pairs`` / ``trial_budget_s`` run out.
     Tokens/s comes from the job's own token count; ``tokens_per_step`` is only for senders
     that do not count tokens. Every default is meant to work on any job."""
 
     min_pairs: int = Field(default=3, ge=1)
     max_pairs: int = Field(default=24, ge=1)
     trial_budget_s: float = Field(default=90.0, gt=0)
-    promising_budget_s: float | None = Field(default=None, gt=0)
     min_gain: float = Field(default=0.03, ge=0)
     max_slowdown: float = Field(default=0.4, ge=0, lt=1)
     early_stop_pairs: int = Field(default=2, ge=1)
@@ -120,8 +117,6 @@ class RolloutSection(_Section):
             raise ConfigError("min_pairs must be <= max_pairs")
         if self.min_window_s > self.max_window_s:
             raise ConfigError("min_window_s must be <= max_window_s")
-        if self.promising_budget_s is not None and self.promising_budget_s < self.trial_budget_s:
-            raise ConfigError("promising_budget_s must be >= trial_budget_s")
         return self
 
 

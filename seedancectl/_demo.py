@@ -31,7 +31,6 @@ import httpx
 
 from collectors import SeedanceError
 from seedancectl._session import ACTIVE_STATES, FINAL_STATES, SessionConfig, TrainingSession
-from tuner import RolloutConfig
 
 SUMMARY_SCHEMA_VERSION = 2
 SCHEMA_PATH = Path(__file__).with_name("demo_summary.schema.json")
@@ -45,9 +44,8 @@ INCIDENT_LOSS_SCALE = 2.0**-24
 """A loss scale backed off this far flushes fp16 gradients to zero; fp32 and bf16 keep them."""
 INCIDENT_TRIALS = 4
 TUNING_AT_LEAST_S = 240.0
-IDLE_WAIT_S = RolloutConfig().promising_horizon_s
-"""How long the trial in flight may take to finish once tuning is paused (a promising one
-runs past its budget; the demo's sidecar keeps the rollout defaults)."""
+IDLE_WAIT_S = 90.0
+"""How long the trial in flight may take to finish once tuning is paused."""
 OVERRUN_MARGIN_S = 240.0
 """Start-up (sidecar, job warm-up) and slack beyond the phases' own bounds before the demo
 calls itself stuck."""

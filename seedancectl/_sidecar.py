@@ -275,8 +275,7 @@ class Sidecar:
             self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,
             config=RolloutConfig(
                 min_pairs=rollout.min_pairs, max_pairs=rollout.max_pairs,
-                trial_budget_s=rollout.trial_budget_s,
-                promising_budget_s=rollout.promising_budget_s, min_gain=rollout.min_gain,
+                trial_budget_s=rollout.trial_budget_s, min_gain=rollout.min_gain,
                 max_slowdown=rollout.max_slowdown,
                 early_stop_pairs=rollout.early_stop_pairs,
                 ack_timeout_s=rollout.ack_timeout_s, window_timeout_s=rollout.window_timeout_s,

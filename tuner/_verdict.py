@@ -24,10 +24,7 @@ class RolloutConfig:
     ``early_stop_pairs`` on when it excludes zero from below, and from ``min_pairs`` on when
     its upper end is below ``min_gain``, a gain not worth having), or until ``max_pairs`` or
     ``trial_budget_s`` of job time since the candidate was acked (then rolled back: no
-    measured gain). A trial whose gain so far is at least ``min_gain`` is promising: it is
-    measured on past its budget, up to ``promising_budget_s`` (twice the budget when None),
-    since starting it over later would throw its pairs away; the confidence sequence stays
-    valid however long the trial runs. A serving candidate whose token agreement over all its windows is below
+    measured gain). A serving candidate whose token agreement over all its windows is below
     ``measure.min_token_agreement`` is rolled back from ``min_pairs`` on, so it is never
     kept. Whatever the test says, two candidate windows that ran below
     ``max_slowdown`` of their baselines' tokens/s end the trial at once: it harms the job (one
@@ -36,7 +33,6 @@ class RolloutConfig:
     min_pairs: int = 3
     max_pairs: int = 24
     trial_budget_s: float = 90.0
-    promising_budget_s: float | None = None
     min_gain: float = 0.03
     max_slowdown: float = 0.4
     proposal_ttl_s: float = 3600.0
@@ -48,13 +44,6 @@ class RolloutConfig:
     default_mode: Mode = "suggest"
     auto_bounds: Mapping[str, Any] = field(default_factory=dict)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-
-    @property
-    def promising_horizon_s(self) -> float:
-        """How long a promising trial may run (``promising_budget_s``, by default twice the
-        budget)."""
-        return (2 * self.trial_budget_s if self.promising_budget_s is None
-                else self.promising_budget_s)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_pairs <= self.max_pairs:
@@ -69,10 +58,6 @@ class RolloutConfig:
         if not 0 <= self.max_slowdown < 1:
             raise ConfigError(f"RolloutConfig.max_slowdown must be in [0, 1), "
                              f"got {self.max_slowdown}")
-        if self.promising_budget_s is not None and \
-                not self.promising_budget_s >= self.trial_budget_s:
-            raise ConfigError(f"RolloutConfig.promising_budget_s must be >= trial_budget_s, "
-                              f"got {self.promising_budget_s} and {self.trial_budget_s}")
         if self.min_gain < 0:
             raise ConfigError(f"RolloutConfig.min_gain must be >= 0, got {self.min_gain}")
         for name in ("proposal_ttl_s", "ack_timeout_s", "window_timeout_s", "trial_budget_s"):
@@ -117,10 +102,9 @@ def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
         return Trip(kind="config", reason=(
             f"no gain worth having (below {config.min_gain:+.0%}): gain "
             f"{interval_text(comparison)}"))
-    promising = comparison.gain >= config.min_gain and elapsed_s < config.promising_horizon_s
-    if pairs >= config.max_pairs or (elapsed_s >= config.trial_budget_s and not promising):
+    if pairs >= config.max_pairs or elapsed_s >= config.trial_budget_s:
         spent = (f"{pairs} pairs" if pairs >= config.max_pairs
-                 else f"the trial's {elapsed_s:.0f} s")
+                 else f"the trial's {config.trial_budget_s:g} s")
         return Trip(kind="config", inconclusive=True, reason=(
             f"no measured gain in {spent}: gain {interval_text(comparison)}"))
     return None

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 JOB = "serve"
 SEARCHED = ("kv.key_bits", "kv.value_bits", "prefix_cache.capacity_entries")
 SLO_S = 6.0
-TRIAL_S = RolloutConfig().promising_horizon_s
+TRIAL_S = RolloutConfig().trial_budget_s
 """A trial ends within this much job time (plus its last window): the waits allow for it."""
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "serving_session.json"
 
