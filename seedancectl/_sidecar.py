@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import inspect
-import json
 import logging
 import math
 import os
@@ -30,8 +29,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sqlalchemy import insert
-from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 import policies.detectors
@@ -52,7 +49,6 @@ from collectors import (
     otlp_router,
     serve_metrics,
     setup_telemetry,
-    state_engine,
 )
 from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, StoreWindow, WindowSource
@@ -82,7 +78,6 @@ from tuner import (
     SearchDriver,
     TuningLoop,
     VersionLedger,
-    change_events_table,
     lease_router,
     observed_ceilings,
     read_token,
@@ -190,7 +185,6 @@ class Sidecar:
         self._gpu_sampler = build_gpu_sampler(config)
         self._scrapers = build_scrapers(config, sink=self.sink)
         self._metrics_server: MetricsServer | None = None
-        self._audit: Engine | None = None
         self._searches: dict[str, SearchDriver | None] = {}
         self._priors_from: dict[str, frozenset[str]] = {}
         self._first_seen_s: dict[str, float] = {}
@@ -257,7 +251,6 @@ class Sidecar:
         """Engine -> controller (guardrails fed by the engine) -> notifier -> tuning loop."""
         config, store = self.config, self.store
         assert store is not None and self._telemetry is not None
-        self._audit = state_engine(config.state_db)
         self.engine = PolicyEngine(
             all_detectors(), WindowSource(store), db_url=config.state_db,
             config=EngineConfig(interval_s=config.policy_interval_s,
@@ -290,6 +283,7 @@ class Sidecar:
                     loss_tolerance=rollout.loss_tolerance,
                     min_token_agreement=config.serving_slo.min_token_agreement)),
             tracing=self.traces.tracing)
+        self.controller.recover()
         for job, job_config in config.jobs.items():
             if job_config.mode is not None and self.controller.mode(job) != job_config.mode:
                 self.controller.set_mode(job, job_config.mode, by="config",
@@ -317,8 +311,6 @@ class Sidecar:
             if self.controller is not None:
                 self.controller.close()
             self.traces.shutdown(timeout_s)
-            if self._audit is not None:
-                self._audit.dispose()
             self.jobs.shutdown(timeout_s)
             if self._ledger is not None:
                 self._ledger.close()
@@ -489,11 +481,9 @@ class Sidecar:
     def _note(self, job: str, kind: str, actor: str, reason: str, *,
               change_id: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         """Append an event the controller does not write itself to its audit log."""
-        assert self._audit is not None
-        with self._audit.begin() as conn:
-            conn.execute(insert(change_events_table).values(
-                change_id=change_id, job=job, at_ns=time.time_ns(), kind=kind, actor=actor,
-                reason=reason, detail=json.dumps(dict(detail or {}), sort_keys=True)))
+        assert self.controller is not None
+        self.controller.journal.record(job, kind, actor, reason, change_id=change_id,
+                                       detail=detail)
 
     # ---- HTTP ---------------------------------------------------------------------------------
 

@@ -22,11 +22,10 @@ if TYPE_CHECKING:
     from tuner._change import IllegalTransition as IllegalTransition
     from tuner._change import RolloutError as RolloutError
     from tuner._change import Trip as Trip
-    from tuner._change_tables import change_events_table as change_events_table
-    from tuner._change_tables import changes_table as changes_table
     from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings
     from tuner._guardrails import Guardrail as Guardrail
     from tuner._guardrails import NonFiniteLoss as NonFiniteLoss
+    from tuner._journal import ChangeJournal as ChangeJournal
     from tuner._knobs import Config as Config
     from tuner._knobs import Knob as Knob
     from tuner._knobs import KnobError as KnobError

@@ -42,9 +42,7 @@ under a parent it has not received yet.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import secrets
 import threading
 import time
@@ -52,10 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.engine import Connection
-
-from collectors import Tracing, new_traceparent, null_tracing, state_engine
+from collectors import Tracing, new_traceparent, null_tracing
 from tuner._change import (
     ACTIVE,
     ENDED,
@@ -72,8 +67,8 @@ from tuner._change import (
     Trip,
     precision_lowered,
 )
-from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
 from tuner._guardrails import Guardrail
+from tuner._journal import ChangeJournal
 from tuner._knobs import KnobSpace
 from tuner._lease import AttachEvent, JobRegistry, JobStatus
 from tuner._measure import Comparison, QueryFn, compare, measure_window, window_config
@@ -117,12 +112,10 @@ class RolloutController:
         self._clock = clock
         self._lock = threading.RLock()
         self._observers: list[ChangeObserver] = []
-        self._engine = state_engine(db_url)
-        metadata.create_all(self._engine)
+        self.journal = ChangeJournal(db_url, clock=clock)
         self._restoring: set[str] = set()  # rolled back, the job's ack of its baseline to come
         registry.on_lapse(self._on_lapse)
         registry.on_attach(self._on_attach)
-        self._recover()
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -134,20 +127,12 @@ class RolloutController:
         """Set the job's approval mode (journaled)."""
         if mode not in ("auto", "suggest", "off"):
             raise RolloutError(f"mode must be auto, suggest or off, got {mode!r}")
-        with self._lock, self._engine.begin() as conn:
-            old = self.mode(job)
-            updated = conn.execute(update(modes_table).where(modes_table.c.job == job)
-                                   .values(mode=mode)).rowcount
-            if not updated:
-                conn.execute(insert(modes_table).values(job=job, mode=mode))
-            self._event(conn, None, job, "mode", by, reason or f"{old} -> {mode}",
-                        detail={"from": old, "to": mode})
+        with self._lock:
+            self.journal.set_mode(job, mode, actor=by, reason=reason, old=self.mode(job))
 
     def mode(self, job: str) -> Mode:
-        with self._engine.connect() as conn:
-            found = conn.execute(select(modes_table.c.mode).where(
-                modes_table.c.job == job)).scalar_one_or_none()
-        return found or self.config.default_mode  # type: ignore[return-value]
+        """The job's approval mode: the one set for it, else the configured default."""
+        return self.journal.mode(job) or self.config.default_mode
 
     def propose(self, job: str, values: Mapping[str, Any], *, reason: str, source: Source,
                 by: str = "tuner", meta: Mapping[str, Any] | None = None) -> Change:
@@ -170,19 +155,11 @@ class RolloutController:
             expires_at_s=now + self.config.proposal_ttl_s,
             traceparent=new_traceparent(), meta=dict(meta or {}))
         with self._lock:
-            with self._engine.begin() as conn:
-                # Strictly increasing, so "oldest first" is the order of proposal even when
-                # the clock does not move between two proposals.
-                last = conn.execute(select(func.max(changes_table.c.created_at_ns))).scalar()
-                created_ns = max(_ns(now), (last or 0) + 1)
-                conn.execute(insert(changes_table).values(
-                    id=change.id, job=job, state=change.state, created_at_ns=created_ns,
-                    updated_at_ns=_ns(now), body=change.to_json()))
-                self._event(conn, change, job, "proposed", by, reason, to_state="proposed",
-                            version_before=status.baseline.version,
-                            detail={"values": change.values, "baseline": baseline,
-                                    "risk": change.risk, "scope": change.scope,
-                                    "source": source, "meta": change.meta})
+            self.journal.add(change, actor=by, reason=reason,
+                             version_before=status.baseline.version,
+                             detail={"values": change.values, "baseline": baseline,
+                                     "risk": change.risk, "scope": change.scope,
+                                     "source": source, "meta": change.meta})
             self._span(change, "propose",
                        attributes={**_change_attributes(change), "seedance.actor": by})
             mode = self.mode(job)
@@ -226,36 +203,18 @@ class RolloutController:
             return self._roll_back(current, Trip(kind="config", reason=reason), by=by)
 
     def get(self, change_id: str) -> Change:
-        with self._engine.connect() as conn:
-            body = conn.execute(select(changes_table.c.body).where(
-                changes_table.c.id == change_id)).scalar_one_or_none()
-        if body is None:
-            raise RolloutError(f"no change {change_id!r}")
-        return Change.from_json(body)
+        """One change (``RolloutError`` when unknown)."""
+        return self.journal.get(change_id)
 
     def changes(self, *, job: str | None = None,
                 states: Sequence[str] | None = None) -> list[Change]:
         """Changes, oldest first."""
-        query = select(changes_table.c.body).order_by(changes_table.c.created_at_ns,
-                                                      changes_table.c.id)
-        if job is not None:
-            query = query.where(changes_table.c.job == job)
-        if states is not None:
-            query = query.where(changes_table.c.state.in_(list(states)))
-        with self._engine.connect() as conn:
-            return [Change.from_json(b) for b in conn.execute(query).scalars()]
+        return self.journal.changes(job=job, states=states)
 
     def events(self, *, change_id: str | None = None,
                job: str | None = None) -> list[dict[str, Any]]:
         """The audit log, oldest first."""
-        query = select(change_events_table).order_by(change_events_table.c.seq)
-        if change_id is not None:
-            query = query.where(change_events_table.c.change_id == change_id)
-        if job is not None:
-            query = query.where(change_events_table.c.job == job)
-        with self._engine.connect() as conn:
-            rows = conn.execute(query).mappings().all()
-        return [{**row, "detail": json.loads(row["detail"])} for row in rows]
+        return self.journal.events(change_id=change_id, job=job)
 
     def tick(self) -> None:
         """Advance every active change one step; one failing change never stops the others."""
@@ -278,7 +237,7 @@ class RolloutController:
 
     def close(self) -> None:
         """Release the connection pool; a second call is harmless."""
-        self._engine.dispose()
+        self.journal.close()
 
     # ---- the machine -------------------------------------------------------------------------
 
@@ -546,13 +505,15 @@ class RolloutController:
             "merged": "re-attached with other knobs: the stored values stay where still "
                       "valid, new knobs take the job's",
         }[event.outcome]
-        with self._engine.begin() as conn:
-            self._event(conn, None, event.job, "attach", f"job:{event.job}", reason,
-                        version_after=event.baseline_version,
-                        detail={"session": event.session, "outcome": event.outcome,
-                                "ignored": list(event.ignored)})
+        self.journal.record(event.job, "attach", f"job:{event.job}", reason,
+                            version_after=event.baseline_version,
+                            detail={"session": event.session, "outcome": event.outcome,
+                                    "ignored": list(event.ignored)})
 
-    def _recover(self) -> None:
+    def recover(self) -> None:
+        """After a restart: roll back every change a crash left applying or observing, and
+        wait again for the acks of restores not yet confirmed. Explicit, so that opening a
+        controller (or only its journal) to read changes undoes nothing."""
         for change in self.changes(states=["rolled_back"]):
             restore = Restore.from_plan(change.plan)
             if restore is not None and not restore.confirmed:
@@ -734,15 +695,8 @@ class RolloutController:
         if to not in TRANSITIONS[change.state]:
             raise IllegalTransition(f"change {change.id}: {change.state} -> {to} is not allowed")
         moved = replace(change, state=to, **fields)
-        with self._engine.begin() as conn:
-            result = conn.execute(update(changes_table).where(
-                changes_table.c.id == change.id, changes_table.c.state == change.state).values(
-                state=to, updated_at_ns=_ns(self._clock()), body=moved.to_json()))
-            if result.rowcount != 1:
-                raise IllegalTransition(f"change {change.id} moved under us (was {change.state})")
-            self._event(conn, moved, change.job, to, by, reason, from_state=change.state,
-                        to_state=to, version_before=version_before,
-                        version_after=version_after, detail=detail or {})
+        self.journal.move(change, moved, actor=by, reason=reason, version_before=version_before,
+                          version_after=version_after, detail=detail)
         log.info("change %s (%s): %s -> %s by %s: %s", change.id, change.job, change.state, to,
                  by, reason)
         self._trace_move(change, moved, by, reason)
@@ -757,33 +711,15 @@ class RolloutController:
     def _save(self, change: Change, *, event: tuple[str, str, int | None] | None = None,
               **fields: Any) -> Change:
         saved = replace(change, **fields)
-        with self._engine.begin() as conn:
-            conn.execute(update(changes_table).where(changes_table.c.id == change.id).values(
-                updated_at_ns=_ns(self._clock()), body=saved.to_json()))
-            if event is not None:
-                kind, reason, version = event
-                self._event(conn, saved, change.job, kind, "controller", reason,
-                            version_after=version, detail={"plan": saved.plan})
+        self.journal.save(saved, event=event)
         return saved
 
     def _event_only(self, change: Change, kind: str, by: str, reason: str, *,
                     version_before: int | None = None, version_after: int | None = None,
                     detail: Mapping[str, Any] | None = None) -> None:
-        with self._engine.begin() as conn:
-            self._event(conn, change, change.job, kind, by, reason,
-                        version_before=version_before, version_after=version_after,
-                        detail=detail or {})
-
-    def _event(self, conn: Connection, change: Change | None, job: str, kind: str, actor: str,
-               reason: str, *, from_state: str | None = None, to_state: str | None = None,
-               version_before: int | None = None, version_after: int | None = None,
-               detail: Mapping[str, Any]) -> None:
-        conn.execute(insert(change_events_table).values(
-            change_id=None if change is None else change.id, job=job,
-            at_ns=_ns(self._clock()), kind=kind, from_state=from_state, to_state=to_state,
-            actor=actor, reason=reason, version_before=version_before,
-            version_after=version_after,
-            detail=json.dumps(detail, sort_keys=True, default=_json_default)))
+        self.journal.record(change.job, kind, by, reason, change_id=change.id,
+                            version_before=version_before, version_after=version_after,
+                            detail=detail)
 
 
 def _ns(seconds: float) -> int:
@@ -809,11 +745,3 @@ def _change_attributes(change: Change) -> dict[str, Any]:
                                            for k, v in sorted(change.values.items())),
         "seedance.finding.id": None if finding is None else str(finding),
         "seedance.trial": change.meta.get("trial")}
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"not JSON: {type(value).__name__}")

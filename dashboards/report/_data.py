@@ -17,12 +17,11 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import select
 
-from collectors import CONFIG_VERSION_ATTR, REPLAYED_ATTR, SeedanceError, state_engine
+from collectors import CONFIG_VERSION_ATTR, REPLAYED_ATTR, SeedanceError
 from policies import FindingStore, equivalent_scale_out_nodes, payback_months
 from policies.detectors import interval_increases, p99_per_interval
-from tuner import Change, change_events_table, changes_table
+from tuner import Change, ChangeJournal
 
 Resolution = Literal["auto", "raw", "1m", "1h"]
 JOB_ATTR = "service.name"
@@ -386,20 +385,12 @@ def _active_hours(frame: pd.DataFrame, start_ns: int, end_ns: int) -> float:
 
 
 def _read_journal(state_db_url: str) -> tuple[list[Change], list[dict[str, Any]]]:
-    """Every change and audit event, read-only (no controller: it would recover in-flight ones)."""
-    engine = state_engine(state_db_url)
+    """Every change and audit event, read-only (a journal opened without creating anything)."""
+    journal = ChangeJournal(state_db_url, create=False)
     try:
-        with engine.connect() as conn:
-            if not engine.dialect.has_table(conn, changes_table.name):
-                return [], []
-            changes = [Change.from_json(b) for b in conn.execute(
-                select(changes_table.c.body).order_by(changes_table.c.created_at_ns,
-                                                      changes_table.c.id)).scalars()]
-            events = [dict(r) for r in conn.execute(
-                select(change_events_table).order_by(change_events_table.c.seq)).mappings()]
+        return journal.changes(), journal.events()
     finally:
-        engine.dispose()
-    return changes, events
+        journal.close()
 
 
 def _change_row(change: Change, events: list[dict[str, Any]], since_ns: int, until_ns: int,

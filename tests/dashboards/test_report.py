@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from sqlalchemy import create_engine, select
 
 from collectors import LatestValueCollector, MetricInfo, Point, Temporality
 from collectors._otlp_decode import DecodedMetrics
@@ -25,8 +24,7 @@ from dashboards.report import PrometheusSource, ReportPaths, build_report
 from policies import FindingStore
 from tests.dashboards.week_fixture import RecordedWeek, build_week
 from tests.servers import free_port, start_prometheus, wait_for
-from tuner._change import Change
-from tuner._change_tables import change_events_table, changes_table
+from tuner import Change, ChangeJournal
 
 NS = 1_000_000_000
 PRICE = 3.0
@@ -55,13 +53,11 @@ def report(built: ReportPaths) -> dict[str, Any]:
 
 
 def _journal(week: RecordedWeek) -> tuple[list[Change], list[dict[str, Any]]]:
-    engine = create_engine(week.state_url)
-    with engine.connect() as conn:
-        changes = [Change.from_json(b) for b in conn.execute(select(changes_table.c.body))
-                   .scalars()]
-        events = [dict(r) for r in conn.execute(select(change_events_table)).mappings()]
-    engine.dispose()
-    return changes, events
+    journal = ChangeJournal(week.state_url, create=False)
+    try:
+        return journal.changes(), journal.events()
+    finally:
+        journal.close()
 
 
 def test_every_section_in_html_and_markdown(built: ReportPaths, week: RecordedWeek) -> None:

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from collectors._span_store import spans_table
-from tuner._change_tables import change_events_table
+from tuner import ChangeJournal
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +37,13 @@ class Demo:
 
     def summary(self) -> dict[str, Any]:
         return json.loads((self.out / "summary.json").read_text())  # type: ignore[no-any-return]
+
+    def events(self) -> list[dict[str, Any]]:
+        journal = ChangeJournal(f"sqlite:///{self.out / 'state.db'}", create=False)
+        try:
+            return journal.events()
+        finally:
+            journal.close()
 
     def rows(self, table: Any) -> list[dict[str, Any]]:
         engine = create_engine(f"sqlite:///{self.out / 'state.db'}")
@@ -75,7 +82,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
 
 def applied(demo: Demo) -> list[dict[str, Any]]:
     """The changes that reached the job (an ``apply`` event) and ended, from the summary."""
-    events = demo.rows(change_events_table)
+    events = demo.events()
     ids = {e["change_id"] for e in events if e["kind"] == "apply"}
     return [c for c in demo.summary()["changes"]
             if c["id"] in ids and c["state"] in ("kept", "rolled_back")]
@@ -121,7 +128,7 @@ def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(dem
 def test_every_applied_change_has_its_full_trail_in_the_audit_log(demo: Demo) -> None:
     changes = applied(demo)
     assert changes, "no change reached the job"
-    events = demo.rows(change_events_table)
+    events = demo.events()
     for change in changes:
         trail = [e for e in events if e["change_id"] == change["id"]]
         kinds = [e["kind"] for e in trail]

@@ -351,6 +351,7 @@ def test_an_unconfirmed_restore_is_watched_again_after_a_restart(parts: dict[str
     job, ctl, change = rolled_back_by_a_nan(parts)
     ctl.close()
     again = controller(parts, guardrails=[NonFiniteLoss()])
+    again.recover()
     job.run(1)
     again.tick()
     assert again.get(change.id).plan["restore"]["confirmed"]
@@ -417,6 +418,8 @@ def test_a_new_controller_rolls_back_changes_left_in_flight(parts: dict[str, Any
     assert registry.status(job.job).desired.values["micro_batch"] == 8  # window 1: baseline
     # the process dies here; a new controller opens the same database
     second = controller(parts)
+    assert second.get(change.id).state == "observing"  # opening it undoes nothing ...
+    second.recover()  # ... recovery is an explicit call
     recovered = second.get(change.id)
     assert recovered.state == "rolled_back"
     assert second.events(change_id=change.id)[-2]["actor"] == "recovery"
@@ -449,6 +452,7 @@ def test_kill_9_mid_transition_leaves_a_journaled_change_that_is_rolled_back(
     assert done.returncode == -9, done.stderr
     job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
     ctl = controller(parts)
+    ctl.recover()
     (change,) = ctl.changes(job=job.job)
     assert change.state == "rolled_back"
     kinds = [e["kind"] for e in ctl.events(change_id=change.id)]

@@ -145,7 +145,8 @@ def test_a_change_in_flight_at_a_restart_ends_its_trace_with_the_rollback(
     assert set(a.get(change.id).spans) == {"observe"}
     a.close()
     parts["clock"].now += 5.0
-    b = controller(parts, second)  # recovery rolls it back
+    b = controller(parts, second)
+    b.recover()  # rolls it back
     done = b.get(change.id)
     assert done.state == "rolled_back"
     assert sorted(s.name for s in second.all()) == ["change", "observe", "rollback"]

@@ -1,0 +1,76 @@
+"""The change journal: one owner of changes and their audit trail, free of side effects."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from collectors import sqlite_url
+from tuner import Change, ChangeJournal, IllegalTransition, RolloutError
+
+
+def a_change(change_id: str = "c1", *, at_s: float = 100.0) -> Change:
+    return Change(id=change_id, job="train", state="proposed", source="operator", reason="r",
+                  risk="low", scope="live", values={"micro_batch": 4},
+                  baseline={"micro_batch": 8}, created_at_s=at_s, expires_at_s=at_s + 60)
+
+
+def test_a_reader_of_a_missing_journal_sees_nothing_and_creates_nothing(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "state.db")
+    journal = ChangeJournal(url, create=False)
+    assert journal.changes() == [] and journal.events() == []
+    assert journal.mode("train") is None
+    with pytest.raises(RolloutError, match="no change 'c1'"):
+        journal.get("c1")
+    journal.close()
+    engine = create_engine(url)
+    assert inspect(engine).get_table_names() == []  # the reader left the database as it was
+    engine.dispose()
+
+
+def test_a_reader_sees_what_a_writer_journaled_later(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "state.db")
+    reader = ChangeJournal(url, create=False)
+    assert reader.changes() == []
+    writer = ChangeJournal(url, clock=lambda: 100.0)
+    writer.add(a_change(), actor="alice", reason="try mb4", version_before=3,
+               detail={"values": {"micro_batch": 4}})
+    (change,) = reader.changes()
+    assert change.id == "c1"
+    (event,) = reader.events(change_id="c1")
+    assert (event["kind"], event["actor"], event["version_before"]) == ("proposed", "alice", 3)
+    assert event["detail"] == {"values": {"micro_batch": 4}}
+
+
+def test_changes_are_oldest_first_even_when_the_clock_stands_still(tmp_path: Path) -> None:
+    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"), clock=lambda: 100.0)
+    for change_id in ("b", "a", "c"):  # ids out of order, one timestamp
+        journal.add(a_change(change_id), actor="t", reason="r", version_before=None, detail={})
+    assert [c.id for c in journal.changes()] == ["b", "a", "c"]
+
+
+def test_a_move_is_refused_when_someone_moved_the_change_first(tmp_path: Path) -> None:
+    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"))
+    change = a_change()
+    journal.add(change, actor="t", reason="r", version_before=None, detail={})
+    approved = replace(change, state="approved")
+    journal.move(change, approved, actor="alice", reason="ok")
+    with pytest.raises(IllegalTransition, match="moved under us"):
+        journal.move(change, replace(change, state="rejected"), actor="bob", reason="no")
+    assert journal.get("c1").state == "approved"
+    assert [e["kind"] for e in journal.events()] == ["proposed", "approved"]  # no stray event
+
+
+def test_modes_and_free_events_are_in_the_audit_log(tmp_path: Path) -> None:
+    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"))
+    journal.set_mode("train", "auto", actor="ops", reason="", old="suggest")
+    journal.record("train", "notified", "webhook", "delivered", change_id="c9",
+                   detail={"delivered": True, "score": float("nan")})
+    assert journal.mode("train") == "auto"
+    mode, notified = journal.events(job="train")
+    assert (mode["kind"], mode["reason"], mode["detail"]) == (
+        "mode", "suggest -> auto", {"from": "suggest", "to": "auto"})
+    assert notified["change_id"] == "c9" and notified["detail"]["score"] == "nan"
