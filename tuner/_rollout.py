@@ -1,43 +1,7 @@
-"""The rollout controller: proposed -> approved -> applying -> observing -> kept | rolled_back.
-
-An explicit state machine over changes, journaled in the state database (the findings store's
-SQLAlchemy URL) BEFORE every transition and every call that touches a job, so a crash at any
-moment leaves a change the next controller finds: on start, every change left in `applying` or
-`observing` is rolled back. ``change_events`` is append-only and is the audit log: proposals,
-decisions (who, when, why), applies with the config versions before and after, acks, windows,
-keeps and rollbacks.
-
-Life of a change (``tick()`` advances every active one; a sidecar thread calls it):
-
-- ``proposed``: waits for a person unless the job's approval mode is ``auto`` and the change is
-  live, low risk and within the operator's per-knob bounds. Expires after ``proposal_ttl_s``.
-- ``approved``: waits until no other change of the job is in flight. A change that lowers a
-  precision first pushes a ``{"kind": "snapshot"}`` action.
-- ``applying``: the candidate was sent (``registry.set_desired``); waits for its ack.
-- ``observing``: windows alternate candidate, baseline, candidate, ... (each a fresh version, see
-  ``tuner._measure``), so an approved change reaches the job at once; after each pair
-  guardrails are checked, observers (the search driver) may stop it, and the sequential test
-  decides or asks for one more pair (``RolloutConfig``). Kept only when the confidence
-  sequence of the gain excludes zero and loss stays on the baseline's trajectory; then the
-  candidate becomes the baseline.
-- Guardrails roll back at once: non-finite loss -> FULL rollback action; a gradient-collapse /
-  underflow finding on group G -> LOCAL rollback action for G and precision.G back to fp32;
-  a measured regression -> config rollback only. A lapsed lease fails the change.
-- ``rolled_back`` is confirmed when the job acks its baseline and ran the rollback action
-  (``tuner._restore``); until then no other change of the job starts. A restore that fails is
-  sent again up to ``restore_attempts`` times, then the change is
-  ``manual_intervention_required`` (the sidecar opens a finding) until an operator's rollback
-  gets the job's ack; then it is ``rolled_back`` again.
-
-Every change is one OpenTelemetry trace (``tracing``): a root span ``change`` from proposal to
-verdict with children ``propose``, ``approve``, ``apply`` and ``observe`` (one of each per
-window), and ``keep`` or ``rollback`` (or ``reject``, ``expire``, ``fail``). A span that spans
-ticks is *journaled*: its W3C traceparent and start are stored in the change record
-(``Change.traceparent`` for the root, ``Change.spans`` for open ones) and it is recorded when it
-ends, so a controller started after a crash continues the same trace. ``set_desired`` sends the
-``apply`` (or ``keep`` / ``rollback``) span's traceparent, so the job's ``job.apply`` span joins
-the trace. The root is recorded at the verdict, so until then a trace viewer shows the children
-under a parent it has not received yet.
+"""The rollout controller: drives each change proposed -> approved -> applying -> observing ->
+kept | rolled_back, journaling before every transition and every call that touches a job, so
+a crash at any moment leaves a change that ``recover()`` rolls back. docs/rollout.md gives the
+life of a change, the guardrails and the trace each change records.
 """
 
 from __future__ import annotations
@@ -47,53 +11,37 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from collectors import Tracing, new_traceparent, null_tracing
 from tuner._change import (
     ACTIVE,
-    ENDED,
     IN_FLIGHT,
     MANUAL,
     PRUNED,
-    TRANSITIONS,
     Change,
-    IllegalTransition,
     Mode,
     RolloutError,
     Source,
-    State,
     Trip,
     precision_lowered,
 )
+from tuner._change_steps import ChangeObserver, ChangeSteps
+from tuner._change_trace import ChangeTrace, change_attributes
 from tuner._guardrails import Guardrail
 from tuner._journal import ChangeJournal
-from tuner._knobs import KnobSpace
 from tuner._lease import AttachEvent, JobRegistry, JobStatus
 from tuner._measure import Comparison, QueryFn, compare, measure_window, window_config
-from tuner._restore import RESTORE_KEY, Restore, restore_outcome
-from tuner._verdict import RolloutConfig, decide, interval_text
+from tuner._restore import RESTORE_KEY, Restore
+from tuner._verdict import RolloutConfig, auto_approvable, decide, interval_text
 
 log = logging.getLogger(__name__)
-
-
-class ChangeObserver(Protocol):
-    """Who wants to hear about a change's windows and end (the search driver)."""
-
-    def on_window(self, change: Change, comparison: Comparison) -> bool:
-        """Called after each candidate window; True stops the change (rolled back, pruned)."""
-        ...
-
-    def on_finished(self, change: Change) -> None:
-        """Called once the change reached a final state."""
-        ...
 
 
 # ---- the controller -------------------------------------------------------------------------
 
 
-class RolloutController:
+class RolloutController(ChangeSteps):
     """Drives changes through the state machine; see the module docstring.
 
     Thread-safe: ``propose``/``approve``/``reject``/``rollback`` (HTTP handlers), ``tick``
@@ -105,15 +53,16 @@ class RolloutController:
                  guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
                  config: RolloutConfig | None = None, tracing: Tracing | None = None) -> None:
         self.registry = registry
-        self.tracing = tracing or null_tracing("seedance-rollout")
+        self.trace = ChangeTrace(tracing or null_tracing("seedance-rollout"), clock,
+                                 scope=__name__)
         self.query = store_query
         self.config = config or RolloutConfig()
         self.guardrails = tuple(guardrails)
         self._clock = clock
         self._lock = threading.RLock()
-        self._observers: list[ChangeObserver] = []
+        self._observers = []
         self.journal = ChangeJournal(db_url, clock=clock)
-        self._restoring: set[str] = set()  # rolled back, the job's ack of its baseline to come
+        self._restoring = set()
         registry.on_lapse(self._on_lapse)
         registry.on_attach(self._on_attach)
 
@@ -160,13 +109,13 @@ class RolloutController:
                              detail={"values": change.values, "baseline": baseline,
                                      "risk": change.risk, "scope": change.scope,
                                      "source": source, "meta": change.meta})
-            self._span(change, "propose",
-                       attributes={**_change_attributes(change), "seedance.actor": by})
+            self.trace.span(change, "propose",
+                       attributes={**change_attributes(change), "seedance.actor": by})
             mode = self.mode(job)
             if mode == "off":
                 return self._move(change, "rejected", by="mode:off",
                                   reason=f"approval mode of job {job} is off")
-            if mode == "auto" and self._auto_ok(change, space):
+            if mode == "auto" and auto_approvable(change, self.config.auto_bounds):
                 return self._move(change, "approved", by="auto",
                                   reason="auto mode: live, low risk, within bounds",
                                   approved_by="auto")
@@ -201,15 +150,6 @@ class RolloutController:
                     raise RolloutError(f"job {job}: no change in flight or kept to roll back")
                 current = kept[-1]
             return self._roll_back(current, Trip(kind="config", reason=reason), by=by)
-
-    def get(self, change_id: str) -> Change:
-        """One change (``RolloutError`` when unknown)."""
-        return self.journal.get(change_id)
-
-    def changes(self, *, job: str | None = None,
-                states: Sequence[str] | None = None) -> list[Change]:
-        """Changes, oldest first."""
-        return self.journal.changes(job=job, states=states)
 
     def events(self, *, change_id: str | None = None,
                job: str | None = None) -> list[dict[str, Any]]:
@@ -285,8 +225,8 @@ class RolloutController:
             plan = {**change.plan, "acked": True, "acked_at_s": now, "live_version": version}
             if change.state == "applying":
                 plan["applied_at_s"] = now
-            spans = self._end(change, "apply", {"seedance.step": ack.step})
-            spans = self._open(change, spans, "observe", {
+            spans = self.trace.end(change, "apply", {"seedance.step": ack.step})
+            spans = self.trace.open(change, spans, "observe", {
                 "seedance.window": int(change.plan["index"]),
                 "seedance.window.arm": change.plan["arms"][int(change.plan["index"])],
                 "seedance.config.version": version})
@@ -329,7 +269,7 @@ class RolloutController:
         before = self.registry.status(change.job).desired.version
         self._event_only(change, "apply", "controller", f"window {index}: {arm}",
                          version_before=before, detail={"values": values})
-        spans = self._open(change, change.spans, "apply", {
+        spans = self.trace.open(change, change.spans, "apply", {
             "seedance.window": index, "seedance.window.arm": arm,
             "seedance.config.version.before": before})
         apply = spans.get("apply")
@@ -358,7 +298,7 @@ class RolloutController:
             return
         windows = (*change.windows, window)
         comparison = compare(windows, self.config.measure)
-        spans = self._end(change, "observe", {
+        spans = self.trace.end(change, "observe", {
             "seedance.window.steps": window.steps,
             "seedance.window.tokens_per_s": window.tokens_per_s,
             "seedance.window.step_s": window.step_s, "seedance.pairs": comparison.pairs,
@@ -418,7 +358,7 @@ class RolloutController:
 
     def _keep(self, change: Change, comparison: Comparison) -> None:
         before = self.registry.status(change.job).baseline.version
-        start_ns, span = _ns(self._clock()), self._child(change)
+        start_ns, span = self.trace.now_ns(), self.trace.child(change)
         change = self._move(change, "kept", by="controller", reason=(
             f"gain {comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]"
             f" at {comparison.confidence:.0%}"), version_before=before)
@@ -428,18 +368,18 @@ class RolloutController:
         self._event_only(change, "baseline", "controller", "the candidate is the baseline",
                          version_before=before, version_after=desired.version,
                          detail={"baseline_version": baseline.version})
-        self._span(change, "keep", traceparent=span, start_ns=start_ns, attributes={
+        self.trace.span(change, "keep", traceparent=span, start_ns=start_ns, attributes={
             "seedance.gain": comparison.gain, "seedance.gain.ci_low": comparison.ci_low,
             "seedance.gain.ci_high": comparison.ci_high,
             "seedance.confidence": comparison.confidence,
             "seedance.config.version.before": before,
             "seedance.config.version.after": desired.version})
-        self._end_trace(change)
+        self.trace.end_trace(change)
 
     def _roll_back(self, change: Change, trip: Trip, *, by: str = "controller") -> Change:
         """Journal the rollback, then send the baseline (and the rollback action, if any)."""
         job, was, opened = change.job, change.state, change
-        start_ns, span = _ns(self._clock()), self._child(change)
+        start_ns, span = self.trace.now_ns(), self.trace.child(change)
         attached = self._attached(job)
         before = self.registry.status(job).desired.version if attached else None
         restore = dict(change.baseline)
@@ -461,7 +401,7 @@ class RolloutController:
                                 "inconclusive": trip.inconclusive},
                             detail={"rollback": trip.kind, "group": trip.group,
                                     "action": action, "restore": restore}, spans={})
-        self._end_open(opened, error=f"rolled back: {trip.reason}")
+        self.trace.end_open(opened, error=f"rolled back: {trip.reason}")
         attributes: dict[str, Any] = {
             "seedance.actor": by, "seedance.rollback.cause": trip.reason,
             "seedance.rollback.scope": trip.kind, "seedance.rollback.group": trip.group,
@@ -481,14 +421,11 @@ class RolloutController:
                 sent_at_s=self._clock()).to_json()})
             self._restoring.add(change.id)
         # else the job returns to its baseline itself when it re-attaches
-        self._span(change, "rollback", traceparent=span, start_ns=start_ns,
+        self.trace.span(change, "rollback", traceparent=span, start_ns=start_ns,
                    attributes=attributes)
         if was != "kept":  # a kept change's trace ended at its keep
-            self._end_trace(change)
+            self.trace.end_trace(change)
         return change
-
-    def _fail(self, change: Change, reason: str) -> None:
-        self._move(change, "failed", by="controller", reason=reason, spans={})
 
     def _on_lapse(self, status: JobStatus) -> None:
         with self._lock:
@@ -524,224 +461,3 @@ class RolloutController:
                     f"controller restarted with the change in {change.state}")), by="recovery")
             except Exception:
                 log.exception("recovery of change %s failed", change.id)
-
-    def _auto_ok(self, change: Change, space: KnobSpace) -> bool:
-        if change.scope != "live" or change.risk != "low":
-            return False
-        for name, value in change.values.items():
-            bound = self.config.auto_bounds.get(name)
-            if bound is None:
-                continue
-            if isinstance(bound, tuple) and len(bound) == 2 and not isinstance(value, str):
-                if not bound[0] <= value <= bound[1]:
-                    return False
-            elif value not in bound:
-                return False
-        return True
-
-    def _confirm_restore(self, change: Change) -> None:
-        """One look at a rollback's restore: confirmed, still to come, or failed (then sent
-        again, or, after ``restore_attempts``, the change needs a person)."""
-        restore = Restore.from_plan(change.plan)
-        if restore is None or restore.confirmed or change.state not in ("rolled_back", MANUAL):
-            self._restoring.discard(change.id)
-            return
-        if not self._attached(change.job) or self.registry.status(change.job).state == "lapsed":
-            return  # it returns to its baseline itself; a late ack costs one attempt at most
-        outcome = restore_outcome(restore, self.registry.acks(change.job), now_s=self._clock(),
-                                  ack_timeout_s=self.config.ack_timeout_s)
-        if outcome is None:
-            return
-        if outcome == "confirmed":
-            self._restoring.discard(change.id)
-            change = self._save(change, plan={**change.plan, RESTORE_KEY: replace(
-                restore, confirmed=True, problem=None).to_json()}, event=(
-                "restore_confirmed", f"the job acked its baseline v{restore.version}"
-                + (" and ran the rollback" if restore.action else ""), restore.version))
-            if change.state == MANUAL:
-                self._move(change, "rolled_back", by="job", reason=(
-                    f"the job is back on its baseline (v{restore.version} acked)"))
-            return
-        if restore.attempt < self.config.restore_attempts:
-            self._send_restore(change, by="controller", reason=outcome)
-            return
-        self._restoring.discard(change.id)
-        change = self._save(change, plan={**change.plan, RESTORE_KEY: replace(
-            restore, problem=outcome).to_json()})
-        if change.state != MANUAL:
-            self._move(change, MANUAL, by="controller", reason=(
-                f"the rollback failed {restore.attempt} times, the last: {outcome}; the job "
-                "may run a config or model state nobody checked. Find out why, then "
-                f"`seedancectl rollback {change.job}` to try again"))
-
-    def _send_restore(self, change: Change, *, by: str, reason: str,
-                      fresh: bool = False) -> Change:
-        """Send the rollback's baseline (and action) again; ``fresh``: an operator's retry,
-        which starts a new round of attempts."""
-        restore = Restore.from_plan(change.plan)
-        if restore is None:
-            raise RolloutError(f"change {change.id} has no rollback to send again")
-        if not self._attached(change.job):
-            raise RolloutError(f"job {change.job} is not attached: it returns to its baseline "
-                               "when it attaches again")
-        config = self.registry.set_desired(change.job, restore.values, change_id=change.id)
-        if restore.action is not None:
-            config = self.registry.push_action(change.job, restore.action)
-        attempt = 1 if fresh else restore.attempt + 1
-        sent = replace(restore, version=config.version, attempt=attempt,
-                       sent_at_s=self._clock(), problem=reason, confirmed=False)
-        self._restoring.add(change.id)
-        return self._save(change, plan={**change.plan, RESTORE_KEY: sent.to_json()},
-                          event=("restore_retry", f"attempt {attempt} of "
-                                 f"{self.config.restore_attempts} as v{config.version} "
-                                 f"({by}): {reason}", config.version))
-
-    def _unrestored(self, job: str) -> Change | None:
-        """The job's rollback whose restore is not confirmed yet, or that needs a person."""
-        waiting = [self.get(c) for c in sorted(self._restoring)]  # under the lock
-        found = [c for c in waiting if c.job == job] or self.changes(job=job, states=[MANUAL])
-        return found[0] if found else None
-
-    def _in_flight(self, job: str) -> Change | None:
-        found = self.changes(job=job, states=sorted(IN_FLIGHT))
-        return found[0] if found else None
-
-    def _attached(self, job: str) -> bool:
-        return any(s.job == job for s in self.registry.jobs())
-
-    # ---- traces ------------------------------------------------------------------------------
-
-    def _trace_move(self, before: Change, moved: Change, by: str, reason: str) -> None:
-        """The spans of a transition that sends nothing to the job (keep and rollback record
-        their own, with the traceparent they send)."""
-        name = _MOVE_SPANS.get(moved.state)
-        if name is None:
-            return
-        error = reason if moved.state == "failed" else None
-        if error is not None:
-            self._end_open(before, error=error)
-        self._span(moved, name, attributes={
-            "seedance.actor": by, "seedance.reason": reason,
-            "seedance.approve.auto": by == "auto" if moved.state == "approved" else None},
-            error=error)
-        if not TRANSITIONS[moved.state]:
-            self._end_trace(moved, error=error)
-
-    def _child(self, change: Change) -> str | None:
-        """A new span's traceparent in the change's trace (None for a change without one)."""
-        return new_traceparent(change.traceparent) if change.traceparent else None
-
-    def _open(self, change: Change, spans: Mapping[str, Mapping[str, Any]], name: str,
-              attributes: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        """``spans`` plus a journaled span ``name`` starting now (to be saved with the change)."""
-        opened = {k: {**v, "attributes": dict(v["attributes"])} for k, v in spans.items()}
-        span = self._child(change)
-        if span is not None:
-            opened[name] = {"traceparent": span, "start_ns": _ns(self._clock()),
-                            "attributes": dict(attributes)}
-        return opened
-
-    def _end(self, change: Change, name: str, attributes: Mapping[str, Any] | None = None,
-             error: str | None = None) -> Mapping[str, Mapping[str, Any]]:
-        """Record the open span ``name`` as ending now; the open spans without it."""
-        opened = change.spans.get(name)
-        if opened is not None:
-            self._span(change, name, traceparent=opened["traceparent"],
-                       start_ns=int(opened["start_ns"]),
-                       attributes={**opened["attributes"], **(attributes or {})}, error=error)
-        return {k: v for k, v in change.spans.items() if k != name}
-
-    def _end_open(self, change: Change, *, error: str) -> None:
-        for name in list(change.spans):
-            self._end(change, name, error=error)
-
-    def _span(self, change: Change, name: str, *, traceparent: str | None = None,
-              start_ns: int | None = None, attributes: Mapping[str, Any] | None = None,
-              error: str | None = None) -> None:
-        """Record a span of the change's trace ending now; tracing never stops a change."""
-        if not change.traceparent:
-            return
-        now = _ns(self._clock())
-        try:
-            self.tracing.record(
-                name, traceparent=traceparent or new_traceparent(change.traceparent),
-                parent=change.traceparent, start_ns=now if start_ns is None else start_ns,
-                end_ns=now, attributes={**_change_ids(change), **(attributes or {})},
-                error=error, scope=__name__)
-        except Exception:
-            log.exception("recording span %s of change %s failed; going on", name, change.id)
-
-    def _end_trace(self, change: Change, error: str | None = None) -> None:
-        """Record the root span ``change``, from the proposal to now."""
-        if not change.traceparent:
-            return
-        try:
-            self.tracing.record(
-                "change", traceparent=change.traceparent, parent=None,
-                start_ns=_ns(change.created_at_s), end_ns=_ns(self._clock()), attributes={
-                    **_change_attributes(change), "seedance.change.state": change.state,
-                    "seedance.change.approved_by": change.approved_by,
-                    "seedance.gain": (change.comparison or {}).get("gain")},
-                error=error, scope=__name__)
-        except Exception:
-            log.exception("recording the trace of change %s failed; going on", change.id)
-
-    # ---- journal -----------------------------------------------------------------------------
-
-    def _move(self, change: Change, to: State, *, by: str, reason: str,
-              version_before: int | None = None, version_after: int | None = None,
-              detail: Mapping[str, Any] | None = None, **fields: Any) -> Change:
-        """Journal and persist a transition (one database transaction); nothing else."""
-        if to not in TRANSITIONS[change.state]:
-            raise IllegalTransition(f"change {change.id}: {change.state} -> {to} is not allowed")
-        moved = replace(change, state=to, **fields)
-        self.journal.move(change, moved, actor=by, reason=reason, version_before=version_before,
-                          version_after=version_after, detail=detail)
-        log.info("change %s (%s): %s -> %s by %s: %s", change.id, change.job, change.state, to,
-                 by, reason)
-        self._trace_move(change, moved, by, reason)
-        if (to in ENDED and change.state != MANUAL) or to == "kept":
-            for observer in list(self._observers):
-                try:
-                    observer.on_finished(moved)
-                except Exception:
-                    log.exception("rollout observer %r failed on change %s", observer, moved.id)
-        return moved
-
-    def _save(self, change: Change, *, event: tuple[str, str, int | None] | None = None,
-              **fields: Any) -> Change:
-        saved = replace(change, **fields)
-        self.journal.save(saved, event=event)
-        return saved
-
-    def _event_only(self, change: Change, kind: str, by: str, reason: str, *,
-                    version_before: int | None = None, version_after: int | None = None,
-                    detail: Mapping[str, Any] | None = None) -> None:
-        self.journal.record(change.job, kind, by, reason, change_id=change.id,
-                            version_before=version_before, version_after=version_after,
-                            detail=detail)
-
-
-def _ns(seconds: float) -> int:
-    return int(seconds * 1e9)
-
-
-_MOVE_SPANS: Mapping[str, str] = {"approved": "approve", "rejected": "reject",
-                                  "expired": "expire", "failed": "fail"}
-
-
-def _change_ids(change: Change) -> dict[str, Any]:
-    return {"seedance.change.id": change.id, "seedance.job": change.job}
-
-
-def _change_attributes(change: Change) -> dict[str, Any]:
-    """What a reader of the trace needs to know what the change was and why."""
-    finding = change.meta.get("finding")
-    return {
-        **_change_ids(change), "seedance.change.source": change.source,
-        "seedance.change.reason": change.reason, "seedance.change.risk": change.risk,
-        "seedance.change.scope": change.scope,
-        "seedance.change.knobs": ", ".join(f"{k}: {change.baseline.get(k)!r} -> {v!r}"
-                                           for k, v in sorted(change.values.items())),
-        "seedance.finding.id": None if finding is None else str(finding),
-        "seedance.trial": change.meta.get("trial")}

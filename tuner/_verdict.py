@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from collectors import ConfigError
-from tuner._change import Mode, Trip
+from tuner._change import Change, Mode, Trip
 from tuner._measure import Comparison, MeasureConfig
 
 
@@ -115,3 +115,19 @@ def interval_text(comparison: Comparison) -> str:
             f"after {comparison.pairs} pair(s)")
 
 
+def auto_approvable(change: Change, bounds: Mapping[str, Any]) -> bool:
+    """Whether ``auto`` mode may approve the change without a person: live, low risk, and
+    every value within the operator's bound for its knob (a ``(low, high)`` range or a set of
+    allowed values; a knob without a bound is unbounded)."""
+    if change.scope != "live" or change.risk != "low":
+        return False
+    for name, value in change.values.items():
+        bound = bounds.get(name)
+        if bound is None:
+            continue
+        if isinstance(bound, tuple) and len(bound) == 2 and not isinstance(value, str):
+            if not bound[0] <= value <= bound[1]:
+                return False
+        elif value not in bound:
+            return False
+    return True
