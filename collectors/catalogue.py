@@ -129,6 +129,7 @@ def render_markdown() -> str:
 
 
 def main() -> None:
+    """Print docs/metrics.md to stdout (redirect it there to regenerate the page)."""
     print(render_markdown(), end="")
 
 

@@ -423,6 +423,7 @@ class ModuleGroupProfiler:
 
     @property
     def config_version(self) -> int:
+        """The version stamped on the next sampled step; its source is read as that step begins."""
         return int(self._version_source())
 
     @config_version.setter

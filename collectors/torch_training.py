@@ -172,6 +172,7 @@ class TrainingInstrumentation:
 
     @property
     def config_version(self) -> int:
+        """The version stamped on the next step, read from the source when that step begins."""
         return int(self._version_source())
 
     @config_version.setter
@@ -421,23 +422,29 @@ class NullTrainingInstrumentation:
 
     @property
     def last_stats(self) -> dict[str, Any]:
+        """Always empty: nothing is measured."""
         return {}
 
     @contextmanager
     def data_wait(self) -> Iterator[None]:
+        """Runs the block untimed."""
         yield
 
     @contextmanager
     def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
+        """Runs the block untimed; no metric is exported."""
         yield
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
+        """Drops the loss."""
         pass
 
     def after_backward(self, *, unscaled: bool | None = None) -> None:
+        """Reads no gradients, so it costs nothing between backward and the optimizer step."""
         pass
 
     def flush(self) -> None:
+        """Nothing waits to be exported."""
         pass
 
 

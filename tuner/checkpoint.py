@@ -69,6 +69,7 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
+        """Bytes its copies hold; 0 once discarded (its buffers go to the next snapshot)."""
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
     def __repr__(self) -> str:
@@ -125,6 +126,7 @@ class Checkpointer:
         return sum(s.nbytes for s in self.snapshots)
 
     def latest(self) -> Snapshot:
+        """The newest live snapshot; raises ``CheckpointError`` before the first one."""
         if not self.snapshots:
             raise CheckpointError("no snapshot has been taken")
         return self.snapshots[-1]

@@ -232,9 +232,11 @@ class CodecTimer(Protocol):
     """Times KV (de)quantisation; ``collectors.torch_serving.ServingInstrumentation`` is one."""
 
     def quantize(self, device: torch.device | None = None) -> contextlib.AbstractContextManager:
+        """Times the block as quantisation; a CUDA ``device`` is synchronised around it."""
         ...
 
     def dequantize(self, device: torch.device | None = None) -> contextlib.AbstractContextManager:
+        """Times the block as dequantisation; a CUDA ``device`` is synchronised around it."""
         ...
 
 

@@ -56,13 +56,17 @@ class PrefixCacheMetrics(Protocol):
     """Where hits, misses, evictions and the distinct prefixes of recent look-ups go (``collectors.torch_serving.ServingInstrumentation``
     has these methods)."""
 
-    def prefix_cache_hit(self, requests: int = 1) -> None: ...
+    def prefix_cache_hit(self, requests: int = 1) -> None:
+        """``requests`` look-ups found their prefix cached."""
 
-    def prefix_cache_miss(self, requests: int = 1) -> None: ...
+    def prefix_cache_miss(self, requests: int = 1) -> None:
+        """``requests`` look-ups did not: each costs a prefill of the whole prefix."""
 
-    def prefix_cache_evicted(self, entries: int = 1) -> None: ...
+    def prefix_cache_evicted(self, entries: int = 1) -> None:
+        """``entries`` were dropped to make room or after the capacity shrank."""
 
-    def prefix_cache_distinct(self, prefixes: int) -> None: ...
+    def prefix_cache_distinct(self, prefixes: int) -> None:
+        """Distinct keys among the recent look-ups now, after each look-up."""
 
 
 class _NullMetrics:
@@ -115,6 +119,8 @@ class PrefixCacheConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PrefixCacheStats:
+    """Counts since the cache was built, and its size now (``PrefixCache.stats``)."""
+
     hits: int
     misses: int
     evictions: int
@@ -124,6 +130,7 @@ class PrefixCacheStats:
 
     @property
     def hit_rate(self) -> float:
+        """Share of look-ups that hit; 0 before the first look-up."""
         looked_up = self.hits + self.misses
         return self.hits / looked_up if looked_up else 0.0
 
@@ -149,6 +156,7 @@ class PrefixCache(Generic[V]):
 
     @property
     def config(self) -> PrefixCacheConfig:
+        """The config in force; assigning one applies it live."""
         return self._config
 
     @config.setter
@@ -219,6 +227,7 @@ class PrefixCache(Generic[V]):
         return {key for key, _ in self._counts.most_common(self._config.pin_top_k)}
 
     def stats(self) -> PrefixCacheStats:
+        """A snapshot of the counters, for the workload's summary and tests."""
         return PrefixCacheStats(hits=self._hits, misses=self._misses, evictions=self._evictions,
                                 prewarmed=self._prewarmed, entries=len(self._entries),
                                 bytes=self._bytes)

@@ -74,6 +74,8 @@ class Router(abc.ABC):
 
 
 class RoundRobinRouter(Router):
+    """The static baseline: replicas in turn, whatever their loads."""
+
     def __init__(self, replicas: int) -> None:
         if replicas < 1:
             raise SeedanceError(f"replicas must be >= 1, got {replicas}")
@@ -81,10 +83,12 @@ class RoundRobinRouter(Router):
         self._n = replicas
 
     def route(self) -> int:
+        """The next replica in turn."""
         return next(self._next)
 
     @property
     def weights(self) -> tuple[float, ...]:
+        """Equal shares, always."""
         return (1.0 / self._n,) * self._n
 
 
@@ -155,6 +159,7 @@ class LoadAwareRouter(Router):
 
     @property
     def weights(self) -> tuple[float, ...]:
+        """The current shares; they start at the capacities and change only in ``observe``."""
         return tuple(self._state.weights)
 
     def route(self) -> int:

@@ -191,6 +191,7 @@ class ServingSLOGuardrail(Guardrail):
         self.config = ServingGuardrailConfig(**{**base.__dict__, "series_start_in_window": True})
 
     def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+        """A config trip naming every guardrail the candidate breaches; None for a baseline."""
         if change.arm_of(version) != "candidate":
             return None
         breaches = check_guardrails(_VersionWindow(query, change.job, version), self.config)

@@ -103,6 +103,7 @@ class Corpus:
 
     @classmethod
     def generate(cls, config: CorpusConfig) -> Corpus:
+        """The corpus for ``config`` (same seed, same bytes); the held-out part is the tail."""
         data = torch.frombuffer(
             bytearray(generate_text(n_bytes=config.n_bytes, seed=config.seed).encode("ascii")),
             dtype=torch.uint8,

@@ -165,10 +165,13 @@ class ConvNet(nn.Module):
                                         nn.ReLU(inplace=True), nn.Linear(256, classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, 3, H, W) images -> (batch, classes) logits."""
         return self.classifier(self.pool(self.features(x)))
 
 
 class Attention(nn.Module):
+    """Multi-head self-attention with one fused ``qkv`` projection (timm naming), no mask."""
+
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
@@ -176,6 +179,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, tokens, dim) -> (batch, tokens, dim)."""
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(
             2, 0, 3, 1, 4)
@@ -184,6 +188,8 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
+    """The ViT block's feed-forward: ``fc1`` -> GELU -> ``fc2`` (timm naming)."""
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
@@ -191,10 +197,13 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., dim)."""
         return self.fc2(self.act(self.fc1(x)))
 
 
 class ViTBlock(nn.Module):
+    """A pre-norm ViT block: attention and MLP, each residual."""
+
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
@@ -203,6 +212,7 @@ class ViTBlock(nn.Module):
         self.mlp = Mlp(dim, 4 * dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, tokens, dim) -> (batch, tokens, dim)."""
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -223,6 +233,7 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, 3, image, image) -> (batch, classes) logits from the class token."""
         x = self.patch_embed(x).flatten(2).transpose(1, 2)
         x = torch.cat([self.cls_token.expand(len(x), -1, -1).to(x.dtype), x], dim=1)
         x = self.blocks(x + self.pos_embed.to(x.dtype))
@@ -239,6 +250,7 @@ class LSTMLanguageModel(nn.Module):
         self.head = nn.Linear(dim, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) token ids -> (batch, seq, vocab) next-token logits."""
         out, _ = self.lstm(self.embed(x))
         return self.head(out)
 
@@ -254,12 +266,15 @@ class DeepMLP(nn.Module):
         self.head = nn.Linear(width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, features) -> (batch, classes) logits."""
         for layer in self.layers:
             x = F.gelu(layer(x))
         return self.head(x)
 
 
 class DecoderAttention(nn.Module):
+    """Causal self-attention with separate q/k/v/o projections (Hugging Face Llama naming)."""
+
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
@@ -269,6 +284,7 @@ class DecoderAttention(nn.Module):
         self.o_proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, dim) -> (batch, seq, dim); each position sees only earlier ones."""
         b, t, c = x.shape
         q, k, v = (p(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)
                    for p in (self.q_proj, self.k_proj, self.v_proj))
@@ -277,6 +293,8 @@ class DecoderAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
+    """Llama's gated feed-forward: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
@@ -284,10 +302,13 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., dim)."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
+    """A pre-norm (RMSNorm) decoder layer: causal attention and SwiGLU, each residual."""
+
     def __init__(self, dim: int, heads: int, hidden: int) -> None:
         super().__init__()
         self.input_layernorm = nn.RMSNorm(dim)
@@ -296,6 +317,7 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(dim, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, dim) -> (batch, seq, dim)."""
         x = x + self.self_attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -314,6 +336,7 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq) token ids -> (batch, seq, vocab) next-token logits."""
         positions = torch.arange(x.size(1), device=x.device)
         h = self.embed_tokens(x) + self.embed_positions(positions)
         for layer in self.layers:
@@ -336,6 +359,7 @@ class Built:
 
     @property
     def global_batch(self) -> int:
+        """Samples per optimizer step, fixed whatever the micro-batch (``Family.global_batch``)."""
         return self.family.global_batch
 
     @property
@@ -345,6 +369,7 @@ class Built:
 
     @property
     def module_groups(self) -> Mapping[str, Sequence[str]] | None:
+        """Groups for ``attach``; None: the project's default grouping by module names."""
         return self.family.module_groups
 
 
@@ -372,6 +397,7 @@ class Family:
     """The torch threads its author set at launch (None: torch's default)."""
 
     def build(self, seed: int = 0, *, tiny: bool = False) -> Built:
+        """A fresh model, AdamW and data stream; ``tiny`` builds the small variant for tests."""
         torch.manual_seed(seed)
         model = self.make_model(**(self.tiny if tiny else {}))
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=0.01)
@@ -412,6 +438,7 @@ FAMILIES: Mapping[str, Family] = {f.name: f for f in (
 
 
 def family(name: str) -> Family:
+    """The family called ``name``; ``FamilyError`` names the known ones otherwise."""
     try:
         return FAMILIES[name]
     except KeyError:

@@ -41,6 +41,8 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal multi-head attention with fused ``qkv`` (nanoGPT naming)."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
@@ -49,6 +51,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, n_embd) -> (batch, seq, n_embd); dropout only while training."""
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
@@ -59,6 +62,8 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The block's feed-forward: ``fc`` -> GELU -> ``proj`` (4x wide), then dropout."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
@@ -66,6 +71,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., n_embd) -> (..., n_embd)."""
         return self.drop(self.proj(F.gelu(self.fc(x))))
 
 
@@ -80,11 +86,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, n_embd) -> (batch, seq, n_embd)."""
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
+    """The demo model: GPT-2 layout and initialisation (residual projections scaled down)."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -123,4 +132,5 @@ class GPT(nn.Module):
 
 
 def count_parameters(model: nn.Module) -> int:
+    """Every parameter's elements, trainable or not (the "about 5M" of GPTConfig)."""
     return sum(p.numel() for p in model.parameters())

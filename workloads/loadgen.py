@@ -71,6 +71,7 @@ def prefixes(config: LoadConfig) -> list[tuple[int, ...]]:
 
 
 def zipf_probabilities(n: int, s: float) -> np.ndarray:
+    """Zipf weights ``1 / rank**s`` over ``n`` ranks, normalised to sum to 1."""
     weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
     return weights / weights.sum()
 

@@ -90,6 +90,7 @@ def build_model(config: GPTConfig, seed: int) -> GPT:
 
 
 def cache_factory(config: ServeConfig) -> CacheFactory:
+    """The replicas' KV cache factory, from ``config.replica.kv_bits`` and the group settings."""
     key_bits, value_bits = config.replica.kv_bits
     return quantized_cache_factory(config.model, key_bits=key_bits, value_bits=value_bits,
                                    group_size=config.kv_group_size,
@@ -143,6 +144,7 @@ class RunResult:
     lost: list[int]
 
     def summary(self) -> dict[str, Any]:
+        """The JSON summary ``main`` prints: exact p50/p99, hit rate, requests per replica."""
         lat = np.array(list(self.latencies_s.values()))
         hits = sum(c.prefix_hit for c in self.completions)
         per_replica = np.bincount([c.replica for c in self.completions]).tolist()
@@ -184,6 +186,7 @@ def replay(engine: Engine, requests: Sequence[Request], *,
 
 
 def make_router(config: ServeConfig) -> Router:
+    """The router ``config.router`` names, over ``config.replicas``."""
     if config.router == "load_aware":
         return LoadAwareRouter(config.replicas, config.load_aware)
     return RoundRobinRouter(config.replicas)
@@ -255,6 +258,7 @@ def run(config: ServeConfig, requests: Sequence[Request],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; exit status 1 when any request was lost."""
     p = argparse.ArgumentParser(prog="python -m workloads.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=2)

@@ -48,14 +48,17 @@ class KVCache(Protocol):
     ``keys_values`` returns all of the layer's so far, dequantised, in the same layout.
     """
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Add ``layer``'s keys and values for the new tokens."""
 
-    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All of ``layer``'s keys and values so far, ready for attention."""
 
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """Bytes held now; summed over running requests into the KV cache size metric."""
 
     def set_bits(self, *, key_bits: int | None = None, value_bits: int | None = None) -> None:
-        ...
+        """Change the width of tokens quantised from now on (a live knob switch)."""
 
 
 CacheFactory = Callable[[], KVCache]
@@ -229,6 +232,7 @@ class Engine:
     # -- feeding -------------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
+        """Queue ``request``; it is admitted and prefilled at a later ``step``."""
         limit = self.model.config.block_size
         if len(request.prompt) + request.max_new_tokens > limit:
             raise SeedanceError(f"request {request.id}: prompt + output exceeds block_size "
@@ -239,6 +243,7 @@ class Engine:
 
     @property
     def idle(self) -> bool:
+        """True when nothing is waiting or running (``step`` would do nothing)."""
         return not self._waiting and not self._running
 
     def backlog_s(self) -> float:

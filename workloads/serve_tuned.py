@@ -163,6 +163,7 @@ def serve(config: TunedConfig, *, sidecar: str | None, job: str, duration_s: flo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: serve under the sidecar's lease, print the JSON summary."""
     p = argparse.ArgumentParser(prog="python -m workloads.serve_tuned", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sidecar", default=None, help="the sidecar's base URL (none: no lease)")

@@ -85,6 +85,7 @@ class TrainConfig:
 
     @property
     def accumulation(self) -> int:
+        """Micro-batches per rank per step that make up the global batch."""
         return self.global_batch // (self.micro_batch * self.world_size)
 
 
@@ -148,6 +149,7 @@ class Trainer:
         return total
 
     def optimizer_step(self) -> None:
+        """Apply the accumulated gradients (skipped on a scaler overflow); step the LR schedule."""
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -258,6 +260,7 @@ def _ddp_worker(rank: int, world_size: int, config: TrainConfig, kwargs: dict) -
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command line: one process, ``--ddp N`` spawned gloo ranks, or a torchrun rank."""
     d = TrainConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=d.steps)

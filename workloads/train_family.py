@@ -253,6 +253,7 @@ def run(name: str, *, sidecar: str | None, job: str, seconds: float | None,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command line: train ``--family`` until ``--seconds`` / ``--steps`` or a signal."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--family", required=True, choices=sorted(FAMILIES))
     p.add_argument("--sidecar", default=None, metavar="URL",

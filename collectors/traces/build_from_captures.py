@@ -296,6 +296,7 @@ def build(captures: Path, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Rebuild every trace from the captures and print the paths written."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--captures", type=Path, default=CAPTURES_DIR)
     parser.add_argument("--out", type=Path, default=OUT_DIR)

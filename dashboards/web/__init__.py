@@ -42,10 +42,12 @@ class SidecarParts(Protocol):
     """What the page's router reads: the Sidecar satisfies it (both None until started)."""
 
     @property
-    def store(self) -> TimeSeriesStore | None: ...
+    def store(self) -> TimeSeriesStore | None:
+        """The metric store a change's series are read from."""
 
     @property
-    def controller(self) -> RolloutController | None: ...
+    def controller(self) -> RolloutController | None:
+        """Where a change is looked up by id."""
 
 
 def web_router(sidecar: SidecarParts, *, clock: Callable[[], float] = time.time) -> APIRouter:
