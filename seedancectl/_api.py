@@ -40,6 +40,7 @@ from tuner import (
 )
 
 if TYPE_CHECKING:
+    from seedancectl._job_searches import JobSearches
     from seedancectl._sidecar import Sidecar
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,11 @@ def api_router(sidecar: Sidecar) -> APIRouter:
                                                     token.encode()):
             raise HTTPException(403, "the bearer token is not this sidecar's")
 
+    def searches() -> JobSearches:
+        controller()
+        assert sidecar.searches is not None  # set up with the controller
+        return sidecar.searches
+
     def controller() -> RolloutController:
         if sidecar.controller is None or not sidecar.started:
             raise HTTPException(503, "the sidecar is starting or stopping")
@@ -151,7 +157,7 @@ def api_router(sidecar: Sidecar) -> APIRouter:
                 "baseline_version": None if s is None else s.baseline.version,
                 "acked_version": None if s is None else s.acked_version,
                 "last_step": None if s is None else s.last_step,
-                "mode": ctl.mode(job), "tuning": sidecar.tuning_state(job),
+                "mode": ctl.mode(job), "tuning": searches().tuning_state(job),
                 "change": None if current is None else {"id": current.id,
                                                         "state": current.state}})
         found = sidecar.engine.active() if sidecar.engine is not None else []
@@ -208,7 +214,7 @@ def api_router(sidecar: Sidecar) -> APIRouter:
         return {"job": job, "knobs": [k.to_json() for k in s.knobs.knobs.values()],
                 "baseline": s.baseline.to_json(), "desired": s.desired.to_json(),
                 "acked_version": s.acked_version, "mode": controller().mode(job),
-                "tuning": sidecar.tuning_state(job), "moves_left": sidecar.moves_left(job)}
+                "tuning": searches().tuning_state(job), "moves_left": searches().moves_left(job)}
 
     @read.get("/jobs/{job}/acks")
     def acks(job: str) -> list[dict[str, Any]]:
@@ -239,9 +245,8 @@ def api_router(sidecar: Sidecar) -> APIRouter:
 
     @write.post("/jobs/{job}/tuning")
     def tuning(job: str, body: TuningBody) -> dict[str, Any]:
-        controller()
         with _errors():
-            return {"job": job, "tuning": sidecar.set_tuning(job, body.action, by=body.by)}
+            return {"job": job, "tuning": searches().set_tuning(job, body.action, by=body.by)}
 
     @write.post("/jobs/{job}/changes", status_code=201)
     def propose(job: str, body: ProposeBody) -> dict[str, Any]:

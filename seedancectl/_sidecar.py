@@ -15,14 +15,12 @@ import dataclasses
 import hmac
 import inspect
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -51,8 +49,7 @@ from collectors import (
     setup_telemetry,
 )
 from dashboards.web import web_router
-from policies import Detector, EngineConfig, Finding, PolicyEngine, StoreWindow, WindowSource
-from policies.detectors import ComputePriorsDetector
+from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
 from seedancectl._health import (
@@ -61,6 +58,7 @@ from seedancectl._health import (
     readiness,
     register_health_metrics,
 )
+from seedancectl._job_searches import JobSearches, auto_bounds
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
@@ -69,27 +67,19 @@ from tuner import (
     GradientCollapseFindings,
     Guardrail,
     JobRegistry,
-    JobStatus,
     MeasureConfig,
     NonFiniteLoss,
     RolloutConfig,
     RolloutController,
-    SearchConfig,
-    SearchDriver,
     TuningLoop,
     VersionLedger,
     lease_router,
-    observed_ceilings,
     read_token,
-    suggestions,
-    within_bounds,
 )
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
 log = logging.getLogger(__name__)
 
-TuningState = Literal["off", "running", "paused"]
-TUNING_EVENT = "tuning"
 NOTIFIED_EVENT = "notified"
 
 
@@ -98,45 +88,6 @@ def all_detectors() -> list[Detector]:
     found = (getattr(policies.detectors, name) for name in policies.detectors.__all__)
     return [cls() for cls in found if isinstance(cls, type) and issubclass(cls, Detector)
             and not inspect.isabstract(cls)]
-
-
-PRIORS_EVERY_S = 5.0
-"""How often the sidecar reads a tuned job's compute priors from the store."""
-
-
-class TuningOffError(SeedanceError):
-    """Pause or resume asked of a job the configuration does not tune."""
-
-
-class _PausableSearch(SearchDriver):
-    """A search an operator can pause: while ``paused()`` it proposes nothing; a change in
-    flight still reports its windows and its end to the study."""
-
-    def __init__(self, *args: Any, paused: Callable[[], bool], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._paused = paused
-
-    def propose_next(self, controller: RolloutController, job: str, *,
-                     low_risk_only: bool = False) -> Change | None:
-        return None if self._paused() else super().propose_next(
-            controller, job, low_risk_only=low_risk_only)
-
-
-class _SidecarLoop(TuningLoop):
-    """The tuning loop with the sidecar's housekeeping first in each round, on the same
-    thread, so the search drivers are only ever touched from it."""
-
-    def __init__(self, controller: RolloutController, *, interval_s: float,
-                 housekeeping: Callable[[], None]) -> None:
-        super().__init__(controller, interval_s=interval_s)
-        self._housekeeping = housekeeping
-
-    def step(self) -> None:
-        try:
-            self._housekeeping()
-        except Exception:
-            log.exception("sidecar housekeeping failed; going on")
-        super().step()
 
 
 class IngestBackpressure(SeedanceError):
@@ -167,6 +118,7 @@ class Sidecar:
         self.engine: PolicyEngine | None = None
         self.controller: RolloutController | None = None
         self.tuning: TuningLoop | None = None
+        self.searches: JobSearches | None = None
         self.notifier: Notifier = Notifier()
         self.token: str | None = None
         self.token_path: Path | None = None
@@ -185,13 +137,6 @@ class Sidecar:
         self._gpu_sampler = build_gpu_sampler(config)
         self._scrapers = build_scrapers(config, sink=self.sink)
         self._metrics_server: MetricsServer | None = None
-        self._searches: dict[str, SearchDriver | None] = {}
-        self._priors_from: dict[str, frozenset[str]] = {}
-        self._first_seen_s: dict[str, float] = {}
-        self._priors_at_s: dict[str, float] = {}
-        self._has_priors: set[str] = set()
-        self._priors = ComputePriorsDetector()
-        self._paused: dict[str, bool] = {}
         self._notified: set[str] = set()
         self._notify_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -275,7 +220,7 @@ class Sidecar:
                 restore_attempts=rollout.restore_attempts,
                 proposal_ttl_s=config.approval.proposal_ttl_s,
                 default_mode=config.approval.mode,
-                auto_bounds=self._auto_bounds(),
+                auto_bounds=auto_bounds(config),
                 measure=MeasureConfig(
                     warmup_steps=rollout.warmup_steps, min_steps=rollout.min_steps,
                     min_window_s=rollout.min_window_s, max_window_s=rollout.max_window_s,
@@ -294,8 +239,9 @@ class Sidecar:
                          if config.webhook_url else Notifier())
         self.notifier.start()
         self.engine.start()
-        self.tuning = _SidecarLoop(self.controller, interval_s=config.tuning_interval_s,
-                                   housekeeping=self.housekeeping)
+        self.searches = JobSearches(config, jobs=self.jobs, store=store, engine=self.engine,
+                                    controller=self.controller, also=self.notify_waiting)
+        self.tuning = self.searches.loop
         self.tuning.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
@@ -325,124 +271,6 @@ class Sidecar:
                 self._metrics_server.stop()
             if self.store is not None:
                 self.store.close()
-
-    # ---- tuning -------------------------------------------------------------------------------
-
-    def housekeeping(self) -> None:
-        """One round on the tuning thread: a search for every newly attached job the config
-        tunes, the engine's new suggestions added to its priors, waiting proposals announced."""
-        for status in self.jobs.jobs():
-            if status.state == "attached" and self.config.job_config(status.job).tune:
-                try:
-                    self._set_up_search(status)
-                except Exception:
-                    log.exception("tuning set-up of job %s failed; going on", status.job)
-        self.notify_waiting()
-
-    def _set_up_search(self, status: JobStatus) -> None:
-        assert self.tuning is not None and self.engine is not None
-        job = status.job
-        if job not in self._searches:
-            self._first_seen_s[job] = time.monotonic()
-            self._searches[job] = driver = self._new_search(status)
-            if driver is not None:
-                self.tuning.add_search(job, driver)
-        driver = self._searches[job]
-        if driver is None:
-            return
-        self._add_compute_priors(status, driver)
-        findings = [f for f in self.engine.active() if f.job == job]
-        ids = frozenset(f.id for f in findings)
-        if ids and self._priors_from.get(job) != ids:
-            added = driver.add_priors(suggestions(findings, status.baseline.values, status.knobs))
-            self._priors_from[job] = ids
-            if added:
-                log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
-
-    def _add_compute_priors(self, status: JobStatus, driver: SearchDriver) -> None:
-        """The compute priors of the job's profile, read straight from the store every
-        ``PRIORS_EVERY_S`` (the engine opens them as findings too, but only after its
-        hysteresis, and the first trials should already follow them)."""
-        job, now = status.job, time.monotonic()
-        if now - self._priors_at_s.get(job, -math.inf) < PRIORS_EVERY_S:
-            return
-        self._priors_at_s[job] = now
-        assert self.store is not None
-        until_ns = time.time_ns()
-        window = StoreWindow(self.store, job=job, since_ns=until_ns - int(
-            self.config.policy_window_s * 1e9), until_ns=until_ns)
-        moves = suggestions(self._priors.evaluate(window), status.baseline.values, status.knobs)
-        if moves:
-            self._has_priors.add(job)
-            if driver.add_priors(moves):
-                log.info("job %s: compute priors: %s", job, "; ".join(
-                    f"{m.values} expects {m.expected_gain:+.0%}" for m in moves
-                    if m.expected_gain is not None))
-
-    def _settled(self, job: str) -> bool:
-        """The first trial waits ``tuning_start_after_s`` after the job attached (its first
-        steps are warm-up: allocator, caches, a steep loss), or less once its compute priors
-        are in: then the search knows which move to try first."""
-        waited = time.monotonic() - self._first_seen_s.get(job, time.monotonic())
-        start_after = self.config.tuning_start_after_s
-        return waited >= start_after or (job in self._has_priors and waited >= start_after / 3)
-
-    def _new_search(self, status: JobStatus) -> SearchDriver | None:
-        job, job_config = status.job, self.config.job_config(status.job)
-        assert self.store is not None
-        query = self.store.query
-        space = status.knobs.knobs
-        searchable = status.knobs.searchable().knobs
-        wanted = (list(job_config.knobs) if job_config.knobs is not None
-                  else list(searchable))
-        unknown = [n for n in wanted if n not in space]
-        if unknown:
-            log.warning("job %s: knob(s) %s named in the config are not declared by the job; "
-                        "not searched", job, ", ".join(unknown))
-        # the search stays where the operator lets changes auto-approve
-        bounded = within_bounds(status.knobs, self._auto_bounds())
-        names = [n for n in wanted if n in bounded.knobs and n in searchable]
-        if not names:
-            log.warning("job %s: no knobs to search; tuning stays off", job)
-            return None
-        return _PausableSearch(
-            bounded, storage_url=self.config.state_db, knobs=names,
-            config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
-                                seed=job_config.seed,
-                                revisit_after_s=self.config.tuning_revisit_after_s),
-            ceilings=lambda: observed_ceilings(query, job),
-            paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
-
-    def _auto_bounds(self) -> dict[str, Any]:
-        return {k: b.for_controller() for k, b in self.config.approval.bounds.items()}
-
-    def moves_left(self, job: str) -> int | None:
-        """Single moves from the job's baseline its search has not tried (None: no search)."""
-        driver = self._searches.get(job)
-        if driver is None:
-            return None
-        return driver.moves_left(self.jobs.status(job).baseline.values)
-
-    def tuning_state(self, job: str) -> TuningState:
-        """off (the config does not tune it), paused (by an operator) or running."""
-        if not self.config.job_config(job).tune:
-            return "off"
-        if job not in self._paused:
-            assert self.controller is not None
-            last = [e for e in self.controller.events(job=job) if e["kind"] == TUNING_EVENT]
-            self._paused[job] = bool(last) and last[-1]["detail"].get("action") == "pause"
-        return "paused" if self._paused[job] else "running"
-
-    def set_tuning(self, job: str, action: Literal["pause", "resume"], *, by: str) -> TuningState:
-        """Pause or resume the job's search, journaled in the audit log (its source on restart)."""
-        before = self.tuning_state(job)
-        if before == "off":
-            raise TuningOffError(f"job {job}: tuning is not enabled for it in the sidecar's "
-                                 f"configuration (jobs.{job}.tune)")
-        self._paused[job] = action == "pause"
-        self._note(job, TUNING_EVENT, by, f"tuning {before} -> {self.tuning_state(job)}",
-                   detail={"action": action})
-        return self.tuning_state(job)
 
     # ---- people -------------------------------------------------------------------------------
 
@@ -474,16 +302,12 @@ class Sidecar:
         return lines
 
     def _notified_result(self, change: Change, delivered: bool, detail: str) -> None:
-        self._note(change.job, NOTIFIED_EVENT, "webhook",
-                   f"{'delivered' if delivered else 'NOT delivered'}: {detail}",
-                   change_id=change.id, detail={"delivered": delivered})
-
-    def _note(self, job: str, kind: str, actor: str, reason: str, *,
-              change_id: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
-        """Append an event the controller does not write itself to its audit log."""
+        """The webhook's outcome, in the audit log (a restart does not announce it again)."""
         assert self.controller is not None
-        self.controller.journal.record(job, kind, actor, reason, change_id=change_id,
-                                       detail=detail)
+        self.controller.journal.record(
+            change.job, NOTIFIED_EVENT, "webhook",
+            f"{'delivered' if delivered else 'NOT delivered'}: {detail}",
+            change_id=change.id, detail={"delivered": delivered})
 
     # ---- HTTP ---------------------------------------------------------------------------------
 

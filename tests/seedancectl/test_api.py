@@ -171,7 +171,9 @@ def test_paused_search_proposes_nothing_and_resumed_search_does(tmp_path: Path) 
         live.post("/v1/jobs/gpt/tuning", {"by": "carol", "action": "pause"})
         SimulatedJob(live)
         deadline = time.monotonic() + 20
-        while live.sidecar.tuning_state("gpt") != "paused" or "gpt" not in live.sidecar._searches:
+        searches = live.sidecar.searches
+        assert searches is not None
+        while searches.tuning_state("gpt") != "paused" or not searches.searching("gpt"):
             assert time.monotonic() < deadline, "the search was never set up"
             time.sleep(0.05)
         time.sleep(40 * live.sidecar.config.tuning_interval_s)  # rounds of the loop, paused

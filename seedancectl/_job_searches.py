@@ -1,0 +1,221 @@
+"""The sidecar's searches: one Optuna search per job its configuration tunes, fed with the
+policy engine's suggestions and the job's compute priors, and paused or resumed by an
+operator (journaled, so a restart keeps it). Everything here runs on the tuning thread, except
+the reads the API makes (``tuning_state``, ``moves_left``) and ``set_tuning``."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from collectors import SeedanceError, TimeSeriesStore
+from policies import PolicyEngine, StoreWindow
+from policies.detectors import ComputePriorsDetector
+from seedancectl._config import SidecarConfig
+from tuner import (
+    Change,
+    JobRegistry,
+    JobStatus,
+    RolloutController,
+    SearchConfig,
+    SearchDriver,
+    TuningLoop,
+    observed_ceilings,
+    suggestions,
+    within_bounds,
+)
+
+log = logging.getLogger(__name__)
+
+TuningState = Literal["off", "running", "paused"]
+TUNING_EVENT = "tuning"
+
+PRIORS_EVERY_S = 5.0
+"""How often the sidecar reads a tuned job's compute priors from the store."""
+
+
+class TuningOffError(SeedanceError):
+    """Pause or resume asked of a job the configuration does not tune."""
+
+
+def auto_bounds(config: SidecarConfig) -> dict[str, Any]:
+    """The operator's per-knob bounds, as the controller's auto-approval and the search use
+    them (the search stays where changes may auto-approve)."""
+    return {k: b.for_controller() for k, b in config.approval.bounds.items()}
+
+
+class JobSearches:
+    """The searches of the jobs the sidecar tunes, set up as each job attaches."""
+
+    def __init__(self, config: SidecarConfig, *, jobs: JobRegistry, store: TimeSeriesStore,
+                 engine: PolicyEngine, controller: RolloutController,
+                 also: Callable[[], None]) -> None:
+        """``also`` runs after each round's set-up, on the tuning thread (the sidecar
+        announces waiting proposals there)."""
+        self.config = config
+        self._jobs = jobs
+        self._store = store
+        self._engine = engine
+        self._controller = controller
+        self._searches: dict[str, SearchDriver | None] = {}
+        self._priors_from: dict[str, frozenset[str]] = {}
+        self._first_seen_s: dict[str, float] = {}
+        self._priors_at_s: dict[str, float] = {}
+        self._has_priors: set[str] = set()
+        self._priors = ComputePriorsDetector()
+        self._paused: dict[str, bool] = {}
+        self._also = also
+        self.loop: TuningLoop = _SidecarLoop(controller, interval_s=config.tuning_interval_s,
+                                             housekeeping=self._round)
+        """The tuning thread: each round sets up searches, then ticks the controller and the
+        searches, all on this one thread."""
+
+    def _round(self) -> None:
+        self.update()
+        self._also()
+
+    def update(self) -> None:
+        """A search for every newly attached job the config tunes; the engine's new
+        suggestions and the job's compute priors added to its priors."""
+        for status in self._jobs.jobs():
+            if status.state == "attached" and self.config.job_config(status.job).tune:
+                try:
+                    self._set_up_search(status)
+                except Exception:
+                    log.exception("tuning set-up of job %s failed; going on", status.job)
+
+    def searching(self, job: str) -> bool:
+        """Whether the job's search is set up (it may still wait to start)."""
+        return self._searches.get(job) is not None
+
+    def moves_left(self, job: str) -> int | None:
+        """Single moves from the job's baseline its search has not tried (None: no search)."""
+        driver = self._searches.get(job)
+        if driver is None:
+            return None
+        return driver.moves_left(self._jobs.status(job).baseline.values)
+
+    def tuning_state(self, job: str) -> TuningState:
+        """off (the config does not tune it), paused (by an operator) or running."""
+        if not self.config.job_config(job).tune:
+            return "off"
+        if job not in self._paused:
+            last = [e for e in self._controller.events(job=job) if e["kind"] == TUNING_EVENT]
+            self._paused[job] = bool(last) and last[-1]["detail"].get("action") == "pause"
+        return "paused" if self._paused[job] else "running"
+
+    def set_tuning(self, job: str, action: Literal["pause", "resume"], *, by: str) -> TuningState:
+        """Pause or resume the job's search, journaled in the audit log (its source on restart)."""
+        before = self.tuning_state(job)
+        if before == "off":
+            raise TuningOffError(f"job {job}: tuning is not enabled for it in the sidecar's "
+                                 f"configuration (jobs.{job}.tune)")
+        self._paused[job] = action == "pause"
+        self._controller.journal.record(job, TUNING_EVENT, by,
+                                        f"tuning {before} -> {self.tuning_state(job)}",
+                                        detail={"action": action})
+        return self.tuning_state(job)
+
+    def _set_up_search(self, status: JobStatus) -> None:
+        job = status.job
+        if job not in self._searches:
+            self._first_seen_s[job] = time.monotonic()
+            self._searches[job] = driver = self._new_search(status)
+            if driver is not None:
+                self.loop.add_search(job, driver)
+        driver = self._searches[job]
+        if driver is None:
+            return
+        self._add_compute_priors(status, driver)
+        findings = [f for f in self._engine.active() if f.job == job]
+        ids = frozenset(f.id for f in findings)
+        if ids and self._priors_from.get(job) != ids:
+            added = driver.add_priors(suggestions(findings, status.baseline.values, status.knobs))
+            self._priors_from[job] = ids
+            if added:
+                log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
+
+    def _add_compute_priors(self, status: JobStatus, driver: SearchDriver) -> None:
+        """The compute priors of the job's profile, read straight from the store every
+        ``PRIORS_EVERY_S`` (the engine opens them as findings too, but only after its
+        hysteresis, and the first trials should already follow them)."""
+        job, now = status.job, time.monotonic()
+        if now - self._priors_at_s.get(job, -math.inf) < PRIORS_EVERY_S:
+            return
+        self._priors_at_s[job] = now
+        until_ns = time.time_ns()
+        window = StoreWindow(self._store, job=job, since_ns=until_ns - int(
+            self.config.policy_window_s * 1e9), until_ns=until_ns)
+        moves = suggestions(self._priors.evaluate(window), status.baseline.values, status.knobs)
+        if moves:
+            self._has_priors.add(job)
+            if driver.add_priors(moves):
+                log.info("job %s: compute priors: %s", job, "; ".join(
+                    f"{m.values} expects {m.expected_gain:+.0%}" for m in moves
+                    if m.expected_gain is not None))
+
+    def _settled(self, job: str) -> bool:
+        """The first trial waits ``tuning_start_after_s`` after the job attached (its first
+        steps are warm-up: allocator, caches, a steep loss), or less once its compute priors
+        are in: then the search knows which move to try first."""
+        waited = time.monotonic() - self._first_seen_s.get(job, time.monotonic())
+        start_after = self.config.tuning_start_after_s
+        return waited >= start_after or (job in self._has_priors and waited >= start_after / 3)
+
+    def _new_search(self, status: JobStatus) -> SearchDriver | None:
+        job, job_config = status.job, self.config.job_config(status.job)
+        query = self._store.query
+        space = status.knobs.knobs
+        searchable = status.knobs.searchable().knobs
+        wanted = (list(job_config.knobs) if job_config.knobs is not None
+                  else list(searchable))
+        unknown = [n for n in wanted if n not in space]
+        if unknown:
+            log.warning("job %s: knob(s) %s named in the config are not declared by the job; "
+                        "not searched", job, ", ".join(unknown))
+        bounded = within_bounds(status.knobs, auto_bounds(self.config))
+        names = [n for n in wanted if n in bounded.knobs and n in searchable]
+        if not names:
+            log.warning("job %s: no knobs to search; tuning stays off", job)
+            return None
+        return _PausableSearch(
+            bounded, storage_url=self.config.state_db, knobs=names,
+            config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
+                                seed=job_config.seed,
+                                revisit_after_s=self.config.tuning_revisit_after_s),
+            ceilings=lambda: observed_ceilings(query, job),
+            paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
+
+
+class _PausableSearch(SearchDriver):
+    """A search an operator can pause: while ``paused()`` it proposes nothing; a change in
+    flight still reports its windows and its end to the study."""
+
+    def __init__(self, *args: Any, paused: Callable[[], bool], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._paused = paused
+
+    def propose_next(self, controller: RolloutController, job: str, *,
+                     low_risk_only: bool = False) -> Change | None:
+        return None if self._paused() else super().propose_next(
+            controller, job, low_risk_only=low_risk_only)
+
+
+class _SidecarLoop(TuningLoop):
+    """The tuning loop with the sidecar's housekeeping first in each round, on the same
+    thread, so the search drivers are only ever touched from it."""
+
+    def __init__(self, controller: RolloutController, *, interval_s: float,
+                 housekeeping: Callable[[], None]) -> None:
+        super().__init__(controller, interval_s=interval_s)
+        self._housekeeping = housekeeping
+
+    def step(self) -> None:
+        try:
+            self._housekeeping()
+        except Exception:
+            log.exception("sidecar housekeeping failed; going on")
+        super().step()
