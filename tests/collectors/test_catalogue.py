@@ -1,4 +1,5 @@
-"""The catalogue's names are unique and well formed, and docs/metrics.md is its exact output."""
+"""The catalogue's names are unique and well formed; docs/metrics.md and collectors/names.py are
+its exact output."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from collectors import names
 from collectors._catalogue import CATALOGUE
-from collectors.catalogue import render_markdown
+from collectors.catalogue import render_markdown, render_names
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
@@ -26,6 +28,19 @@ def test_module_prints_the_same_page() -> None:
     out = subprocess.run([sys.executable, "-m", "collectors.catalogue"], cwd=ROOT,
                          capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout == render_markdown()
+
+
+def test_name_constants_match_the_generator() -> None:
+    actual = (ROOT / "collectors" / "names.py").read_text()
+    assert actual == render_names(), "stale: python -m collectors.catalogue names > collectors/names.py"
+
+
+def test_every_catalogue_name_and_attribute_has_its_constant() -> None:
+    spelled = {v for k, v in vars(names).items() if k.isupper()}
+    for spec in CATALOGUE:
+        assert spec.name in spelled, spec.name
+        assert set(spec.attributes) <= spelled, spec.name
+    assert names.TRAIN_STEP_DURATION_BUCKET == "seedance.train.step.duration.bucket"
 
 
 def test_names_are_unique() -> None:
