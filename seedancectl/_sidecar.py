@@ -272,7 +272,7 @@ class Sidecar:
             **config.serving_slo.model_dump())))
         rollout = config.rollout
         self.controller = RolloutController(
-            self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,
+            self.jobs, store, db_url=config.state_db, guardrails=guardrails,
             config=RolloutConfig(
                 min_pairs=rollout.min_pairs, max_pairs=rollout.max_pairs,
                 trial_budget_s=rollout.trial_budget_s, min_gain=rollout.min_gain,
@@ -398,7 +398,7 @@ class Sidecar:
     def _new_search(self, status: JobStatus) -> SearchDriver | None:
         job, job_config = status.job, self.config.job_config(status.job)
         assert self.store is not None
-        query = self.store.query
+        store = self.store
         space = status.knobs.knobs
         searchable = status.knobs.searchable().knobs
         wanted = (list(job_config.knobs) if job_config.knobs is not None
@@ -418,7 +418,7 @@ class Sidecar:
             config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
                                 seed=job_config.seed,
                                 revisit_after_s=self.config.tuning_revisit_after_s),
-            ceilings=lambda: observed_ceilings(query, job),
+            ceilings=lambda: observed_ceilings(store, job),
             paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
 
     def _auto_bounds(self) -> dict[str, Any]:

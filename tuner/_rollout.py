@@ -55,7 +55,7 @@ from typing import Any, Protocol
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from collectors import Tracing, new_traceparent, null_tracing, state_engine
+from collectors import StoreReader, Tracing, new_traceparent, null_tracing, state_engine
 from tuner._change import (
     ACTIVE,
     ENDED,
@@ -76,7 +76,7 @@ from tuner._change_tables import change_events_table, changes_table, metadata, m
 from tuner._guardrails import Guardrail
 from tuner._knobs import KnobSpace
 from tuner._lease import AttachEvent, JobRegistry, JobStatus
-from tuner._measure import Comparison, QueryFn, compare, measure_window, window_config
+from tuner._measure import Comparison, compare, measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
 from tuner._verdict import RolloutConfig, decide, interval_text
 
@@ -106,12 +106,12 @@ class RolloutController:
     never blocks on a job: it polls acks with ``timeout_s=0``.
     """
 
-    def __init__(self, registry: JobRegistry, store_query: QueryFn, *, db_url: str,
+    def __init__(self, registry: JobRegistry, reader: StoreReader, *, db_url: str,
                  guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
                  config: RolloutConfig | None = None, tracing: Tracing | None = None) -> None:
         self.registry = registry
         self.tracing = tracing or null_tracing("seedance-rollout")
-        self.query = store_query
+        self.reader = reader
         self.config = config or RolloutConfig()
         self.guardrails = tuple(guardrails)
         self._clock = clock
@@ -391,7 +391,7 @@ class RolloutController:
         kind = self.registry.status(change.job).kind
         measure = self.config.measure if kind == "serve" else window_config(
             change.windows, self.config.measure)
-        window = measure_window(self.query, change.job, version, arms[index], measure, kind=kind)
+        window = measure_window(self.reader, change.job, version, arms[index], measure, kind=kind)
         if window is None:
             if now - change.plan["acked_at_s"] > self.config.window_timeout_s:
                 self._roll_back(change, Trip(kind="config", reason=(
@@ -446,7 +446,7 @@ class RolloutController:
         vouch for is rolled back (a training job's state too, as nobody checked it)."""
         for guardrail in self.guardrails:
             try:
-                trip = guardrail.check(change, version, self.query)
+                trip = guardrail.check(change, version, self.reader)
             except Exception as exc:
                 log.exception("guardrail %r failed on change %s", guardrail, change.id)
                 serving = self.registry.status(change.job).kind == "serve"
