@@ -1,9 +1,9 @@
 """Read-only views of the time-series store that detectors evaluate: one job, one time range.
 
-One adapter, :class:`StoreWindow`, sits over any :class:`collectors.StoreReader` that can also
-list what it holds (:class:`ListableStore`): the real :class:`collectors.TimeSeriesStore`, or
-:class:`FrameStore`, an in-memory stand-in built from DataFrames for tests and replays. So
-detectors see the same frames in both.
+One adapter, :class:`StoreWindow`, sits over any :class:`collectors.StoreReader`: the real
+:class:`collectors.TimeSeriesStore`, or :class:`FrameStore`, an in-memory stand-in built from
+DataFrames for tests and replays. So detectors see the same frames in both. Finding the jobs
+(:class:`WindowSource`) also needs a store that lists what it holds (:class:`ListableStore`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from collectors import Point, Resolution, StoreReader
 
 JOB_ATTRIBUTE = "service.name"
 """The attribute that names the job a point belongs to (OpenTelemetry resource attribute)."""
-
 
 
 class ListableStore(StoreReader, Protocol):
