@@ -73,10 +73,12 @@ if TYPE_CHECKING:
     from collectors._span_store import spans_table as spans_table
     from collectors._state_engine import sqlite_url as sqlite_url
     from collectors._state_engine import state_engine as state_engine
-    from collectors._store import AUTO_MIN_POINTS as AUTO_MIN_POINTS
-    from collectors._store import StoreConfig as StoreConfig
-    from collectors._store import StoreError as StoreError
     from collectors._store import TimeSeriesStore as TimeSeriesStore
+    from collectors._store_file import StoreConfig as StoreConfig
+    from collectors._store_file import StoreError as StoreError
+    from collectors._store_query import AUTO_MIN_POINTS as AUTO_MIN_POINTS
+    from collectors._store_reader import Resolution as Resolution
+    from collectors._store_reader import StoreReader as StoreReader
     from collectors._tracing import Tracing as Tracing
     from collectors._tracing import new_traceparent as new_traceparent
     from collectors._tracing import null_tracing as null_tracing

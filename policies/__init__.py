@@ -66,7 +66,7 @@ from policies._hardware import (
 )
 from policies._quantile import histogram_quantile
 from policies._state_db import DuplicateFindingError, FindingStore, sqlite_url
-from policies._window import JOB_ATTRIBUTE, FrameStore, QueryableStore, StoreWindow, WindowSource
+from policies._window import JOB_ATTRIBUTE, FrameStore, ListableStore, StoreWindow, WindowSource
 
 __all__ = [
     "ACTIVE_FINDINGS_METRIC",
@@ -86,9 +86,9 @@ __all__ = [
     "HBM_ROW_BYTES",
     "JOB_ATTRIBUTE",
     "KvCompressionVerdict",
+    "ListableStore",
     "Measurement",
     "PolicyEngine",
-    "QueryableStore",
     "ARTICLE_COUPLING_K",
     "ARTICLE_FP16_TO_INT4_RATIO",
     "ARTICLE_GAMMA",

@@ -1,36 +1,36 @@
 """Read-only views of the time-series store that detectors evaluate: one job, one time range.
 
-One adapter, :class:`StoreWindow`, sits over anything with the store's ``query`` signature: the
-real :class:`collectors.TimeSeriesStore`, or :class:`FrameStore`, an in-memory stand-in built
-from DataFrames for tests and replays. So detectors see the same frames in both.
+One adapter, :class:`StoreWindow`, sits over any :class:`collectors.StoreReader`: the real
+:class:`collectors.TimeSeriesStore`, or :class:`FrameStore`, an in-memory stand-in built from
+DataFrames for tests and replays. So detectors see the same frames in both. Finding the jobs
+(:class:`WindowSource`) also needs a store that lists what it holds (:class:`ListableStore`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-from collectors import Point
+from collectors import Point, Resolution, StoreReader
 
 JOB_ATTRIBUTE = "service.name"
 """The attribute that names the job a point belongs to (OpenTelemetry resource attribute)."""
 
-Resolution = Literal["auto", "raw", "1m", "1h"]
 
+class ListableStore(StoreReader, Protocol):
+    """A reader that also lists its metrics and series, so jobs can be discovered from it
+    (``collectors.TimeSeriesStore`` and :class:`FrameStore` are)."""
 
-class QueryableStore(Protocol):
-    """What a window needs from a store (``collectors.TimeSeriesStore`` has it)."""
+    def metrics(self) -> pd.DataFrame:
+        """One row per metric name (name, series, points, first, last)."""
+        ...
 
-    def query(self, name: str, *, where: Mapping[str, str] | None = None,
-              since_ns: int | None = None, until_ns: int | None = None,
-              resolution: Resolution = "auto") -> pd.DataFrame: ...
-
-    def metrics(self) -> pd.DataFrame: ...
-
-    def series(self, name: str) -> list[dict[str, str]]: ...
+    def series(self, name: str) -> list[dict[str, str]]:
+        """The attribute sets of every series of ``name``."""
+        ...
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -47,7 +47,7 @@ class StoreWindow:
     not shared between threads.
     """
 
-    def __init__(self, store: QueryableStore, *, job: str, since_ns: int, until_ns: int,
+    def __init__(self, store: StoreReader, *, job: str, since_ns: int, until_ns: int,
                  job_attribute: str = JOB_ATTRIBUTE) -> None:
         if since_ns > until_ns:
             raise ValueError(f"since_ns ({since_ns}) must not be after until_ns ({until_ns})")
@@ -155,7 +155,7 @@ class WindowSource:
     of every series in the store.
     """
 
-    def __init__(self, store: QueryableStore, *, jobs: Iterable[str] | None = None,
+    def __init__(self, store: ListableStore, *, jobs: Iterable[str] | None = None,
                  job_attribute: str = JOB_ATTRIBUTE) -> None:
         self.store = store
         self._jobs = None if jobs is None else sorted(set(jobs))

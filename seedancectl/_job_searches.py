@@ -167,7 +167,7 @@ class JobSearches:
 
     def _new_search(self, status: JobStatus) -> SearchDriver | None:
         job, job_config = status.job, self.config.job_config(status.job)
-        query = self._store.query
+        store = self._store
         space = status.knobs.knobs
         searchable = status.knobs.searchable().knobs
         wanted = (list(job_config.knobs) if job_config.knobs is not None
@@ -186,7 +186,7 @@ class JobSearches:
             config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
                                 seed=job_config.seed,
                                 revisit_after_s=self.config.tuning_revisit_after_s),
-            ceilings=lambda: observed_ceilings(query, job),
+            ceilings=lambda: observed_ceilings(store, job),
             paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
 
 

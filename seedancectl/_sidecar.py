@@ -210,7 +210,7 @@ class Sidecar:
             **config.serving_slo.model_dump())))
         rollout = config.rollout
         self.controller = RolloutController(
-            self.jobs, store.query, db_url=config.state_db, guardrails=guardrails,
+            self.jobs, store, db_url=config.state_db, guardrails=guardrails,
             config=RolloutConfig(
                 min_pairs=rollout.min_pairs, max_pairs=rollout.max_pairs,
                 trial_budget_s=rollout.trial_budget_s, min_gain=rollout.min_gain,

@@ -13,7 +13,7 @@ import pytest
 from tests.servers import PROMETHEUS
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def prometheus_binary() -> str:
     if not os.access(PROMETHEUS, os.X_OK):
         reason = (f"no Prometheus server at {PROMETHEUS}; "

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from tuner._measure import TOKENS_PER_SECOND as TOKENS_PER_SECOND
     from tuner._measure import Comparison as Comparison
     from tuner._measure import MeasureConfig as MeasureConfig
-    from tuner._measure import QueryFn as QueryFn
     from tuner._measure import Window as Window
     from tuner._measure import compare as compare
     from tuner._measure import measure_window as measure_window

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from tuner._measure import JOB_ATTR, QueryFn
+from collectors import StoreReader
+from tuner._measure import JOB_ATTR
 
 CEILED_BY: Mapping[str, tuple[str, ...]] = {
     "seedance.serve.prefix_cache.distinct_prefixes": ("prefix_cache.pin_top_k",
@@ -18,14 +19,14 @@ RECENT_S = 300.0
 """How far back the observation counts (the largest value seen in it is the ceiling)."""
 
 
-def observed_ceilings(query: QueryFn, job: str, *, now_s: float | None = None
+def observed_ceilings(reader: StoreReader, job: str, *, now_s: float | None = None
                       ) -> dict[str, float]:
     """The ceiling of each bounded knob the job's recent points speak for (none: no ceiling)."""
     now_ns = int((time.time() if now_s is None else now_s) * 1e9)
     ceilings: dict[str, float] = {}
     for metric, knobs in CEILED_BY.items():
-        points = query(metric, where={JOB_ATTR: job}, since_ns=now_ns - int(RECENT_S * 1e9),
-                       resolution="raw")
+        points = reader.query(metric, where={JOB_ATTR: job},
+                              since_ns=now_ns - int(RECENT_S * 1e9), resolution="raw")
         if len(points):
             ceilings.update(dict.fromkeys(knobs, float(points["value"].max())))
     return ceilings

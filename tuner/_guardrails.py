@@ -6,10 +6,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 
+from collectors import StoreReader
 from policies import Finding
 from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
 from tuner._change import Change, Trip
-from tuner._measure import QueryFn, nonfinite_loss
+from tuner._measure import nonfinite_loss
 
 
 class Guardrail(abc.ABC):
@@ -20,14 +21,14 @@ class Guardrail(abc.ABC):
     """
 
     @abc.abstractmethod
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None: ...
+    def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None: ...
 
 
 class NonFiniteLoss(Guardrail):
     """NaN or infinite loss under the change's current version: FULL rollback."""
 
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
-        if nonfinite_loss(query, change.job, version):
+    def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None:
+        if nonfinite_loss(reader, change.job, version):
             return Trip(kind="full", reason=f"non-finite loss under config v{version}")
         return None
 
@@ -42,7 +43,7 @@ class GradientCollapseFindings(Guardrail):
         self._active = active_findings
         self.detectors = frozenset(detectors)
 
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+    def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None:
         since_ns = int(change.plan.get("applied_at_s", change.created_at_s) * 1e9)
         for f in self._active():
             if (f.job == change.job and f.detector in self.detectors

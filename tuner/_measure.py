@@ -76,7 +76,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from collectors import CONFIG_VERSION_ATTR, ConfigError
+from collectors import CONFIG_VERSION_ATTR, ConfigError, StoreReader
 from policies import histogram_quantile
 
 STEP_DURATION = "seedance.train.step.duration"
@@ -95,8 +95,6 @@ RANK_ATTR = "seedance.rank"
 
 Arm = Literal["baseline", "candidate"]
 JobKind = Literal["train", "serve"]
-QueryFn = Callable[..., pd.DataFrame]
-"""The store's query: ``TimeSeriesStore.query(name, *, where, since_ns, until_ns, resolution)``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,23 +242,23 @@ def _ns(frame: pd.DataFrame) -> np.ndarray:
     return pd.DatetimeIndex(frame["time"]).asi8
 
 
-def version_points(query: QueryFn, name: str, job: str, version: int) -> pd.DataFrame:
+def version_points(reader: StoreReader, name: str, job: str, version: int) -> pd.DataFrame:
     """Raw points of ``name`` the job emitted under ``version``."""
-    return query(name, where={JOB_ATTR: job, CONFIG_VERSION_ATTR: str(version)},
-                 resolution="raw")
+    return reader.query(name, where={JOB_ATTR: job, CONFIG_VERSION_ATTR: str(version)},
+                        resolution="raw")
 
 
-def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
+def measure_window(reader: StoreReader, job: str, version: int, arm: Arm,
                    config: MeasureConfig, kind: JobKind = "train") -> Window | None:
     """The version's window after warm-up, or None while it is not long enough yet: less than
     ``min_window_s`` of steps, or fewer than ``min_steps`` steps and less than
     ``max_window_s`` of them (a config much slower than the one the window was sized by still
     ends in bounded time); a serving job's: fewer than ``min_requests``."""
     if kind == "serve":
-        return measure_serving_window(query, job, version, arm, config)
-    counts = _by_rank(version_points(query, STEP_DURATION + ".count", job, version))
-    sums = _by_rank(version_points(query, STEP_DURATION + ".sum", job, version))
-    tokens = _by_rank(version_points(query, TOKENS, job, version))
+        return measure_serving_window(reader, job, version, arm, config)
+    counts = _by_rank(version_points(reader, STEP_DURATION + ".count", job, version))
+    sums = _by_rank(version_points(reader, STEP_DURATION + ".sum", job, version))
+    tokens = _by_rank(version_points(reader, TOKENS, job, version))
     if not counts or set(counts) != set(sums):
         return None
     step_s, steps, starts, ends, cvs, rates = [], [], [], [], [], []
@@ -298,13 +296,13 @@ def measure_window(query: QueryFn, job: str, version: int, arm: Arm,
         tokens_per_s = config.tokens_per_step / max(step_s)
     else:
         tokens_per_s = 0.0
-        for frame in _by_rank(version_points(query, TOKENS_PER_SECOND, job, version)).values():
+        for frame in _by_rank(version_points(reader, TOKENS_PER_SECOND, job, version)).values():
             values = frame["value"].to_numpy()[_ns(frame) > start_ns]
             values = values[values > 0]
             if values.size == 0:
                 return None
             tokens_per_s += float(values.size / np.sum(1.0 / values))
-    loss_frame = version_points(query, LOSS, job, version)
+    loss_frame = version_points(reader, LOSS, job, version)
     loss_values = loss_frame["value"].to_numpy()
     after = loss_values[_ns(loss_frame) > start_ns] if len(loss_frame) else loss_values
     finite = after[np.isfinite(after)]
@@ -343,13 +341,13 @@ def window_config(windows: Sequence[Window], config: MeasureConfig) -> MeasureCo
     return replace(config, min_steps=int(min(max(config.min_steps, wanted), most)))
 
 
-def measure_serving_window(query: QueryFn, job: str, version: int, arm: Arm,
+def measure_serving_window(reader: StoreReader, job: str, version: int, arm: Arm,
                            config: MeasureConfig) -> Window | None:
     """A serving version's window after ``warmup_requests`` (module docstring), or None while
     it has fewer than ``min_requests`` or a replica has no export after its warm-up."""
-    counts = _by_rank(version_points(query, REQUEST_DURATION + ".count", job, version))
-    tokens = _by_rank(version_points(query, GENERATION_TOKENS, job, version))
-    buckets = _by_rank(version_points(query, REQUEST_DURATION + ".bucket", job, version))
+    counts = _by_rank(version_points(reader, REQUEST_DURATION + ".count", job, version))
+    tokens = _by_rank(version_points(reader, GENERATION_TOKENS, job, version))
+    buckets = _by_rank(version_points(reader, REQUEST_DURATION + ".bucket", job, version))
     if not counts or not set(counts) <= set(tokens) or not set(counts) <= set(buckets):
         return None
     requests, requests_per_s, tokens_per_s, starts, ends = 0, 0.0, 0.0, [], []
@@ -378,7 +376,7 @@ def measure_serving_window(query: QueryFn, job: str, version: int, arm: Arm,
     if requests < config.min_requests:
         return None
     start_ns, end_ns = max(starts), min(ends)
-    quality, quality_tokens = _version_agreement(query, job, version, start_ns)
+    quality, quality_tokens = _version_agreement(reader, job, version, start_ns)
     return Window(version=version, arm=arm, steps=requests, step_s=1.0 / requests_per_s,
                   tokens_per_s=tokens_per_s, loss=math.nan, nonfinite_loss=False,
                   start_ns=start_ns, end_ns=end_ns,
@@ -386,34 +384,34 @@ def measure_serving_window(query: QueryFn, job: str, version: int, arm: Arm,
                   quality=quality, quality_tokens=quality_tokens)
 
 
-def _version_agreement(query: QueryFn, job: str, version: int, start_ns: int
+def _version_agreement(reader: StoreReader, job: str, version: int, start_ns: int
                        ) -> tuple[float, int]:
     """(token agreement, checked tokens) of the version: its token counters' last values
     summed over replicas (a version's series start with it); without them the gauge's mean
     after ``start_ns`` and 0 tokens; NaN without either."""
-    checked = _by_rank(version_points(query, CHECKED_TOKENS, job, version))
+    checked = _by_rank(version_points(reader, CHECKED_TOKENS, job, version))
     if checked:
-        agreeing = _by_rank(version_points(query, AGREEING_TOKENS, job, version))
+        agreeing = _by_rank(version_points(reader, AGREEING_TOKENS, job, version))
         n = sum(int(f.sort_values("time")["value"].iloc[-1]) for f in checked.values())
         k = sum(int(f.sort_values("time")["value"].iloc[-1]) for f in agreeing.values())
         if n > 0:
             return min(k, n) / n, n
-    gauge = version_points(query, TOKEN_AGREEMENT, job, version)
+    gauge = version_points(reader, TOKEN_AGREEMENT, job, version)
     after = gauge["value"].to_numpy()[_ns(gauge) > start_ns] if len(gauge) else np.array([])
     return (float(after.mean()) if after.size else math.nan), 0
 
 
-def nonfinite_loss(query: QueryFn, job: str, version: int) -> bool:
+def nonfinite_loss(reader: StoreReader, job: str, version: int) -> bool:
     """Whether the version saw a NaN or infinite loss (a guardrail).
 
     The job's counter of non-finite steps is the signal that reaches the store (OpenTelemetry
     drops non-finite gauge values); a non-finite loss point is honoured too, for other senders.
     """
-    steps = version_points(query, NONFINITE_STEPS, job, version)
+    steps = version_points(reader, NONFINITE_STEPS, job, version)
     if not steps.empty and NONFINITE_WHAT in steps.columns:
         if bool((steps.loc[steps[NONFINITE_WHAT] == "loss", "value"] > 0).any()):
             return True
-    values = version_points(query, LOSS, job, version)["value"].to_numpy()
+    values = version_points(reader, LOSS, job, version)["value"].to_numpy()
     return bool(np.any(~np.isfinite(values)))
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from collectors import Tracing, new_traceparent, null_tracing
+from collectors import StoreReader, Tracing, new_traceparent, null_tracing
 from tuner._change import (
     ACTIVE,
     IN_FLIGHT,
@@ -31,7 +31,7 @@ from tuner._change_trace import ChangeTrace, change_attributes
 from tuner._guardrails import Guardrail
 from tuner._journal import ChangeJournal
 from tuner._lease import AttachEvent, JobRegistry, JobStatus
-from tuner._measure import Comparison, QueryFn, compare, measure_window, window_config
+from tuner._measure import Comparison, compare, measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore
 from tuner._verdict import RolloutConfig, auto_approvable, decide, interval_text
 
@@ -49,13 +49,13 @@ class RolloutController(ChangeSteps):
     never blocks on a job: it polls acks with ``timeout_s=0``.
     """
 
-    def __init__(self, registry: JobRegistry, store_query: QueryFn, *, db_url: str,
+    def __init__(self, registry: JobRegistry, reader: StoreReader, *, db_url: str,
                  guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
                  config: RolloutConfig | None = None, tracing: Tracing | None = None) -> None:
         self.registry = registry
         self.trace = ChangeTrace(tracing or null_tracing("seedance-rollout"), clock,
                                  scope=__name__)
-        self.query = store_query
+        self.reader = reader
         self.config = config or RolloutConfig()
         self.guardrails = tuple(guardrails)
         self._clock = clock
@@ -290,7 +290,7 @@ class RolloutController(ChangeSteps):
         kind = self.registry.status(change.job).kind
         measure = self.config.measure if kind == "serve" else window_config(
             change.windows, self.config.measure)
-        window = measure_window(self.query, change.job, version, arms[index], measure, kind=kind)
+        window = measure_window(self.reader, change.job, version, arms[index], measure, kind=kind)
         if window is None:
             if now - change.plan["acked_at_s"] > self.config.window_timeout_s:
                 self._roll_back(change, Trip(kind="config", reason=(
@@ -345,7 +345,7 @@ class RolloutController(ChangeSteps):
         vouch for is rolled back (a training job's state too, as nobody checked it)."""
         for guardrail in self.guardrails:
             try:
-                trip = guardrail.check(change, version, self.query)
+                trip = guardrail.check(change, version, self.reader)
             except Exception as exc:
                 log.exception("guardrail %r failed on change %s", guardrail, change.id)
                 serving = self.registry.status(change.job).kind == "serve"

@@ -1,8 +1,8 @@
 """Serving guardrails: a p99 latency SLO and a quality bound; breaching either means roll back.
 
-``check_guardrails(window)`` reads two things from a window of the store (anything with the
-store's ``query(name, where=..., resolution=...)``: ``policies.StoreWindow``, the rollout
-controller's version-bound query):
+``check_guardrails(window)`` reads two things from a window of the store (a
+``collectors.StoreReader`` narrowed to it: ``policies.StoreWindow``, the rollout controller's
+reader bound to one config version):
 
 - p99 of ``gen_ai.server.request.duration`` from its cumulative histogram buckets
   (``.bucket`` with ``le``), merged over every series (rank, replica) in the window, estimated
@@ -27,12 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import pandas as pd
 from scipy import stats
 
-from collectors import CONFIG_VERSION_ATTR, SeedanceError
+from collectors import CONFIG_VERSION_ATTR, Resolution, SeedanceError, StoreReader
 from policies import histogram_quantile
 from tuner._change import Change, Trip
 from tuner._guardrails import Guardrail
@@ -41,7 +40,6 @@ from tuner._measure import (
     CHECKED_TOKENS,
     JOB_ATTR,
     TOKEN_AGREEMENT,
-    QueryFn,
 )
 
 __all__ = ["AGREEING_TOKENS_METRIC", "CHECKED_TOKENS_METRIC", "QUALITY_METRIC",
@@ -53,11 +51,6 @@ QUALITY_METRIC = TOKEN_AGREEMENT
 CHECKED_TOKENS_METRIC = CHECKED_TOKENS
 AGREEING_TOKENS_METRIC = AGREEING_TOKENS
 _TIME_VALUE = ("time", "value")
-
-
-class Queryable(Protocol):
-    def query(self, name: str, where: Mapping[str, str] | None = None,
-              *args: Any, **kwargs: Any) -> pd.DataFrame: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +107,7 @@ def _window_total(frame: pd.DataFrame, starts_in_window: bool,
     return sum(_increase(series, starts_in_window) for _, series in groups)
 
 
-def window_latency_quantile(window: Queryable, config: ServingGuardrailConfig,
+def window_latency_quantile(window: StoreReader, config: ServingGuardrailConfig,
                             where: Mapping[str, str] | None = None) -> tuple[float, int]:
     """(latency quantile in s, requests counted) in the window, merged over its series."""
     frame = window.query(LATENCY_METRIC + ".bucket", where=where)
@@ -125,7 +118,7 @@ def window_latency_quantile(window: Queryable, config: ServingGuardrailConfig,
     return histogram_quantile(config.quantile, merged), int(merged.get(math.inf, 0.0))
 
 
-def check_guardrails(window: Queryable, config: ServingGuardrailConfig | None = None,
+def check_guardrails(window: StoreReader, config: ServingGuardrailConfig | None = None,
                      where: Mapping[str, str] | None = None) -> list[str]:
     """Breached guardrails, one sentence each; empty when the window is within bounds."""
     config = config or ServingGuardrailConfig()
@@ -144,7 +137,7 @@ def check_guardrails(window: Queryable, config: ServingGuardrailConfig | None = 
     return breaches
 
 
-def window_agreement(window: Queryable, config: ServingGuardrailConfig,
+def window_agreement(window: StoreReader, config: ServingGuardrailConfig,
                      where: Mapping[str, str] | None = None) -> TokenAgreement | None:
     """The window's token agreement from the token counters, else the gauge's mean; None
     without either."""
@@ -166,14 +159,18 @@ def window_agreement(window: Queryable, config: ServingGuardrailConfig,
 
 
 class _VersionWindow:
-    """The rollout controller's query bound to one job and config version."""
+    """The rollout controller's reader bound to one job and config version (raw points unless
+    asked otherwise)."""
 
-    def __init__(self, query: QueryFn, job: str, version: int) -> None:
-        self._query, self._bound = query, {JOB_ATTR: job, CONFIG_VERSION_ATTR: str(version)}
+    def __init__(self, reader: StoreReader, job: str, version: int) -> None:
+        self._reader, self._bound = reader, {JOB_ATTR: job, CONFIG_VERSION_ATTR: str(version)}
 
-    def query(self, name: str, where: Mapping[str, str] | None = None,
-              *args: Any, **kwargs: Any) -> pd.DataFrame:
-        return self._query(name, where={**(where or {}), **self._bound}, resolution="raw")
+    def query(self, name: str, *, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None,
+              resolution: Resolution = "raw") -> pd.DataFrame:
+        """Points of ``name`` the job emitted under the bound version."""
+        return self._reader.query(name, where={**(where or {}), **self._bound},
+                                  since_ns=since_ns, until_ns=until_ns, resolution=resolution)
 
 
 class ServingSLOGuardrail(Guardrail):
@@ -190,9 +187,9 @@ class ServingSLOGuardrail(Guardrail):
         base = config or ServingGuardrailConfig()
         self.config = ServingGuardrailConfig(**{**base.__dict__, "series_start_in_window": True})
 
-    def check(self, change: Change, version: int, query: QueryFn) -> Trip | None:
+    def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None:
         """A config trip naming every guardrail the candidate breaches; None for a baseline."""
         if change.arm_of(version) != "candidate":
             return None
-        breaches = check_guardrails(_VersionWindow(query, change.job, version), self.config)
+        breaches = check_guardrails(_VersionWindow(reader, change.job, version), self.config)
         return Trip(kind="config", reason="; ".join(breaches)) if breaches else None

@@ -21,7 +21,6 @@ from dashboards.report._data import (
     Marker,
     Panel,
     Payback,
-    RangeSource,
     ReportData,
     ReportError,
     Savings,
@@ -30,7 +29,7 @@ from dashboards.report._data import (
 from dashboards.report._prometheus import PrometheusSource
 
 __all__ = ["PANELS", "ChangeRow", "FindingRow", "JobReport", "Marker", "Panel", "Payback",
-           "PrometheusSource", "RangeSource", "ReportData", "ReportError", "ReportPaths",
+           "PrometheusSource", "ReportData", "ReportError", "ReportPaths",
            "Savings", "build_report", "gather", "write_report"]
 
 

@@ -13,17 +13,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
-from collectors import CONFIG_VERSION_ATTR, REPLAYED_ATTR, SeedanceError
+from collectors import (
+    CONFIG_VERSION_ATTR,
+    REPLAYED_ATTR,
+    Resolution,
+    SeedanceError,
+    StoreReader,
+)
 from policies import FindingStore, equivalent_scale_out_nodes, payback_months
 from policies.detectors import interval_increases, p99_per_interval
 from tuner import Change, ChangeJournal
 
-Resolution = Literal["auto", "raw", "1m", "1h"]
 JOB_ATTR = "service.name"
 HOST_ATTR = "host.name"
 RANK_ATTR = "seedance.rank"
@@ -39,14 +44,6 @@ HUMAN_EXCLUDED = frozenset({"auto", "mode:off", "controller", "recovery", "job"}
 
 class ReportError(SeedanceError):
     """A report cannot be built as asked (bad range, unreadable source)."""
-
-
-class RangeSource(Protocol):
-    """What the report reads time series from: the store's ``query`` signature."""
-
-    def query(self, name: str, *, where: Mapping[str, str] | None = None,
-              since_ns: int | None = None, until_ns: int | None = None,
-              resolution: Resolution = "auto") -> pd.DataFrame: ...
 
 
 # ---- values ---------------------------------------------------------------------------------
@@ -314,7 +311,7 @@ PANELS: tuple[_PanelSpec, ...] = (
 class _Reader:
     """Reads one job's series from the source over the range."""
 
-    def __init__(self, source: RangeSource, job: str, since_ns: int, until_ns: int,
+    def __init__(self, source: StoreReader, job: str, since_ns: int, until_ns: int,
                  resolution: Resolution) -> None:
         self.source, self.job = source, job
         self.since_ns, self.until_ns, self.resolution = since_ns, until_ns, resolution
@@ -493,7 +490,7 @@ def _marker_times(row: ChangeRow) -> tuple[tuple[MarkerKind, int | None], ...]:
 # ---- the whole report -----------------------------------------------------------------------
 
 
-def _jobs_in(source: RangeSource, changes: Sequence[Change], finding_jobs: Sequence[str],
+def _jobs_in(source: StoreReader, changes: Sequence[Change], finding_jobs: Sequence[str],
              since_ns: int, until_ns: int) -> list[str]:
     jobs = {c.job for c in changes} | set(finding_jobs)
     for name in PANELS[0].metrics:
@@ -503,7 +500,7 @@ def _jobs_in(source: RangeSource, changes: Sequence[Change], finding_jobs: Seque
     return sorted(jobs)
 
 
-def gather(*, source: RangeSource, source_name: str, state_db_url: str, since_ns: int,
+def gather(*, source: StoreReader, source_name: str, state_db_url: str, since_ns: int,
            until_ns: int, job: str | None = None, price_per_gpu_hour: float,
            resolution: Resolution = "auto") -> ReportData:
     """Everything the report shows for [since_ns, until_ns], one :class:`JobReport` per job."""

@@ -23,9 +23,9 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from collectors import BY_NAME, MetricKind
+from collectors import BY_NAME, MetricKind, Resolution
 from dashboards.grafana import DashboardNameError, prom
-from dashboards.report._data import ReportError, Resolution
+from dashboards.report._data import ReportError
 
 _MAX_POINTS = 11_000
 _STEP_S = {"raw": 1, "1m": 60, "1h": 3600}
@@ -39,7 +39,7 @@ def _escape(value: str) -> str:
 
 
 class PrometheusSource:
-    """The store's query interface over a Prometheus server; stateless, thread-safe."""
+    """A ``collectors.StoreReader`` over a Prometheus server; stateless, thread-safe."""
 
     def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
         if not url.startswith(("http://", "https://")):

@@ -80,7 +80,7 @@ def web_router(sidecar: SidecarParts, *, clock: Callable[[], float] = time.time)
             change = controller.get(change_id)
         except RolloutError as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
-        return change_series(change, store.query, now_s=clock(), lookback_s=lookback_s,
+        return change_series(change, store, now_s=clock(), lookback_s=lookback_s,
                              max_points=max_points)
 
     return router

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collectors import BY_NAME, CONFIG_VERSION_ATTR
-from tuner import ACTIVE, JOB_ATTR, TOKENS_PER_SECOND, Change, QueryFn
+from collectors import BY_NAME, CONFIG_VERSION_ATTR, StoreReader
+from tuner import ACTIVE, JOB_ATTR, TOKENS_PER_SECOND, Change
 
 LOOKBACK_S = 600.0
 """How far before the proposal the plot starts: the stretch the trigger was seen in."""
@@ -37,7 +37,7 @@ def triggering_metric(change: Change) -> tuple[str, str]:
     return TOKENS_PER_SECOND, "default"
 
 
-def change_series(change: Change, query: QueryFn, *, now_s: float,
+def change_series(change: Change, reader: StoreReader, *, now_s: float,
                   lookback_s: float = LOOKBACK_S, max_points: int = MAX_POINTS) -> dict[str, Any]:
     """The JSON body of ``GET /v1/changes/{id}/series`` (contract: dashboards/web/README.md)."""
     if max_points < 2:
@@ -46,8 +46,8 @@ def change_series(change: Change, query: QueryFn, *, now_s: float,
     since_s = change.created_at_s - lookback_s
     ends = [w.end_ns / 1e9 for w in change.windows]
     until_s = now_s if change.state in ACTIVE or not ends else max(ends) + AFTER_LAST_WINDOW_S
-    frame = query(metric, where={JOB_ATTR: change.job}, since_ns=int(since_s * 1e9),
-                  until_ns=int(until_s * 1e9))
+    frame = reader.query(metric, where={JOB_ATTR: change.job}, since_ns=int(since_s * 1e9),
+                         until_ns=int(until_s * 1e9))
     spec = BY_NAME.get(metric)
     return {
         "change_id": change.id, "job": change.job, "metric": metric, "metric_from": metric_from,

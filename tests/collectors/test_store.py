@@ -22,8 +22,10 @@ from hypothesis.extra import numpy as hnp
 
 from collectors._errors import SeedanceError
 from collectors._points import Point
-from collectors._store import AUTO_MIN_POINTS, StoreError, TimeSeriesStore, _DecodedCache
+from collectors._store import TimeSeriesStore
 from collectors._store_codec import decode_times, decode_values, encode_times, encode_values
+from collectors._store_file import StoreError
+from collectors._store_query import AUTO_MIN_POINTS, DecodedCache
 
 REPO = Path(__file__).resolve().parents[2]
 NS = 1_000_000_000
@@ -167,7 +169,7 @@ def test_rollups_read_the_same_from_the_journal_as_once_folded(tmp_path: Path) -
 def test_the_decoded_chunk_cache_stays_within_its_byte_budget() -> None:
     """Chunks of one-second flushes hold a point or two: a budget in points would let a
     million tiny entries through, so the budget counts each entry's bytes and overhead."""
-    cache = _DecodedCache(64 * 1024)
+    cache = DecodedCache(64 * 1024)
     decoded = 0
 
     def decode(i: int) -> np.ndarray:

@@ -38,5 +38,5 @@ def test_no_evidence_is_no_trip(guardrail: Guardrail, arm: str, tmp_path: Path) 
                     created_at_s=0.0, expires_at_s=1e9,
                     plan={"arms": [arm], "index": 0, "version": 3, "applied_at_s": 0.0})
     with TimeSeriesStore(tmp_path / "metrics.db") as store:
-        assert guardrail.check(change, 3, store.query) is None
+        assert guardrail.check(change, 3, store) is None
         assert store.query("seedance.train.loss", resolution="raw").empty  # nothing written

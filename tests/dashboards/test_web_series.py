@@ -65,7 +65,7 @@ def test_points_of_the_job_around_the_proposal_one_line_per_rank(
     write(store, TOKENS_PER_SECOND, "other-job", times, np.full(times.size, 1.0))
     write(store, TOKENS_PER_SECOND, "train", [T0_S - 10_000], [5.0], **{RANK_ATTR: "0"})
 
-    body = change_series(change(), store.query, now_s=T0_S + 300, lookback_s=600)
+    body = change_series(change(), store, now_s=T0_S + 300, lookback_s=600)
 
     assert body["metric"] == TOKENS_PER_SECOND and body["unit"] == "{token}/s"
     assert [line["label"] for line in body["series"]] == [f"{RANK_ATTR}=0", f"{RANK_ATTR}=1"]
@@ -82,7 +82,7 @@ def test_thinning_keeps_the_mean_and_at_most_max_points(store: TimeSeriesStore) 
     values = np.sin(np.arange(1000) / 50.0) * 100 + 500
     write(store, TOKENS_PER_SECOND, "train", times, values)
 
-    body = change_series(change(), store.query, now_s=T0_S + 100, lookback_s=600, max_points=50)
+    body = change_series(change(), store, now_s=T0_S + 100, lookback_s=600, max_points=50)
 
     (line,) = body["series"]
     assert 2 <= len(line["points"]) <= 50
@@ -98,7 +98,7 @@ def test_non_finite_values_become_gaps(store: TimeSeriesStore) -> None:
     times = T0_S - 60 + np.arange(6) * 10.0
     write(store, "seedance.train.loss", "train", times, np.array([2.0, 1.9, math.nan,
                                                                   math.inf, 1.7, 1.6]))
-    body = change_series(change(meta={"metric": "seedance.train.loss"}), store.query,
+    body = change_series(change(meta={"metric": "seedance.train.loss"}), store,
                          now_s=T0_S + 60)
     values = [v for _, v in body["series"][0]["points"]]
     assert values == [2.0, 1.9, None, None, 1.7, 1.6]
@@ -108,7 +108,7 @@ def test_a_finished_change_ends_after_its_last_window(store: TimeSeriesStore) ->
     window = Window(version=5, arm="candidate", steps=10, step_s=0.1, tokens_per_s=1000.0,
                     loss=2.0, nonfinite_loss=False, start_ns=int((T0_S + 10) * 1e9),
                     end_ns=int((T0_S + 40) * 1e9))
-    body = change_series(change(state="kept", windows=(window,)), store.query,
+    body = change_series(change(state="kept", windows=(window,)), store,
                          now_s=T0_S + 86_400)
     assert body["until_s"] == pytest.approx(T0_S + 40 + 60)
     assert body["windows"] == [{"arm": "candidate", "version": 5,
@@ -126,7 +126,7 @@ def test_router_serves_the_page_and_the_series(store: TimeSeriesStore, tmp_path:
     registry = JobRegistry()
     registry.attach("train", knobs=[Knob(name="micro_batch", default=2, choices=(1, 2, 4))],
                     baseline={"micro_batch": 2})
-    controller = RolloutController(registry, store.query, db_url=sqlite_url(tmp_path / "s.db"))
+    controller = RolloutController(registry, store, db_url=sqlite_url(tmp_path / "s.db"))
     proposed = controller.propose("train", {"micro_batch": 4}, reason="r", source="operator")
     write(store, TOKENS_PER_SECOND, "train", np.array([proposed.created_at_s - 1]),
           np.array([42.0]))

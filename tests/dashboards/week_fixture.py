@@ -195,7 +195,7 @@ def build_week(out: Path) -> RecordedWeek:
     store = TimeSeriesStore(out / "metrics.db", raw_retention_s=None,
                             rollup_1m_retention_s=None, rollup_1h_retention_s=None)
     registry = JobRegistry(lease_ttl_s=30 * day_s, clock=clock)
-    ctl = RolloutController(registry, store.query, db_url=state_url, clock=clock,
+    ctl = RolloutController(registry, store, db_url=state_url, clock=clock,
                             guardrails=[NonFiniteLoss()], config=CONFIG)
     findings = FindingStore(state_url)
     rec = Recording(RECORDING)

@@ -555,5 +555,5 @@ def test_a_nan_loss_with_finite_gradients_reaches_the_detector_and_the_guardrail
         assert window.query("seedance.train.loss")["value"].notna().all()  # NaN never stored
         (finding,) = NonFiniteDetector().evaluate(window)
         assert finding.evidence.value("nonfinite_loss_steps") > 0
-        assert nonfinite_loss(run.store.query, JOB, 3)
-        assert not nonfinite_loss(run.store.query, JOB, 2)
+        assert nonfinite_loss(run.store, JOB, 3)
+        assert not nonfinite_loss(run.store, JOB, 2)

@@ -53,13 +53,13 @@ def now_ns() -> int:
 def test_warmup_steps_are_excluded(store: TimeSeriesStore) -> None:
     steps = [1.0, 1.0, 1.0] + [0.1] * 10
     emit(store, 7, steps, start_ns=now_ns())
-    warm = measure_window(store.query, JOB, 7, "candidate",
+    warm = measure_window(store, JOB, 7, "candidate",
                           MeasureConfig(warmup_steps=3, min_steps=5, min_window_s=0.1, tokens_per_step=100))
     assert warm is not None
     assert warm.steps == 10
     assert warm.step_s == pytest.approx(0.1)
     assert warm.tokens_per_s == pytest.approx(1000.0)
-    cold = measure_window(store.query, JOB, 7, "candidate",
+    cold = measure_window(store, JOB, 7, "candidate",
                           MeasureConfig(warmup_steps=1, min_steps=5, min_window_s=0.1, tokens_per_step=100))
     assert cold is not None and cold.step_s > 0.2  # two slow steps left in
 
@@ -67,7 +67,7 @@ def test_warmup_steps_are_excluded(store: TimeSeriesStore) -> None:
 def test_sparse_exports_start_at_the_first_export_past_warmup(store: TimeSeriesStore) -> None:
     steps = [1.0] * 4 + [0.2] * 12
     emit(store, 3, steps, start_ns=now_ns(), export_every=4)
-    window = measure_window(store.query, JOB, 3, "baseline",
+    window = measure_window(store, JOB, 3, "baseline",
                             MeasureConfig(warmup_steps=3, min_steps=4, min_window_s=0.1, tokens_per_step=10))
     assert window is not None
     assert window.steps == 12  # the export at count 4 is the start: 4 steps dropped
@@ -77,8 +77,8 @@ def test_sparse_exports_start_at_the_first_export_past_warmup(store: TimeSeriesS
 def test_too_few_steps_is_no_window_yet(store: TimeSeriesStore) -> None:
     emit(store, 2, [0.1] * 6, start_ns=now_ns())
     config = MeasureConfig(warmup_steps=3, min_steps=5, min_window_s=0.1, tokens_per_step=10)
-    assert measure_window(store.query, JOB, 2, "baseline", config) is None
-    assert measure_window(store.query, JOB, 99, "baseline", config) is None
+    assert measure_window(store, JOB, 2, "baseline", config) is None
+    assert measure_window(store, JOB, 99, "baseline", config) is None
 
 
 def test_other_versions_never_leak_into_a_window(store: TimeSeriesStore) -> None:
@@ -86,8 +86,8 @@ def test_other_versions_never_leak_into_a_window(store: TimeSeriesStore) -> None
     end = emit(store, 1, [0.5] * 10, start_ns=start)
     emit(store, 2, [0.1] * 10, start_ns=end)
     config = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.1, tokens_per_step=10)
-    one = measure_window(store.query, JOB, 1, "baseline", config)
-    two = measure_window(store.query, JOB, 2, "candidate", config)
+    one = measure_window(store, JOB, 1, "baseline", config)
+    two = measure_window(store, JOB, 2, "candidate", config)
     assert one is not None and two is not None
     assert (one.step_s, two.step_s) == (pytest.approx(0.5), pytest.approx(0.1))
 
@@ -96,7 +96,7 @@ def test_slowest_rank_sets_the_step_time(store: TimeSeriesStore) -> None:
     start = now_ns()
     emit(store, 4, [0.1] * 10, start_ns=start, rank="0")
     emit(store, 4, [0.3] * 10, start_ns=start, rank="1")
-    window = measure_window(store.query, JOB, 4, "candidate",
+    window = measure_window(store, JOB, 4, "candidate",
                             MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.1, tokens_per_step=60))
     assert window is not None and window.tokens_per_s == pytest.approx(200.0)
 
@@ -104,7 +104,7 @@ def test_slowest_rank_sets_the_step_time(store: TimeSeriesStore) -> None:
 def test_gauge_fallback_is_the_harmonic_mean_after_warmup(store: TimeSeriesStore) -> None:
     steps = [2.0, 2.0] + [0.1, 0.2] * 5
     emit(store, 5, steps, start_ns=now_ns(), tokens_per_step=30)
-    window = measure_window(store.query, JOB, 5, "candidate",
+    window = measure_window(store, JOB, 5, "candidate",
                             MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.1))
     assert window is not None
     assert window.tokens_per_s == pytest.approx(30 * 10 / sum(steps[2:]))
@@ -226,7 +226,7 @@ def test_tokens_per_second_is_exact_from_the_jobs_own_token_count(
     # steps of different sizes (a ragged last batch, variable sequence lengths): no config
     steps = [(1000, 2.0)] + [(300, 0.1), (500, 0.25), (100, 0.05)] * 4
     emit_counted(store, 3, steps, start_ns=now_ns())
-    window = measure_window(store.query, JOB, 3, "candidate",
+    window = measure_window(store, JOB, 3, "candidate",
                             MeasureConfig(warmup_steps=1, min_steps=4, min_window_s=0.1))
     assert window is not None
     measured = steps[1:]
@@ -238,9 +238,9 @@ def test_a_window_waits_for_its_minimum_time_as_well_as_its_steps(
         store: TimeSeriesStore) -> None:
     emit_counted(store, 4, [(10, 0.05)] * 30, start_ns=now_ns())  # 1.45 s after warm-up
     short = MeasureConfig(warmup_steps=1, min_steps=4, min_window_s=1.0)
-    assert measure_window(store.query, JOB, 4, "candidate", short) is not None
+    assert measure_window(store, JOB, 4, "candidate", short) is not None
     longer = MeasureConfig(warmup_steps=1, min_steps=4, min_window_s=2.0)
-    assert measure_window(store.query, JOB, 4, "candidate", longer) is None
+    assert measure_window(store, JOB, 4, "candidate", longer) is None
 
 
 def test_window_length_follows_the_jobs_step_time_noise(store: TimeSeriesStore) -> None:
@@ -250,8 +250,8 @@ def test_window_length_follows_the_jobs_step_time_noise(store: TimeSeriesStore) 
                                                             .clip(-3, 3))],
                  start_ns=now_ns() + 10 * NS)
     config = MeasureConfig(warmup_steps=1, min_steps=3, min_window_s=0.1, window_cv=0.03)
-    steady = measure_window(store.query, JOB, 5, "baseline", config)
-    noisy = measure_window(store.query, JOB, 6, "baseline", config)
+    steady = measure_window(store, JOB, 5, "baseline", config)
+    noisy = measure_window(store, JOB, 6, "baseline", config)
     assert steady is not None and noisy is not None
     assert steady.step_cv < 0.01 and 0.15 < noisy.step_cv < 0.5
     from tuner._measure import window_config
@@ -306,5 +306,5 @@ def test_a_window_sized_by_a_fast_config_still_ends_in_bounded_time(
     # the window was sized to 600 steps of a 0.05 s config; this config takes 0.5 s a step
     emit_counted(store, 9, [(10, 0.5)] * 40, start_ns=now_ns())
     config = MeasureConfig(warmup_steps=1, min_steps=600, min_window_s=2.0, max_window_s=10.0)
-    window = measure_window(store.query, JOB, 9, "candidate", config)
+    window = measure_window(store, JOB, 9, "candidate", config)
     assert window is not None and 20 <= window.steps < 600

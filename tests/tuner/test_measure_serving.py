@@ -67,7 +67,7 @@ def test_a_serving_window_excludes_warmup_and_measures_tokens_per_s_p99_and_qual
     # warm-up: 10 slow requests in the first second; then 4 s of 20 req/s, 100 tokens/s
     exports = [(1.0, 10, 10, 2.0)] + [(1.0 + s, 20, 100, 0.05) for s in (1, 2, 3, 4)]
     emit(store, 3, exports, start_ns=now_ns(), quality=0.99)
-    window = measure_window(store.query, JOB, 3, "candidate", CONFIG, kind="serve")
+    window = measure_window(store, JOB, 3, "candidate", CONFIG, kind="serve")
     assert window is not None
     assert window.steps == 80
     assert window.tokens_per_s == pytest.approx(100.0)
@@ -76,12 +76,12 @@ def test_a_serving_window_excludes_warmup_and_measures_tokens_per_s_p99_and_qual
     assert window.quality == pytest.approx(0.99)
     assert math.isnan(window.loss) and not window.nonfinite_loss
     # the training path does not see serving points
-    assert measure_window(store.query, JOB, 3, "candidate", CONFIG) is None
+    assert measure_window(store, JOB, 3, "candidate", CONFIG) is None
 
 
 def test_a_serving_window_waits_for_min_requests_after_warmup(store: TimeSeriesStore) -> None:
     emit(store, 4, [(1.0, 10, 10, 0.05), (2.0, 20, 100, 0.05)], start_ns=now_ns())
-    assert measure_window(store.query, JOB, 4, "baseline", CONFIG, kind="serve") is None
+    assert measure_window(store, JOB, 4, "baseline", CONFIG, kind="serve") is None
 
 
 def test_serving_windows_compare_by_tokens_per_s_and_round_trip_json(
@@ -92,7 +92,7 @@ def test_serving_windows_compare_by_tokens_per_s_and_round_trip_json(
         emit(store, version, [(1.0, 10, 10, 0.05)] + [(1.0 + s, 20, rate, 0.05)
                                                        for s in (1, 2, 3)],
              start_ns=t0 + i * 10 * NS)
-        w = measure_window(store.query, JOB, version, "baseline" if i % 2 == 0
+        w = measure_window(store, JOB, version, "baseline" if i % 2 == 0
                            else "candidate", CONFIG, kind="serve")
         assert w is not None
         windows.append(w)
@@ -127,7 +127,7 @@ def test_a_serving_windows_quality_is_its_versions_counted_tokens(
                 + [Point("seedance.serve.quality.agreeing_tokens", n, t0 + i * NS, attrs)
                    for i, n in enumerate((99.0, 247.0, 396.0), start=1)])
     store.flush()
-    window = measure_window(store.query, JOB, 7, "candidate", CONFIG, kind="serve")
+    window = measure_window(store, JOB, 7, "candidate", CONFIG, kind="serve")
     assert window is not None
     assert (window.quality, window.quality_tokens) == (pytest.approx(0.99), 400)
     (again,) = windows_from_json([window.to_json()])

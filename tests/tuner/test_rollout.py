@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from collectors import StoreReader
 from collectors._store import TimeSeriesStore
 from policies._findings import Evidence, Finding
 from policies._state_db import sqlite_url
@@ -45,7 +46,7 @@ def parts(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 def controller(parts: dict[str, Any], **kwargs: Any) -> RolloutController:
     kwargs.setdefault("config", CONFIG)
-    return RolloutController(parts["registry"], parts["store"].query, db_url=parts["url"],
+    return RolloutController(parts["registry"], parts["store"], db_url=parts["url"],
                              clock=parts["clock"], **kwargs)
 
 
@@ -230,7 +231,7 @@ def test_a_non_finite_gradient_finding_rolls_everything_back(parts: dict[str, An
 
 
 class RaisingGuardrail(Guardrail):
-    def check(self, change: Change, version: int, query: Any) -> Trip | None:
+    def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None:
         raise ConnectionError("store unreachable")
 
 

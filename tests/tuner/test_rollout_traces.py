@@ -48,7 +48,7 @@ def parts(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def controller(parts: dict[str, Any], spans: Spans) -> RolloutController:
-    return RolloutController(parts["registry"], parts["store"].query, db_url=parts["url"],
+    return RolloutController(parts["registry"], parts["store"], db_url=parts["url"],
                              clock=parts["clock"], config=CONFIG, tracing=spans.tracing)
 
 

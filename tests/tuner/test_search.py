@@ -192,7 +192,7 @@ def rollout(tmp_path: Path) -> Iterator[dict[str, Any]]:
     with TimeSeriesStore(tmp_path / "metrics.db") as store:
         job = SimJob(registry, store, step_s=lambda v: 1.0 / throughput(v), tokens_per_step=1)
         url = sqlite_url(tmp_path / "state.db")
-        ctl = RolloutController(registry, store.query, db_url=url, clock=clock, config=(
+        ctl = RolloutController(registry, store, db_url=url, clock=clock, config=(
             RolloutConfig(min_pairs=3, max_pairs=8, measure=MeasureConfig(
                 warmup_steps=2, min_steps=4, min_window_s=0.01))))
         ctl.set_mode(job.job, "auto", by="test")
@@ -411,7 +411,7 @@ def test_a_config_kept_under_a_passing_load_is_left_once_its_measurement_is_stal
     with TimeSeriesStore(Path(rollout["url"].removeprefix("sqlite:///")).parent
                          / "drift.db") as store:
         job = SimJob(registry, store, job="drift", step_s=step_s, tokens_per_step=1)
-        ctl.query = store.query
+        ctl.reader = store
         ctl.set_mode(job.job, "auto", by="test")
         search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
                               config=SearchConfig(study_name="drift", seed=0,
@@ -465,7 +465,7 @@ def test_top_k_moves_stay_under_the_distinct_prefixes_the_job_reports(tmp_path: 
         search = SearchDriver(space, storage_url=sqlite_url(tmp_path / f"{next(studies)}.db"),
                               config=SearchConfig(study_name="topk", seed=0),
                               knobs=["prefix_cache.pin_top_k"], clock=clock,
-                              ceilings=lambda: observed_ceilings(store.query, "serve",
+                              ceilings=lambda: observed_ceilings(store, "serve",
                                                                  now_s=clock.now))
         seen = []
         while (p := search.next_move(space.defaults(), space)) is not None:

@@ -82,10 +82,10 @@ def test_the_guardrail_judges_candidate_windows_and_not_the_baseline() -> None:
     candidate_window = (_served(11, "candidate"),)
     on_baseline = _change(index=1, version=12, windows=candidate_window)
     assert on_baseline.arm_of(12) == "baseline" and on_baseline.arm_of(11) == "candidate"
-    assert guardrail.check(on_baseline, 12, store.query) is None
-    trip = guardrail.check(on_baseline, 11, store.query)  # the candidate's version, not acked
+    assert guardrail.check(on_baseline, 12, store) is None
+    trip = guardrail.check(on_baseline, 11, store)  # the candidate's version, not acked
     assert isinstance(trip, Trip) and "0.9500 over 400 checked tokens" in trip.reason
-    assert guardrail.check(_change(index=0, version=11), 11, store.query) is not None
+    assert guardrail.check(_change(index=0, version=11), 11, store) is not None
     assert _change(index=0, version=11).arm_of(99) is None
 
 

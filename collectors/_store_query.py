@@ -1,0 +1,206 @@
+"""Reading the store into pandas: raw points or rollups, chosen by span for ``auto``.
+
+Queries read inside one deferred transaction, so a read sees one commit's state; in WAL mode
+a reader never waits for the writer. Decoded chunk columns are cached by content, because
+the policy pass and the rollout re-read the same chunks every few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
+
+import numpy as np
+import pandas as pd
+
+from collectors import _store_codec as codec
+from collectors._store_file import StoreError, StoreFile, canonical_attrs
+from collectors._store_reader import Resolution
+from collectors._store_rollups import (
+    AGG_FIELDS,
+    NS,
+    RAW_BLOCK_NS,
+    ROLLUP_BLOCK_NS,
+    JournalView,
+    combine,
+    decode_agg,
+    hour_buckets,
+)
+
+AUTO_MIN_POINTS = 500
+"""``resolution="auto"`` picks the coarsest rollup that still yields this many buckets."""
+
+_STEP_S: dict[str, int] = {"1h": 3600, "1m": 60}  # coarsest first: the order "auto" tries
+_DECODED_CACHE_BYTES = 16 * 2**20
+_RAW_COLUMNS = ("time", "value")
+_ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
+
+
+class DecodedCache:
+    """Decoded columns by content (a times digest, a values blob), least recently used out
+    first past ``max_bytes``: the policy pass and the rollout re-read the same chunks every
+    few seconds, and decoding them again was most of a query's cost. Content keys stay right
+    when SQLite reuses a deleted row's id. Cached arrays are read-only. An entry costs its
+    array, its key and a fixed overhead: a chunk of one flush may hold a single point."""
+
+    ENTRY_OVERHEAD_BYTES = 256
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    def _cost(self, key: bytes, found: np.ndarray) -> int:
+        return found.nbytes + len(key) + self.ENTRY_OVERHEAD_BYTES
+
+    def get(self, key: bytes, decode: Callable[[], np.ndarray]) -> np.ndarray:
+        """The array cached under ``key``, decoded (and cached) on a miss."""
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            return found
+        found = decode()
+        found.setflags(write=False)
+        self._items[key] = found
+        self.bytes += self._cost(key, found)
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            self.bytes -= self._cost(*self._items.popitem(last=False))
+        return found
+
+
+class StoreQueries:
+    """The reads of one store file; ``flush`` is called first so a writer reads its own
+    writes (on a read-only file it does nothing)."""
+
+    def __init__(self, file: StoreFile, journal: JournalView, flush: Callable[[], None]) -> None:
+        self._file = file
+        self._journal = journal
+        self._flush = flush
+        self._decoded = DecodedCache(_DECODED_CACHE_BYTES)
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A consistent read: flush own writes, then read inside one transaction."""
+        self._file.check_open()
+        self._flush()
+        with self._file.lock:
+            self._file.retry(lambda: self._file.conn.execute("BEGIN DEFERRED"))
+            try:
+                yield self._file.conn
+            finally:
+                self._file.conn.execute("ROLLBACK")
+
+    def query(self, name: str, *, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None,
+              resolution: Resolution = "auto") -> pd.DataFrame:
+        """Points of ``name`` (resolutions and columns: ``TimeSeriesStore.query``)."""
+        if resolution not in ("auto", "raw", "1m", "1h"):
+            raise StoreError(f"resolution must be auto, raw, 1m or 1h, got {resolution!r}")
+        wanted = {} if where is None else dict(where)
+        canonical_attrs(wanted)
+        lo = np.iinfo(np.int64).min if since_ns is None else int(since_ns)
+        hi = np.iinfo(np.int64).max if until_ns is None else int(until_ns)
+        with self._snapshot() as conn:
+            found = [(sid, attrs, first, last) for sid, attrs, first, last in (
+                (r[0], json.loads(r[1]), r[2], r[3]) for r in conn.execute(
+                    "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
+                    "ORDER BY id", (name,)))
+                if all(attrs.get(k) == v for k, v in wanted.items())]
+            chosen = (_pick_resolution(found, since_ns, until_ns) if resolution == "auto"
+                      else resolution)
+            parts = [(attrs, self._read_raw(sid, lo, hi) if chosen == "raw"
+                      else self._read_rollup(sid, _STEP_S[chosen], lo, hi))
+                     for sid, attrs, _, _ in found]
+        return _frame(parts, _RAW_COLUMNS if chosen == "raw" else _ROLLUP_COLUMNS)
+
+    def _read_raw(self, sid: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+        rows = self._file.conn.execute(
+            "SELECT c.n, t.digest, t.data, c.vals FROM chunks c JOIN times t "
+            "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns > ? AND c.block_ns <= ? "
+            "AND c.t_max >= ? AND c.t_min <= ? ORDER BY c.t_min",
+            (sid, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS, hi, lo,
+             hi)).fetchall()
+        cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
+        t = np.concatenate([cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n))
+                            for n, digest, data, _ in rows] or [np.empty(0, "i8")])
+        v = np.concatenate([cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n))
+                            for n, _, _, vals in rows] or [np.empty(0)])
+        keep = (t >= lo) & (t <= hi)
+        return {"time": t[keep], "value": v[keep]}
+
+    def _read_rollup(self, sid: int, step_s: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+        block_ns, step_ns = ROLLUP_BLOCK_NS[step_s], step_s * NS
+        conn = self._file.conn
+        rows = conn.execute(
+            "SELECT block_ns, n, data FROM rollups WHERE series_id = ? AND step_s = ? AND "
+            "block_ns > ? AND block_ns <= ? ORDER BY block_ns, id",
+            (sid, step_s, max(lo, np.iinfo(np.int64).min + block_ns) - block_ns, hi)).fetchall()
+        aggs = [decode_agg(r[2], r[1]) for r in rows]
+        journal = self._journal.of_series(conn).get(sid)
+        if journal is not None:
+            aggs.append(journal if step_s == 60 else hour_buckets(journal))
+        agg = {k: np.concatenate([a[k] for a in aggs]) if aggs else np.empty(0)
+               for k in AGG_FIELDS}
+        if len({r[0] for r in rows}) < len(rows) or journal is not None:  # pieces to merge
+            agg = combine(agg, presorted=False)
+        bucket = agg["bucket"].astype(np.int64)
+        keep = (bucket + step_ns > lo) & (bucket <= hi)
+        count = agg["count"][keep]
+        return {"time": bucket[keep], "value": agg["sum"][keep] / count,
+                "min": agg["min"][keep], "max": agg["max"][keep],
+                "count": count.astype(np.int64), "last": agg["last"][keep]}
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per metric name: series count, points written, first and last timestamp."""
+        with self._snapshot() as conn:
+            rows = conn.execute(
+                "SELECT name, count(*), sum(points), min(first_ns), max(last_ns) FROM series "
+                "GROUP BY name ORDER BY name").fetchall()
+        return pd.DataFrame({
+            "name": pd.Series([r[0] for r in rows], dtype="str"),
+            "series": np.array([r[1] for r in rows], dtype=np.int64),
+            "points": np.array([r[2] for r in rows], dtype=np.int64),
+            "first": pd.to_datetime([r[3] for r in rows], unit="ns", utc=True),
+            "last": pd.to_datetime([r[4] for r in rows], unit="ns", utc=True)})
+
+    def series(self, name: str) -> list[dict[str, str]]:
+        """The attribute sets of every series of ``name``, in creation order."""
+        with self._snapshot() as conn:
+            return [json.loads(r[0]) for r in conn.execute(
+                "SELECT attrs FROM series WHERE name = ? ORDER BY id", (name,))]
+
+
+def _pick_resolution(found: list[tuple[int, dict[str, str], int | None, int | None]],
+                     since_ns: int | None, until_ns: int | None) -> str:
+    firsts = [f for _, _, f, _ in found if f is not None]
+    lasts = [last for _, _, _, last in found if last is not None]
+    if not firsts:
+        return "raw"
+    span_ns = (max(lasts) if until_ns is None else until_ns) - (
+        min(firsts) if since_ns is None else since_ns)
+    for label, step_s in _STEP_S.items():
+        if span_ns / (step_s * NS) >= AUTO_MIN_POINTS:
+            return label
+    return "raw"
+
+
+def _frame(parts: list[tuple[dict[str, str], dict[str, np.ndarray]]],
+           columns: tuple[str, ...]) -> pd.DataFrame:
+    """Stack per-series columns into one frame sorted by time, attributes as str columns."""
+    keys = sorted({k for attrs, _ in parts for k in attrs})
+    counts = np.array([cols["time"].shape[0] for _, cols in parts], dtype=np.int64)
+    data = {c: (np.concatenate([cols[c] for _, cols in parts]) if parts
+                else np.empty(0, dtype=np.int64 if c in ("time", "count") else np.float64))
+            for c in columns}
+    order = np.argsort(data["time"], kind="stable")
+    out: dict[str, object] = {
+        c: (pd.to_datetime(a[order], unit="ns", utc=True) if c == "time" else a[order])
+        for c, a in data.items()}
+    for key in keys:
+        per_series = np.array([attrs.get(key) for attrs, _ in parts], dtype=object)
+        out[key] = pd.array(np.repeat(per_series, counts)[order], dtype="str")
+    return pd.DataFrame(out)

@@ -1,0 +1,393 @@
+"""The store's one writer: buffers points in memory and commits them, folds the rollup
+journal into rollups, and deletes data past its retention.
+
+A flush commits every buffered point in one ``BEGIN IMMEDIATE`` transaction: each series'
+raw chunk (merged with its block's earlier chunks at 8, or once the series moves on to a
+later block) and ONE rollup-journal row of every series' 1-minute buckets. About once a
+minute the journal is folded into per-series rollups, and a retention pass runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from collectors import _store_codec as codec
+from collectors._points import Point
+from collectors._store_file import (
+    StoreError,
+    StoreFile,
+    StoreUnavailable,
+    canonical_attrs,
+    transaction,
+)
+from collectors._store_retention import delete_expired
+from collectors._store_rollups import (
+    AGG_FIELDS,
+    MERGE_AT_CHUNKS,
+    NS,
+    RAW_BLOCK_NS,
+    ROLLUP_BLOCK_NS,
+    Agg,
+    JournalView,
+    by_series,
+    combine,
+    decode_agg,
+    encode_agg,
+    encode_journal,
+    hour_buckets,
+    points_agg,
+    split_by_block,
+)
+
+log = logging.getLogger(__name__)
+
+_MAINTENANCE_EVERY_S = 60.0
+_FOLD_EVERY_S = 60.0
+_FOLD_AT_ROWS = 120  # or sooner, when flushes come faster than one a second
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise StoreError(f"metric name must be a non-empty str, got {name!r}")
+    return name
+
+
+def _as_times(times_ns: object) -> np.ndarray:
+    arr = np.asarray(times_ns)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64).ravel()
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all():
+            raise StoreError("timestamps must be finite integers in ns; got NaN or inf")
+        if (arr != np.rint(arr)).any():
+            raise StoreError("timestamps must be whole nanoseconds; got a fraction")
+        return arr.astype(np.int64).ravel()
+    raise StoreError(f"timestamps must be integers in ns, got dtype {arr.dtype}")
+
+
+def _as_values(values: object, n: int) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"values must be numbers: {e}") from e
+    if arr.shape[0] != n:
+        raise StoreError(f"got {n} timestamps but {arr.shape[0]} values")
+    return arr
+
+
+class _Pending:
+    """Points of one series waiting for the next flush."""
+
+    __slots__ = ("attrs", "times", "values")
+
+    def __init__(self, attrs: dict[str, str]) -> None:
+        self.attrs = attrs
+        self.times: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+
+
+class StoreWriter:
+    """Buffers, commits and maintains one store file (see the module docstring).
+
+    Thread-safe: any number of threads may write; flushes, folds and retention passes are
+    serialised on the file's lock. On a read-only file ``flush`` and ``fold`` do nothing.
+    """
+
+    def __init__(self, file: StoreFile, journal: JournalView) -> None:
+        self._file = file
+        self._journal = journal
+        self._lock = threading.Lock()  # guards the pending buffer
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._buffered = 0
+        self._attr_keys: dict[tuple[str, tuple[tuple[object, object], ...]], str] = {}
+        self._series_ids: dict[tuple[str, str], int] = {}
+        self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
+        self._last_maintenance = 0.0
+        self._last_fold = time.monotonic()
+        self._journal_rows = 0  # rows this writer added since it last folded (or opened)
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self.write_error: str | None = None
+        """Why the last flush failed (None: it committed); buffered points wait for the next."""
+
+    # -- buffering -----------------------------------------------------------------------
+
+    def write(self, points: Iterable[Point]) -> None:
+        """Buffer points; they are committed by the next flush."""
+        groups: dict[tuple[str, str], tuple[list[object], list[float]]] = {}
+        attr_keys = self._attr_keys
+        for p in points:
+            cache_key = (p.name, tuple(p.attributes.items()))
+            akey = attr_keys.get(cache_key)
+            if akey is None:
+                _check_name(p.name)
+                akey = attr_keys[cache_key] = canonical_attrs(p.attributes)
+            group = groups.get((p.name, akey))
+            if group is None:
+                group = groups[(p.name, akey)] = ([], [])
+            group[0].append(p.time_ns)
+            group[1].append(p.value)
+        for (name, akey), (times, values) in groups.items():
+            t = _as_times(times)
+            self._add(name, akey, t, _as_values(values, t.shape[0]))
+        self._flush_if_full()
+
+    def write_series(self, name: str, attributes: Mapping[str, str], times_ns: np.ndarray,
+                     values: np.ndarray) -> None:
+        """Buffer one series' points given as columns (the fast path)."""
+        _check_name(name)
+        akey = canonical_attrs(attributes)
+        t = _as_times(times_ns)
+        self._add(name, akey, t.copy(), _as_values(values, t.shape[0]).copy())
+        self._flush_if_full()
+
+    def _add(self, name: str, akey: str, times_ns: np.ndarray, values: np.ndarray) -> None:
+        self._file.check_writable()
+        self._file.check_open()
+        if times_ns.shape[0] == 0:
+            return
+        with self._lock:
+            if self.write_error is not None and self._buffered >= \
+                    self._file.config.max_buffered_points:
+                raise StoreUnavailable(
+                    f"store {self._file.path} cannot commit ({self.write_error}); "
+                    f"{self._buffered} points wait: retry later")
+            pending = self._pending.get((name, akey))
+            if pending is None:
+                pending = self._pending[(name, akey)] = _Pending(json.loads(akey))
+            pending.times.append(times_ns)
+            pending.values.append(values)
+            self._buffered += times_ns.shape[0]
+
+    @property
+    def buffered(self) -> int:
+        """Points waiting for the next flush."""
+        return self._buffered
+
+    def buffered_by(self, attribute: str) -> dict[str, int]:
+        """Points waiting for the next flush, by the value of ``attribute`` ("" without it)."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for pending in self._pending.values():
+                key = str(pending.attrs.get(attribute, ""))
+                out[key] = out.get(key, 0) + sum(t.shape[0] for t in pending.times)
+        return out
+
+    # -- flushing ------------------------------------------------------------------------
+
+    def _flush_if_full(self) -> None:
+        if (self._buffered >= self._file.config.max_buffered_points
+                and self.write_error is None):
+            self.flush()  # while commits fail, the flush loop retries; writers are refused
+
+    def flush(self) -> None:
+        """Commit every buffered point in one transaction (a no-op on a read-only store)."""
+        if self._file.readonly:
+            return
+        with self._file.lock:
+            with self._lock:
+                batch, self._pending, self._buffered = self._pending, {}, 0
+            if batch:
+                try:
+                    self._file.retry(lambda: self._commit(batch))
+                except BaseException as e:
+                    self._series_ids.clear()
+                    self._chunk_counts.clear()
+                    self._requeue(batch)
+                    self.write_error = f"{type(e).__name__}: {e}"
+                    raise
+                self.write_error = None
+            if (time.monotonic() - self._last_fold >= _FOLD_EVERY_S
+                    or self._journal_rows >= _FOLD_AT_ROWS):
+                try:
+                    self.fold()
+                except BaseException as e:  # the journal keeps the buckets: nothing is lost
+                    self.write_error = f"{type(e).__name__}: {e}"
+                    raise
+            if time.monotonic() - self._last_maintenance >= _MAINTENANCE_EVERY_S:
+                self.prune()
+
+    def _requeue(self, batch: dict[tuple[str, str], _Pending]) -> None:
+        with self._lock:
+            for key, old in batch.items():
+                pending = self._pending.setdefault(key, _Pending(old.attrs))
+                pending.times[:0] = old.times
+                pending.values[:0] = old.values
+                self._buffered += sum(t.shape[0] for t in old.times)
+
+    def start_flusher(self) -> None:
+        """Flush every ``flush_interval_s`` from a background thread until :meth:`stop_flusher`."""
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                         name=f"store-flush:{self._file.path.name}")
+        self._flusher.start()
+
+    def stop_flusher(self) -> None:
+        """Stop the background flushes (if any) and wait for the one in progress."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self._file.config.flush_interval_s):
+            try:
+                self.flush()
+            except Exception:  # the loop never dies; the batch stays queued for the next try
+                log.exception("store %s: background flush failed", self._file.path)
+
+    def _commit(self, batch: dict[tuple[str, str], _Pending]) -> None:
+        conn = self._file.conn
+        with transaction(conn):
+            times_ids: dict[bytes, int] = {}
+            sids, all_t, all_v = [], [], []
+            for (name, akey), pending in batch.items():
+                sid = self._series_id(name, akey)
+                t = np.concatenate(pending.times)
+                v = np.concatenate(pending.values)
+                if (t[1:] < t[:-1]).any():
+                    order = np.argsort(t, kind="stable")
+                    t, v = t[order], v[order]
+                for block, part, sealed in split_by_block(t, RAW_BLOCK_NS):
+                    self._append_chunk(sid, block, t[part], v[part], times_ids, sealed)
+                sids.append(np.full(t.shape[0], sid, dtype=np.int64))
+                all_t.append(t)
+                all_v.append(v)
+                conn.execute(
+                    "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?),"
+                    " ?), last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
+                    (int(t.shape[0]), int(t[0]), int(t[0]), int(t[-1]), int(t[-1]), sid))
+            agg = points_agg(np.concatenate(all_t), np.concatenate(all_v), 60 * NS,
+                             np.concatenate(sids))
+            if agg["bucket"].shape[0]:
+                conn.execute("INSERT INTO rollup_journal(n, data) VALUES(?, ?)",
+                             (int(agg["bucket"].shape[0]), encode_journal(agg)))
+                self._journal_rows += 1
+
+    def _series_id(self, name: str, akey: str) -> int:
+        sid = self._series_ids.get((name, akey))
+        if sid is None:
+            self._file.conn.execute("INSERT OR IGNORE INTO series(name, attrs) VALUES(?, ?)",
+                                    (name, akey))
+            sid = self._file.conn.execute("SELECT id FROM series WHERE name = ? AND attrs = ?",
+                                          (name, akey)).fetchone()[0]
+            self._series_ids[(name, akey)] = sid
+        return sid
+
+    def _times_id(self, times_ns: np.ndarray, cache: dict[bytes, int]) -> int:
+        """The id of this timestamp column, stored (encoded) only if no series has it yet."""
+        digest = hashlib.blake2b(times_ns.tobytes(), digest_size=16).digest()
+        tid = cache.get(digest)
+        if tid is None:
+            row = self._file.conn.execute("SELECT id FROM times WHERE digest = ?",
+                                          (digest,)).fetchone()
+            if row is None:
+                row = self._file.conn.execute(
+                    "INSERT INTO times(digest, data) VALUES(?, ?) RETURNING id",
+                    (digest, codec.encode_times(times_ns))).fetchone()
+            tid = cache[digest] = int(row[0])
+        return tid
+
+    def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
+                      times_ids: dict[bytes, int], sealed: bool) -> None:
+        conn = self._file.conn
+        count = self._rows_in_block(0, sid, block)
+        if count + 1 >= MERGE_AT_CHUNKS or (sealed and count):
+            rows = conn.execute(
+                "SELECT c.id, c.n, t.data, c.vals, c.times_id FROM chunks c JOIN times t "
+                "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns = ?",
+                (sid, block)).fetchall()
+            t = np.concatenate([codec.decode_times(r[2], r[1]) for r in rows] + [t])
+            v = np.concatenate([codec.decode_values(r[3], r[1]) for r in rows] + [v])
+            order = np.argsort(t, kind="stable")
+            t, v = t[order], v[order]
+            conn.executemany("DELETE FROM chunks WHERE id = ?", [(r[0],) for r in rows])
+            # Drop timestamp columns no chunk uses any more. Ids cached in times_ids stay valid:
+            # each is used by a chunk inserted in this commit, and those are not merged again
+            # before it ends (a commit appends to each series' block once).
+            conn.executemany("DELETE FROM times WHERE id = ? AND NOT EXISTS "
+                             "(SELECT 1 FROM chunks WHERE times_id = times.id)",
+                             [(i,) for i in {r[4] for r in rows}])
+            count = 0
+        conn.execute(
+            "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals) "
+            "VALUES(?, ?, ?, ?, ?, ?, ?)",
+            (sid, block, int(t[0]), int(t[-1]), int(t.shape[0]),
+             self._times_id(t, times_ids), codec.encode_values(v)))
+        self._chunk_counts[(0, sid, block)] = count + 1
+
+    def _rows_in_block(self, step_s: int, sid: int, block: int) -> int:
+        """Rows (raw chunks for step 0, else rollup pieces) that hold this series' block."""
+        count = self._chunk_counts.get((step_s, sid, block))
+        if count is None:
+            count = self._file.conn.execute(
+                "SELECT count(*) FROM chunks WHERE series_id = ? AND block_ns = ?"
+                if step_s == 0 else "SELECT count(*) FROM rollups WHERE series_id = ? AND "
+                "block_ns = ? AND step_s = ?", (sid, block) + ((step_s,) if step_s else ())
+            ).fetchone()[0]
+        return count
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    def _merge_rollup(self, sid: int, step_s: int, agg: Agg) -> None:
+        """Append this flush's buckets as a piece; merge a block's pieces at 8 or once sealed."""
+        conn = self._file.conn
+        for block, part, sealed in split_by_block(agg["bucket"], ROLLUP_BLOCK_NS[step_s]):
+            new = {k: a[part] for k, a in agg.items()}
+            count = self._rows_in_block(step_s, sid, block)
+            if count + 1 >= MERGE_AT_CHUNKS or (sealed and count):
+                rows = conn.execute("SELECT id, n, data FROM rollups WHERE series_id = ? AND "
+                                    "step_s = ? AND block_ns = ?", (sid, step_s, block)
+                                    ).fetchall()
+                olds = [decode_agg(r[2], r[1]) for r in rows] + [new]
+                new = combine({k: np.concatenate([o[k] for o in olds]) for k in AGG_FIELDS},
+                              presorted=False)
+                conn.executemany("DELETE FROM rollups WHERE id = ?", [(r[0],) for r in rows])
+                count = 0
+            conn.execute("INSERT INTO rollups(series_id, step_s, block_ns, n, data) "
+                         "VALUES(?, ?, ?, ?, ?)",
+                         (sid, step_s, block, int(new["bucket"].shape[0]), encode_agg(new)))
+            self._chunk_counts[(step_s, sid, block)] = count + 1
+
+    def fold(self) -> None:
+        """Move the journal's buckets into each series' rollups, in one transaction (a
+        no-op on a read-only store). Runs about once a minute from flushes, on close and
+        before a retention pass, so retention never meets a bucket still in the journal."""
+        if self._file.readonly:
+            return
+        conn = self._file.conn
+
+        def attempt() -> None:
+            with transaction(conn):
+                minute = self._journal.agg(conn)
+                for sid, part in by_series(minute):
+                    self._merge_rollup(sid, 60, part)
+                if minute["bucket"].shape[0]:
+                    for sid, part in by_series(hour_buckets(minute)):
+                        self._merge_rollup(sid, 3600, part)
+                conn.execute("DELETE FROM rollup_journal")
+
+        with self._file.lock:
+            try:
+                self._file.retry(attempt)
+            except BaseException:
+                self._chunk_counts.clear()  # counts cached inside the rolled-back transaction
+                raise
+            self._journal_rows = 0
+            self._last_fold = time.monotonic()
+
+    def prune(self, *, now_ns: int | None = None) -> None:
+        """Fold, then delete data past its retention, relative to ``now_ns`` (default: the
+        wall clock)."""
+        self._file.check_writable()
+        now = time.time_ns() if now_ns is None else int(now_ns)
+        with self._file.lock:
+            self.fold()
+            delete_expired(self._file, now)
+            self._chunk_counts.clear()
+            self._last_maintenance = time.monotonic()
