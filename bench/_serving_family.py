@@ -37,7 +37,7 @@ import numpy as np
 from bench._default_session import DefaultSettingsSession
 from seedancectl._config import ServingSLOConfig
 from seedancectl._session import TrainingSession
-from tuner._measure import MeasureConfig
+from tuner._windows import MeasureConfig
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS
 from tuner.serve_client import KV_BITS_KNOBS
 from workloads import loadgen

@@ -61,8 +61,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner._change import Trip  # noqa: E402
-from tuner._measure import Comparison, MeasureConfig, Window, compare, window_config  # noqa: E402
+from tuner._compare import compare  # noqa: E402
+from tuner._measure import window_config  # noqa: E402
 from tuner._verdict import RolloutConfig, decide  # noqa: E402
+from tuner._windows import Comparison, MeasureConfig, Window  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "measurement.json"
 TRACES = Path(__file__).resolve().parent / "results" / "measurement_traces.json.gz"

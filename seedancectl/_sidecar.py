@@ -68,7 +68,7 @@ from tuner import (
     Guardrail,
     JobRegistry,
     MeasureConfig,
-    NonFiniteLoss,
+    NonFiniteValues,
     RolloutConfig,
     RolloutController,
     TuningLoop,
@@ -204,7 +204,7 @@ class Sidecar:
                                 close_after=config.policy_close_after),
             meter_provider=self._telemetry.provider,
             self_checks=[UnwritableCheck(self), RollbackFailedCheck(self)])
-        guardrails: list[Guardrail] = [NonFiniteLoss(),
+        guardrails: list[Guardrail] = [NonFiniteValues(),
                                        GradientCollapseFindings(self.engine.active)]
         guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(
             **config.serving_slo.model_dump())))

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from tuner._change import IllegalTransition as IllegalTransition
     from tuner._change import RolloutError as RolloutError
     from tuner._change import Trip as Trip
+    from tuner._compare import compare as compare
     from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings
     from tuner._guardrails import Guardrail as Guardrail
-    from tuner._guardrails import NonFiniteLoss as NonFiniteLoss
+    from tuner._guardrails import NonFiniteValues as NonFiniteValues
     from tuner._journal import ChangeJournal as ChangeJournal
     from tuner._knobs import Config as Config
     from tuner._knobs import Knob as Knob
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
     from tuner._lease import lease_router as lease_router
     from tuner._measure import JOB_ATTR as JOB_ATTR
     from tuner._measure import TOKENS_PER_SECOND as TOKENS_PER_SECOND
-    from tuner._measure import Comparison as Comparison
-    from tuner._measure import MeasureConfig as MeasureConfig
-    from tuner._measure import Window as Window
-    from tuner._measure import compare as compare
     from tuner._measure import measure_window as measure_window
     from tuner._restore import Restore as Restore
     from tuner._rollout import RolloutController as RolloutController
@@ -62,6 +59,9 @@ if TYPE_CHECKING:
     from tuner._tuning_loop import TuningLoop as TuningLoop
     from tuner._verdict import RolloutConfig as RolloutConfig
     from tuner._versions import VersionLedger as VersionLedger
+    from tuner._windows import Comparison as Comparison
+    from tuner._windows import MeasureConfig as MeasureConfig
+    from tuner._windows import Window as Window
     from tuner.prefix_cache import PREFIX_CACHE_KNOBS as PREFIX_CACHE_KNOBS
     from tuner.prefix_cache import PrefixCache as PrefixCache
     from tuner.prefix_cache import PrefixCacheConfig as PrefixCacheConfig

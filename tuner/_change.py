@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from collectors import SeedanceError
 from tuner._knobs import KnobValue
-from tuner._measure import Window, windows_from_json
+from tuner._windows import Window, windows_from_json
 
 State = Literal["proposed", "approved", "applying", "observing", "kept", "rolled_back",
                 "rejected", "expired", "failed", "manual_intervention_required"]

@@ -24,9 +24,9 @@ from tuner._change import (
 from tuner._change_trace import ChangeTrace
 from tuner._journal import ChangeJournal
 from tuner._lease import JobRegistry
-from tuner._measure import Comparison
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
 from tuner._verdict import RolloutConfig
+from tuner._windows import Comparison
 
 log = logging.getLogger(__name__)
 

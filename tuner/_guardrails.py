@@ -7,10 +7,12 @@ import abc
 from collections.abc import Callable, Sequence
 
 from collectors import StoreReader
-from policies import Finding
-from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW
+from policies import Finding, StoreWindow
+from policies.detectors import COLLAPSE, NON_FINITE, UNDERFLOW, NonFiniteDetector
 from tuner._change import Change, Trip
-from tuner._measure import nonfinite_loss
+from tuner._version_reader import VersionReader
+
+_END_OF_TIME_NS = 2**63 - 1
 
 
 class Guardrail(abc.ABC):
@@ -24,12 +26,21 @@ class Guardrail(abc.ABC):
     def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None: ...
 
 
-class NonFiniteLoss(Guardrail):
-    """NaN or infinite loss under the change's current version: FULL rollback."""
+class NonFiniteValues(Guardrail):
+    """The non-finite detector on what the job emitted under the version in force: a NaN or
+    infinite loss, or gradients it counts as non-finite, roll back at once (FULL: the optimizer
+    may have stepped on them). The engine's finding of the same comes later, after its
+    hysteresis; this judges the same evidence by the same rules as soon as it is stored."""
+
+    def __init__(self, detector: NonFiniteDetector | None = None) -> None:
+        self.detector = detector or NonFiniteDetector()
 
     def check(self, change: Change, version: int, reader: StoreReader) -> Trip | None:
-        if nonfinite_loss(reader, change.job, version):
-            return Trip(kind="full", reason=f"non-finite loss under config v{version}")
+        window = StoreWindow(VersionReader(reader, change.job, version), job=change.job,
+                             since_ns=0, until_ns=_END_OF_TIME_NS)
+        for finding in self.detector.evaluate(window):
+            return Trip(kind="full", reason=(f"under config v{version}: "
+                                             f"{finding.evidence.summary}"))
         return None
 
 

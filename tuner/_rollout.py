@@ -28,12 +28,14 @@ from tuner._change import (
 )
 from tuner._change_steps import ChangeObserver, ChangeSteps
 from tuner._change_trace import ChangeTrace, change_attributes
+from tuner._compare import compare
 from tuner._guardrails import Guardrail
 from tuner._journal import ChangeJournal
 from tuner._lease import AttachEvent, JobRegistry, JobStatus
-from tuner._measure import Comparison, compare, measure_window, window_config
+from tuner._measure import measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore
 from tuner._verdict import RolloutConfig, auto_approvable, decide, interval_text
+from tuner._windows import Comparison
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,6 @@ from collectors import ConfigError
 from tuner._ceilings import above_ceiling
 from tuner._change import PRUNED, Change
 from tuner._knobs import KnobSpace, KnobValue
-from tuner._measure import Comparison
 from tuner._rollout import RolloutController
 from tuner._sampler import NeighbourhoodSampler, seen_keys, unsafe_keys
 from tuner._space import Move, config_key, grid, search_space, single_moves
@@ -66,6 +65,7 @@ from tuner._study_records import (
     UNSAFE_PREFIX,
     StudyRecords,
 )
+from tuner._windows import Comparison
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from collectors import ConfigError
 from tuner._change import Change, Mode, Trip
-from tuner._measure import Comparison, MeasureConfig
+from tuner._windows import Comparison, MeasureConfig
 
 
 @dataclass(frozen=True, kw_only=True)

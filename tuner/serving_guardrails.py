@@ -31,25 +31,26 @@ from dataclasses import dataclass
 import pandas as pd
 from scipy import stats
 
-from collectors import CONFIG_VERSION_ATTR, Resolution, SeedanceError, StoreReader
+from collectors import SeedanceError, StoreReader
+from collectors.names import (
+    GEN_AI_SERVER_REQUEST_DURATION,
+    SERVE_QUALITY_AGREEING_TOKENS,
+    SERVE_QUALITY_CHECKED_TOKENS,
+    SERVE_QUALITY_TOKEN_AGREEMENT,
+)
 from policies import histogram_quantile
 from tuner._change import Change, Trip
 from tuner._guardrails import Guardrail
-from tuner._measure import (
-    AGREEING_TOKENS,
-    CHECKED_TOKENS,
-    JOB_ATTR,
-    TOKEN_AGREEMENT,
-)
+from tuner._version_reader import VersionReader
 
 __all__ = ["AGREEING_TOKENS_METRIC", "CHECKED_TOKENS_METRIC", "QUALITY_METRIC",
            "ServingGuardrailConfig", "ServingSLOGuardrail", "TokenAgreement",
            "check_guardrails", "window_agreement", "window_latency_quantile"]
 
-LATENCY_METRIC = "gen_ai.server.request.duration"
-QUALITY_METRIC = TOKEN_AGREEMENT
-CHECKED_TOKENS_METRIC = CHECKED_TOKENS
-AGREEING_TOKENS_METRIC = AGREEING_TOKENS
+LATENCY_METRIC = GEN_AI_SERVER_REQUEST_DURATION
+QUALITY_METRIC = SERVE_QUALITY_TOKEN_AGREEMENT
+CHECKED_TOKENS_METRIC = SERVE_QUALITY_CHECKED_TOKENS
+AGREEING_TOKENS_METRIC = SERVE_QUALITY_AGREEING_TOKENS
 _TIME_VALUE = ("time", "value")
 
 
@@ -158,21 +159,6 @@ def window_agreement(window: StoreReader, config: ServingGuardrailConfig,
     return TokenAgreement(agreement=mean, upper=mean, tokens=0)
 
 
-class _VersionWindow:
-    """The rollout controller's reader bound to one job and config version (raw points unless
-    asked otherwise)."""
-
-    def __init__(self, reader: StoreReader, job: str, version: int) -> None:
-        self._reader, self._bound = reader, {JOB_ATTR: job, CONFIG_VERSION_ATTR: str(version)}
-
-    def query(self, name: str, *, where: Mapping[str, str] | None = None,
-              since_ns: int | None = None, until_ns: int | None = None,
-              resolution: Resolution = "raw") -> pd.DataFrame:
-        """Points of ``name`` the job emitted under the bound version."""
-        return self._reader.query(name, where={**(where or {}), **self._bound},
-                                  since_ns=since_ns, until_ns=until_ns, resolution=resolution)
-
-
 class ServingSLOGuardrail(Guardrail):
     """``check_guardrails`` on the change's current version for the rollout controller: any
     breach is a config rollback. A version's series start with it, so its last cumulative
@@ -191,5 +177,5 @@ class ServingSLOGuardrail(Guardrail):
         """A config trip naming every guardrail the candidate breaches; None for a baseline."""
         if change.arm_of(version) != "candidate":
             return None
-        breaches = check_guardrails(_VersionWindow(reader, change.job, version), self.config)
+        breaches = check_guardrails(VersionReader(reader, change.job, version), self.config)
         return Trip(kind="config", reason="; ".join(breaches)) if breaches else None

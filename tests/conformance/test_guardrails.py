@@ -9,11 +9,11 @@ import pytest
 
 from collectors._store import TimeSeriesStore
 from tuner._change import Change
-from tuner._guardrails import GradientCollapseFindings, Guardrail, NonFiniteLoss
+from tuner._guardrails import GradientCollapseFindings, Guardrail, NonFiniteValues
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
 
 GUARDRAILS: dict[str, Guardrail] = {
-    "non_finite_loss": NonFiniteLoss(),
+    "non_finite_values": NonFiniteValues(),
     "gradient_findings": GradientCollapseFindings(list),
     "serving_slo": ServingSLOGuardrail(ServingGuardrailConfig(p99_slo_s=1.0)),
 }

@@ -20,8 +20,9 @@ from policies._state_db import sqlite_url
 from tuner._change import Change
 from tuner._knobs import Knob
 from tuner._lease import JobRegistry
-from tuner._measure import JOB_ATTR, RANK_ATTR, TOKENS_PER_SECOND, Window
+from tuner._measure import JOB_ATTR, RANK_ATTR, TOKENS_PER_SECOND
 from tuner._rollout import RolloutController
+from tuner._windows import Window
 
 T0_S = float(int(time.time()) - 3600)
 """An hour ago: recent enough for the store's raw retention."""

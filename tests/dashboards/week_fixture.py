@@ -30,12 +30,12 @@ import numpy as np
 from collectors._points import CONFIG_VERSION_ATTR, REPLAYED_ATTR, Point
 from collectors._store import TimeSeriesStore
 from policies import Evidence, Finding, FindingStore, Measurement, sqlite_url
-from tuner._guardrails import NonFiniteLoss
+from tuner._guardrails import NonFiniteValues
 from tuner._knobs import Knob
 from tuner._lease import JobRegistry
-from tuner._measure import MeasureConfig
 from tuner._rollout import RolloutController
 from tuner._verdict import RolloutConfig
+from tuner._windows import MeasureConfig
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "demo_run" / "metrics.db"
 JOB = "demo-train"
@@ -196,7 +196,7 @@ def build_week(out: Path) -> RecordedWeek:
                             rollup_1m_retention_s=None, rollup_1h_retention_s=None)
     registry = JobRegistry(lease_ttl_s=30 * day_s, clock=clock)
     ctl = RolloutController(registry, store, db_url=state_url, clock=clock,
-                            guardrails=[NonFiniteLoss()], config=CONFIG)
+                            guardrails=[NonFiniteValues()], config=CONFIG)
     findings = FindingStore(state_url)
     rec = Recording(RECORDING)
     job = ReplayJob(registry, store, rec, clock)

@@ -529,12 +529,12 @@ def test_a_nan_loss_with_finite_gradients_reaches_the_detector_and_the_guardrail
         tmp_path: Path, torch_threads: object) -> None:
     """Regression: OpenTelemetry drops NaN gauge values, so a NaN loss never reached the
     store; the job's non-finite step counter now carries it to the detector and to the
-    rollout guardrail (tuner._measure.nonfinite_loss)."""
+    rollout guardrail (``NonFiniteValues``, which runs the same detector on the version)."""
     import torch
     from torch import nn
 
     from tests.policies.training_jobs import JOB, mlp, store_run
-    from tuner._measure import nonfinite_loss
+    from tuner import Change, NonFiniteValues
 
     with store_run(tmp_path) as run:
         model = mlp()
@@ -555,5 +555,9 @@ def test_a_nan_loss_with_finite_gradients_reaches_the_detector_and_the_guardrail
         assert window.query("seedance.train.loss")["value"].notna().all()  # NaN never stored
         (finding,) = NonFiniteDetector().evaluate(window)
         assert finding.evidence.value("nonfinite_loss_steps") > 0
-        assert nonfinite_loss(run.store, JOB, 3)
-        assert not nonfinite_loss(run.store, JOB, 2)
+        change = Change(id="c", job=JOB, state="observing", source="trial", reason="r",
+                        risk="low", scope="live", values={}, baseline={}, created_at_s=0.0,
+                        expires_at_s=1.0)
+        trip = NonFiniteValues().check(change, 3, run.store)
+        assert trip is not None and trip.kind == "full" and "loss" in trip.reason
+        assert NonFiniteValues().check(change, 2, run.store) is None  # another version

@@ -10,7 +10,9 @@ import pytest
 
 from collectors._points import CONFIG_VERSION_ATTR, Point
 from collectors._store import TimeSeriesStore
-from tuner._measure import MeasureConfig, Window, compare, measure_window
+from tuner._compare import compare
+from tuner._measure import measure_window
+from tuner._windows import MeasureConfig, Window
 
 NS = 1_000_000_000
 JOB = "train"

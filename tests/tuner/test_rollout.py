@@ -16,11 +16,11 @@ from policies._state_db import sqlite_url
 from policies.detectors import NON_FINITE
 from tests.tuner._simjob import SimJob
 from tuner._change import TRANSITIONS, Change, IllegalTransition, RolloutError, Trip
-from tuner._guardrails import GradientCollapseFindings, Guardrail, NonFiniteLoss
+from tuner._guardrails import GradientCollapseFindings, Guardrail, NonFiniteValues
 from tuner._lease import JobRegistry
-from tuner._measure import MeasureConfig
 from tuner._rollout import RolloutController
 from tuner._verdict import RolloutConfig
+from tuner._windows import MeasureConfig
 
 MEASURE = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.3)
 CONFIG = RolloutConfig(min_pairs=3, max_pairs=8, proposal_ttl_s=100.0, measure=MEASURE)
@@ -171,7 +171,7 @@ def test_nonfinite_loss_forces_a_full_rollback(parts: dict[str, Any]) -> None:
     registry = parts["registry"]
     job = SimJob(registry, parts["store"], step_s=fast_micro_batch,
                  loss=lambda v, step: float("inf") if v["micro_batch"] == 4 else 3.0)
-    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    ctl = controller(parts, guardrails=[NonFiniteValues()])
     change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
     ctl.approve(change.id, "alice")
     done = drive(ctl, job, change.id)
@@ -238,7 +238,7 @@ class RaisingGuardrail(Guardrail):
 def test_a_guardrail_that_raises_fails_closed(parts: dict[str, Any]) -> None:
     registry = parts["registry"]
     job = SimJob(registry, parts["store"], step_s=fast_micro_batch)
-    ctl = controller(parts, guardrails=[RaisingGuardrail(), NonFiniteLoss()])
+    ctl = controller(parts, guardrails=[RaisingGuardrail(), NonFiniteValues()])
     change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
     ctl.approve(change.id, "alice")
     done = drive(ctl, job, change.id)
@@ -256,7 +256,7 @@ def rolled_back_by_a_nan(parts: dict[str, Any]) -> tuple[SimJob, RolloutControll
     """A trial whose loss blows up, rolled back in full; its restore not yet acked."""
     job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch,
                  loss=blows_up_at_micro_batch_4)
-    ctl = controller(parts, guardrails=[NonFiniteLoss()])
+    ctl = controller(parts, guardrails=[NonFiniteValues()])
     change = ctl.propose(job.job, {"micro_batch": 4}, reason="r", source="trial")
     ctl.approve(change.id, "alice")
     assert drive(ctl, job, change.id).state == "rolled_back"
@@ -351,7 +351,7 @@ def test_a_job_whose_lease_lapsed_after_its_rollback_never_needs_a_person(
 def test_an_unconfirmed_restore_is_watched_again_after_a_restart(parts: dict[str, Any]) -> None:
     job, ctl, change = rolled_back_by_a_nan(parts)
     ctl.close()
-    again = controller(parts, guardrails=[NonFiniteLoss()])
+    again = controller(parts, guardrails=[NonFiniteValues()])
     again.recover()
     job.run(1)
     again.tick()

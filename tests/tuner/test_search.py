@@ -14,11 +14,11 @@ from policies._state_db import sqlite_url
 from tests.tuner._simjob import KNOBS, SimJob
 from tuner._knobs import KnobSpace
 from tuner._lease import JobRegistry
-from tuner._measure import MeasureConfig
 from tuner._rollout import RolloutController
 from tuner._search import SearchConfig, SearchDriver
 from tuner._space import Move, config_key, neighbours, search_space, single_moves
 from tuner._verdict import RolloutConfig
+from tuner._windows import MeasureConfig
 
 SPACE = KnobSpace.of(KNOBS)
 TUNED = ("micro_batch", "precision")  # 4 x 2 = 8 configs

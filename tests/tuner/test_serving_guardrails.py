@@ -14,8 +14,9 @@ import pytest
 from collectors._points import CONFIG_VERSION_ATTR, Point
 from policies._window import FrameStore, StoreWindow
 from tuner._change import Change, Trip
-from tuner._measure import MeasureConfig, Window, compare
+from tuner._compare import compare
 from tuner._verdict import RolloutConfig, decide
+from tuner._windows import MeasureConfig, Window
 from tuner.serving_guardrails import (
     AGREEING_TOKENS_METRIC,
     CHECKED_TOKENS_METRIC,

@@ -1,0 +1,28 @@
+"""What one job emitted under one config version: every apply gets a fresh version and every
+point carries it, so a version's points are exactly one window of one config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from collectors import CONFIG_VERSION_ATTR, Resolution, StoreReader
+from collectors.names import ATTR_SERVICE_NAME
+
+
+class VersionReader:
+    """A ``StoreReader`` narrowed to the points ``job`` emitted under ``version``; raw points
+    unless asked otherwise. Its series start with the version, so a cumulative series' last
+    value is the version's whole count."""
+
+    def __init__(self, reader: StoreReader, job: str, version: int) -> None:
+        self._reader = reader
+        self._bound = {ATTR_SERVICE_NAME: job, CONFIG_VERSION_ATTR: str(version)}
+
+    def query(self, name: str, *, where: Mapping[str, str] | None = None,
+              since_ns: int | None = None, until_ns: int | None = None,
+              resolution: Resolution = "raw") -> pd.DataFrame:
+        """Points of ``name`` the job emitted under the bound version."""
+        return self._reader.query(name, where={**(where or {}), **self._bound},
+                                  since_ns=since_ns, until_ns=until_ns, resolution=resolution)
