@@ -39,7 +39,8 @@ class NonFiniteValues(Guardrail):
         window = StoreWindow(VersionReader(reader, change.job, version), job=change.job,
                              since_ns=0, until_ns=_END_OF_TIME_NS)
         for finding in self.detector.evaluate(window):
-            return Trip(kind="full", reason=(f"under config v{version}: "
+            what = "loss" if finding.evidence.value("nonfinite_loss_steps") > 0 else "gradients"
+            return Trip(kind="full", reason=(f"non-finite {what} under config v{version}: "
                                              f"{finding.evidence.summary}"))
         return None
 

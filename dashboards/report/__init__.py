@@ -13,8 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dashboards.report._data import (
-    PANELS,
+from dashboards.report._data import gather
+from dashboards.report._panels import PANELS
+from dashboards.report._prometheus import PrometheusSource
+from dashboards.report._values import (
     ChangeRow,
     FindingRow,
     JobReport,
@@ -24,9 +26,7 @@ from dashboards.report._data import (
     ReportData,
     ReportError,
     Savings,
-    gather,
 )
-from dashboards.report._prometheus import PrometheusSource
 
 __all__ = ["PANELS", "ChangeRow", "FindingRow", "JobReport", "Marker", "Panel", "Payback",
            "PrometheusSource", "ReportData", "ReportError", "ReportPaths",

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from dashboards.report._data import Marker, Panel  # noqa: E402
+from dashboards.report._values import Marker, Panel  # noqa: E402
 
 MARKER_STYLE: dict[str, tuple[str, Literal["-", "--"]]] = {
     "apply": ("tab:gray", "--"), "kept": ("tab:green", "-"), "rolled_back": ("tab:red", "-")}

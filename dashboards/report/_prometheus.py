@@ -25,7 +25,7 @@ import pandas as pd
 
 from collectors import BY_NAME, MetricKind, Resolution
 from dashboards.grafana import DashboardNameError, prom
-from dashboards.report._data import ReportError
+from dashboards.report._values import ReportError
 
 _MAX_POINTS = 11_000
 _STEP_S = {"raw": 1, "1m": 60, "1h": 3600}

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from dashboards.report._data import ReportData
+from dashboards.report._values import ReportData
 
 FORMULA = (
     "A kept change with throughput gain g (0.10 = +10%) makes the work done in H GPU-hours "
