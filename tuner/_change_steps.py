@@ -1,7 +1,7 @@
-"""The rollout controller's primitives: journaled transitions and saves, and the watch over a
-rollback's restore (the job's ack of its baseline, sent again up to ``restore_attempts`` times,
-then ``manual_intervention_required``). ``RolloutController`` drives the state machine with
-them."""
+"""The rollout controller's primitives: journaled transitions and saves, the registry's lapse
+and attach events, and the watch over a rollback's restore (the job's ack of its baseline, sent
+again up to ``restore_attempts`` times, then ``manual_intervention_required``).
+``RolloutController`` drives the state machine with them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from tuner._change import (
+    ACTIVE,
     ENDED,
     IN_FLIGHT,
     MANUAL,
@@ -23,7 +24,7 @@ from tuner._change import (
 )
 from tuner._change_trace import ChangeTrace
 from tuner._journal import ChangeJournal
-from tuner._lease import JobRegistry
+from tuner._lease import AttachEvent, JobRegistry, JobStatus
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
 from tuner._verdict import RolloutConfig
 from tuner._windows import Comparison
@@ -127,6 +128,26 @@ class ChangeSteps:
         waiting = [self.get(c) for c in sorted(self._restoring)]  # under the lock
         found = [c for c in waiting if c.job == job] or self.changes(job=job, states=[MANUAL])
         return found[0] if found else None
+
+    def _on_lapse(self, status: JobStatus) -> None:
+        with self._lock:
+            for change in self.changes(job=status.job, states=sorted(ACTIVE)):
+                self._fail(change, f"the lease lapsed (no call for {status.lease_ttl_s:g} s)")
+
+    def _on_attach(self, event: AttachEvent) -> None:
+        """Every attach is in the audit log, with what it did to the baseline."""
+        reason = {
+            "new": "first attach: the job's launch config is its baseline",
+            "resumed": "re-attached: the stored baseline stays"
+                       + (f" (the job proposed other values of {', '.join(event.ignored)}: "
+                          "ignored; a new baseline is a change)" if event.ignored else ""),
+            "merged": "re-attached with other knobs: the stored values stay where still "
+                      "valid, new knobs take the job's",
+        }[event.outcome]
+        self.journal.record(event.job, "attach", f"job:{event.job}", reason,
+                            version_after=event.baseline_version,
+                            detail={"session": event.session, "outcome": event.outcome,
+                                    "ignored": list(event.ignored)})
 
     def _in_flight(self, job: str) -> Change | None:
         found = self.changes(job=job, states=sorted(IN_FLIGHT))

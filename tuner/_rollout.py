@@ -31,7 +31,7 @@ from tuner._change_trace import ChangeTrace, change_attributes
 from tuner._compare import compare
 from tuner._guardrails import Guardrail
 from tuner._journal import ChangeJournal
-from tuner._lease import AttachEvent, JobRegistry, JobStatus
+from tuner._lease import JobRegistry
 from tuner._measure import measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore
 from tuner._verdict import RolloutConfig, auto_approvable, decide, interval_text
@@ -428,26 +428,6 @@ class RolloutController(ChangeSteps):
         if was != "kept":  # a kept change's trace ended at its keep
             self.trace.end_trace(change)
         return change
-
-    def _on_lapse(self, status: JobStatus) -> None:
-        with self._lock:
-            for change in self.changes(job=status.job, states=sorted(ACTIVE)):
-                self._fail(change, f"the lease lapsed (no call for {status.lease_ttl_s:g} s)")
-
-    def _on_attach(self, event: AttachEvent) -> None:
-        """Every attach is in the audit log, with what it did to the baseline."""
-        reason = {
-            "new": "first attach: the job's launch config is its baseline",
-            "resumed": "re-attached: the stored baseline stays"
-                       + (f" (the job proposed other values of {', '.join(event.ignored)}: "
-                          "ignored; a new baseline is a change)" if event.ignored else ""),
-            "merged": "re-attached with other knobs: the stored values stay where still "
-                      "valid, new knobs take the job's",
-        }[event.outcome]
-        self.journal.record(event.job, "attach", f"job:{event.job}", reason,
-                            version_after=event.baseline_version,
-                            detail={"session": event.session, "outcome": event.outcome,
-                                    "ignored": list(event.ignored)})
 
     def recover(self) -> None:
         """After a restart: roll back every change a crash left applying or observing, and
