@@ -1,8 +1,9 @@
 """In-job training instrumentation for any ``nn.Module`` and ``torch.optim`` optimizer.
 
-This module imports torch, so only a training job imports it (the sidecar never does). It records
-the TRAINING_METRICS of the catalogue through an OpenTelemetry ``Meter``; every point carries
-``seedance.config.version`` as it was when the step began.
+Only a training job imports it (it imports torch; the sidecar never does). It records the
+TRAINING_METRICS of the catalogue through an OpenTelemetry ``Meter``; every point carries
+``seedance.config.version`` as it was when the step began. Its cost per step is measured in
+docs/tuning.md ("What the job reports").
 
 Usage in a plain loop::
 
@@ -17,14 +18,6 @@ Usage in a plain loop::
             optimizer.step()
             optimizer.zero_grad()
             instr.record_loss(loss)
-
-Cost (5M-parameter GPT on a 2-core CPU, step about 250 ms): the gradient norms are one fused
-``torch._foreach_norm`` over all gradients every step (about 0.7 ms); the element statistics
-(exactly-zero fraction, non-finite count) need one more pass over the gradients (about 1.3 ms) and
-run every ``stats_every`` steps (default 10). Non-finite elements are counted only in parameters
-whose norm is not finite, which on CPU is a free host check. On an accelerator nothing here
-synchronises the stream: values stay on the device, are copied to pinned memory asynchronously
-and are exported a step or more later, once their copy has finished.
 """
 
 from __future__ import annotations

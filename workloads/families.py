@@ -3,36 +3,8 @@
 The demo job is one small GPT; a tuner that only works there has learned the demo, not the
 problem. Each family here is a model the way a user would write it (usual module names, no
 hooks for the tuner), a fixed global batch of deterministic synthetic data the model can learn,
-its loss, and what one step's "tokens" mean:
-
-================  ==========================================  =====  =========================
-family            model                                       batch  tokens per sample (unit)
-================  ==========================================  =====  =========================
-cnn_bn            VGG-style Conv+BatchNorm2d+ReLU blocks         32  1 (an image)
-                  (``features.N``) and a ``classifier``
-vit               patch embedding, ``blocks.N`` with ``attn``     16  64 (patch tokens of a
-                  / ``mlp`` (timm-style), ``head``                    32x32 image)
-rnn               embedding, 2-layer LSTM, linear head           32  64 (sequence positions)
-mlp               ``layers.N`` Linear+GELU (8 x 1024), head      256  1 (a feature vector)
-wide_transformer  Llama-style decoder (RMSNorm, SwiGLU),          8  64 (sequence positions)
-                  8 layers x 384 vs the demo GPT's 6 x 256
-================  ==========================================  =====  =========================
-
-Tokens/s are only ever compared within one family, so the unit only has to be fixed per family.
-
-Each family is launched the way its author might have left it (``launch_micro_batch``,
-``launch_threads``): cnn_bn with the whole batch and torch's threads, vit and mlp with gradient
-accumulation chosen for memory (micro-batches of 4 and 32), rnn on one thread (a data-loader
-habit), wide_transformer both (micro-batch 2, one thread). Those launch settings are where the
-tuner starts; whether they are the best config on a given machine is for the benchmark's grid
-to measure, not for this table to assume.
-
-Measured default step (fp32, torch's default 2 threads, the whole global batch as one
-micro-batch; this repo's 2-core shared AMD EPYC VM, torch 2.13 CPU, load average under 1;
-median of 10 steps after 3 warm-up steps, ``python -m workloads.families``): cnn_bn 0.10 s,
-vit 0.18 s, rnn 0.14 s, mlp 0.11 s, wide_transformer 0.42 s: inside the 0.05-1 s the
-benchmark asks for. bf16 and fp16 run 5-20x slower on this CPU (no native support), and
-while other processes load the box, 2 threads can run several times slower than 1.
+its loss, what one step's "tokens" mean, and the launch config its author might have left.
+docs/tuning.md ("The model families") lists them with their measured default steps.
 """
 
 from __future__ import annotations
