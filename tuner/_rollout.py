@@ -75,7 +75,8 @@ from tuner._change import (
 from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
 from tuner._guardrails import Guardrail
 from tuner._knobs import KnobSpace
-from tuner._lease import AttachEvent, JobRegistry, JobStatus
+from tuner._lease import JobRegistry
+from tuner._lease_messages import AttachEvent, JobStatus
 from tuner._measure import Comparison, QueryFn, compare, measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
 from tuner._verdict import RolloutConfig, decide, interval_text
