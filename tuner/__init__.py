@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     from tuner._restore import Restore as Restore
     from tuner._rollout import RolloutController as RolloutController
     from tuner._sampler import NeighbourhoodSampler as NeighbourhoodSampler
-    from tuner._search import SearchConfig as SearchConfig
     from tuner._search import SearchDriver as SearchDriver
+    from tuner._search_config import SearchConfig as SearchConfig
     from tuner._space import suggestions as suggestions
     from tuner._space import within_bounds as within_bounds
     from tuner._token import DEFAULT_TOKEN_FILE as DEFAULT_TOKEN_FILE
