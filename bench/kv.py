@@ -11,7 +11,7 @@ For each width (32 = float32 cache, the baseline; 16 = bfloat16; 8, 6, 4, 2 quan
 - ``dequant_gbps``: compressed bytes per second of ``keys_values`` over a filled cache (median
   of ``--repeats``, widths interleaved), next to ``copy_gbps``, a plain ``copy_`` of the
   dequantised size on the same machine (the floor, best of ``--repeats``), and the numpy
-  unpack path ``policies._cost_models.measure_dequantize_throughput``;
+  unpack path ``policies.measure_dequantize_throughput``;
 - cost model: ``kv_decompression_cost_s(compressed bytes, dequantize_bytes_per_s=dequant
   throughput)`` per decode step against the measured added step time (step - float32 step);
   ``model_error`` = (predicted - measured) / measured, reported whatever it is (target 25%);
@@ -39,10 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies._cost_models import (  # noqa: E402
-    kv_decompression_cost_s,
-    measure_dequantize_throughput,
-)
+from policies import kv_decompression_cost_s, measure_dequantize_throughput  # noqa: E402
 from tests.tuner.kv_model import held_out_windows, trained_gpt  # noqa: E402
 from tuner.kv_cache import QUANTIZED_BITS, QuantizedKVCache, layout_bytes_per_token  # noqa: E402
 from tuner.kv_decode import cache_for, decode_step, kv_quality  # noqa: E402

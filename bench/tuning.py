@@ -165,7 +165,7 @@ def trials_to_target(picked: Sequence[Mapping[str, Any]], true: Mapping[str, flo
 
 def run_tuner(grid: Mapping[str, Any], observe: Observer, budget: int, seed: int,
               workdir: Path, done: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]]:
-    from tuner._search import SearchConfig, SearchDriver
+    from tuner import SearchConfig, SearchDriver
     space = knob_space(grid)
     url = f"sqlite:///{workdir / f'tuner-{seed}.db'}"
     driver = SearchDriver(space, storage_url=url,

@@ -3,36 +3,13 @@
 Importing this package never imports torch.
 """
 
-from policies._cost_models import (
-    ARTICLE_COUPLING_K,
-    ARTICLE_FP16_TO_INT4_RATIO,
-    ARTICLE_GAMMA,
-    ARTICLE_HBM2E_ROW_ACCESS_S,
-    ARTICLE_PCIE5_X16_MEASURED_BYTES_PER_S,
-    ARTICLE_SCALE_OUT_GRID,
-    ARTICLE_UTILISATION_GRID,
-    HBM_ROW_BYTES,
-    KvCompressionVerdict,
+from policies._communication_cost import (
     SplitCommunication,
     allreduce_calls,
     allreduce_time_s,
-    bandwidth_saturation,
-    dequantize,
-    equivalent_scale_out_nodes,
-    hbm_row_accesses,
-    kv_compression_tradeoff,
-    kv_decompression_cost_s,
-    measure_dequantize_throughput,
     microbatches_for_bubble,
-    pack_uint,
-    payback_months,
-    pressure_for_marginal_cost_ratio,
     ring_allreduce_bytes_per_rank,
-    roi_delta,
-    roi_matrix,
-    saturation_marginal_cost_ratio,
     split_communication,
-    unpack_uint,
 )
 from policies._detector import Detector, SelfCheck
 from policies._engine import (
@@ -64,7 +41,38 @@ from policies._hardware import (
     peak_memory_bandwidth_bytes_per_s,
     peak_pcie_bandwidth_bytes_per_s,
 )
+from policies._kv_cost import (
+    ARTICLE_FP16_TO_INT4_RATIO,
+    ARTICLE_HBM2E_ROW_ACCESS_S,
+    ARTICLE_PCIE5_X16_MEASURED_BYTES_PER_S,
+    HBM_ROW_BYTES,
+    KvCompressionVerdict,
+    hbm_row_accesses,
+    kv_compression_tradeoff,
+    kv_decompression_cost_s,
+)
+from policies._packed_codes import (
+    dequantize,
+    measure_dequantize_throughput,
+    pack_uint,
+    unpack_uint,
+)
 from policies._quantile import histogram_quantile
+from policies._roi import (
+    ARTICLE_GAMMA,
+    ARTICLE_SCALE_OUT_GRID,
+    ARTICLE_UTILISATION_GRID,
+    equivalent_scale_out_nodes,
+    payback_months,
+    roi_delta,
+    roi_matrix,
+)
+from policies._saturation import (
+    ARTICLE_COUPLING_K,
+    bandwidth_saturation,
+    pressure_for_marginal_cost_ratio,
+    saturation_marginal_cost_ratio,
+)
 from policies._state_db import DuplicateFindingError, FindingStore, sqlite_url
 from policies._window import JOB_ATTRIBUTE, FrameStore, ListableStore, StoreWindow, WindowSource
 

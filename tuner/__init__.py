@@ -32,22 +32,22 @@ if TYPE_CHECKING:
     from tuner._knobs import KnobError as KnobError
     from tuner._knobs import KnobSpace as KnobSpace
     from tuner._knobs import KnobValue as KnobValue
-    from tuner._lease import Ack as Ack
-    from tuner._lease import Credentials as Credentials
     from tuner._lease import JobRegistry as JobRegistry
-    from tuner._lease import JobStatus as JobStatus
-    from tuner._lease import Lease as Lease
-    from tuner._lease import LeaseError as LeaseError
-    from tuner._lease import UnknownJobError as UnknownJobError
-    from tuner._lease import lease_router as lease_router
+    from tuner._lease_http import Credentials as Credentials
+    from tuner._lease_http import lease_router as lease_router
+    from tuner._lease_messages import Ack as Ack
+    from tuner._lease_messages import JobStatus as JobStatus
+    from tuner._lease_messages import Lease as Lease
+    from tuner._lease_messages import LeaseError as LeaseError
+    from tuner._lease_messages import UnknownJobError as UnknownJobError
     from tuner._measure import JOB_ATTR as JOB_ATTR
     from tuner._measure import TOKENS_PER_SECOND as TOKENS_PER_SECOND
     from tuner._measure import measure_window as measure_window
     from tuner._restore import Restore as Restore
     from tuner._rollout import RolloutController as RolloutController
     from tuner._sampler import NeighbourhoodSampler as NeighbourhoodSampler
-    from tuner._search import SearchConfig as SearchConfig
     from tuner._search import SearchDriver as SearchDriver
+    from tuner._search_config import SearchConfig as SearchConfig
     from tuner._space import suggestions as suggestions
     from tuner._space import within_bounds as within_bounds
     from tuner._token import DEFAULT_TOKEN_FILE as DEFAULT_TOKEN_FILE

@@ -2,8 +2,8 @@
 
 `JobRegistry` is the one place that knows, per job, its knob space, its baseline and desired
 configs, the session holding the lease and the acks it sent. The rollout controller drives it
-(`set_desired`, `push_action`, `wait_ack`, `on_lapse`); the HTTP router (`lease_router`) serves
-the job's client. No torch here: the sidecar imports this.
+(`set_desired`, `push_action`, `wait_ack`, `on_lapse`); the HTTP router (`lease_router`,
+`tuner._lease_http`) serves the job's client. No torch here: the sidecar imports this.
 
 Threads, not asyncio: the registry is shared by HTTP handlers and the rollout controller's own
 threads (`wait_ack` blocks one of them), so it guards its state with one `threading.Condition`.
@@ -29,135 +29,31 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
-
-from collectors import SeedanceError
 from tuner._knobs import Config, Knob, KnobError, KnobSpace, KnobValue
+from tuner._lease_messages import (
+    Ack,
+    AckStatus,
+    AttachEvent,
+    AttachOutcome,
+    InvalidRequestError,
+    JobKind,
+    JobState,
+    JobStatus,
+    Lease,
+    LeaseError,
+    SessionError,
+    UnknownJobError,
+    validate_action,
+)
 from tuner._versions import VersionLedger
 
 log = logging.getLogger(__name__)
 
-JobKind = Literal["train", "serve"]
-JobState = Literal["attached", "lapsed"]
-AckStatus = Literal["applied", "failed"]
-ACTION_KINDS = ("snapshot", "rollback")
-ROLLBACK_SCOPES = ("full", "local")
 MAX_ACKS_KEPT = 1000
 
-
-class LeaseError(SeedanceError):
-    """A lease call cannot be served as asked."""
-
-
-class UnknownJobError(LeaseError):
-    """No job of that name is attached (HTTP 404): the client re-attaches."""
-
-
-class SessionError(LeaseError):
-    """The session is not the job's current one, or its lease lapsed (HTTP 409)."""
-
-
-class InvalidRequestError(LeaseError):
-    """A well-formed request with values the registry refuses (HTTP 422)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Ack:
-    """What the job reported after a step boundary: `version` took effect (or failed) at `step`.
-
-    `actions` echoes each one-shot action it ran, with `"status"` ("done" | "failed") and
-    `"error"`. `time_s` is the sidecar's wall clock when the ack arrived.
-    """
-
-    job: str
-    session: str
-    version: int
-    step: int
-    status: AckStatus
-    error: str | None = None
-    actions: tuple[Mapping[str, Any], ...] = ()
-    time_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, "session": self.session, "version": self.version,
-                "step": self.step, "status": self.status, "error": self.error,
-                "actions": [dict(a) for a in self.actions], "time_s": self.time_s}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Lease:
-    """One lease answer: the config to run, the baseline to fall back to, pending actions."""
-
-    config: Config
-    baseline: Config
-    change_id: str | None
-    traceparent: str | None
-    lease_ttl_s: float
-    actions: tuple[Mapping[str, Any], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"config": self.config.to_json(), "baseline": self.baseline.to_json(),
-                "change_id": self.change_id, "traceparent": self.traceparent,
-                "lease_ttl_s": self.lease_ttl_s, "actions": [dict(a) for a in self.actions]}
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobStatus:
-    """A job as the registry sees it now.
-
-    `acked_version` is the last version the job acked as applied (None before the first ack);
-    `last_step` the step of its last ack. `expires_in_s` is negative once lapsed.
-    """
-
-    job: str
-    kind: JobKind
-    world_size: int
-    state: JobState
-    session: str
-    lease_ttl_s: float
-    expires_in_s: float
-    knobs: KnobSpace
-    baseline: Config
-    desired: Config
-    change_id: str | None
-    acked_version: int | None
-    last_step: int | None
-
-    @property
-    def desired_version(self) -> int:
-        return self.desired.version
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, "kind": self.kind, "world_size": self.world_size,
-                "state": self.state, "lease_ttl_s": self.lease_ttl_s,
-                "expires_in_s": round(self.expires_in_s, 3),
-                "knobs": [k.to_json() for k in self.knobs.knobs.values()],
-                "baseline": self.baseline.to_json(), "desired": self.desired.to_json(),
-                "change_id": self.change_id, "acked_version": self.acked_version,
-                "last_step": self.last_step}
-
-
 LapseCallback = Callable[[JobStatus], None]
-
-
-AttachOutcome = Literal["new", "resumed", "merged"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttachEvent:
-    """What an attach did to the job's baseline: ``new`` (the job's proposal, first attach),
-    ``resumed`` (the stored baseline kept; ``ignored`` the proposed values that differ from it)
-    or ``merged`` (the job declared other knobs: stored values kept where still valid)."""
-
-    job: str
-    session: str
-    outcome: AttachOutcome
-    baseline_version: int
-    ignored: tuple[str, ...] = ()
 
 
 @dataclass(kw_only=True)
@@ -178,33 +74,6 @@ class _Job:
     last_version: int = 0
     acks: collections.deque[Ack] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_ACKS_KEPT))
-
-
-
-def validate_action(action: Mapping[str, Any]) -> dict[str, Any]:
-    """A one-shot action as the protocol allows it, or InvalidRequestError naming the field."""
-    action = dict(action)
-    kind = action.get("kind")
-    if kind not in ACTION_KINDS:
-        raise InvalidRequestError(f"action kind must be one of {ACTION_KINDS}, got {kind!r}")
-    change_id = action.get("change_id")
-    if change_id is not None and not isinstance(change_id, str):
-        raise InvalidRequestError(f"action change_id must be a string, got {change_id!r}")
-    allowed = {"kind", "change_id"}
-    if kind == "rollback":
-        allowed |= {"scope", "group"}
-        scope = action.get("scope", "full")
-        if scope not in ROLLBACK_SCOPES:
-            raise InvalidRequestError(
-                f"rollback scope must be one of {ROLLBACK_SCOPES}, got {scope!r}")
-        action["scope"] = scope
-        group = action.get("group")
-        if scope == "local" and (not isinstance(group, str) or not group):
-            raise InvalidRequestError("a local rollback needs a module group name in 'group'")
-    extra = sorted(set(action) - allowed)
-    if extra:
-        raise InvalidRequestError(f"{kind} action has unknown field(s) {', '.join(extra)}")
-    return action
 
 
 class JobRegistry:
@@ -415,10 +284,12 @@ class JobRegistry:
             return list(self._record(job).acks)
 
     def jobs(self) -> list[JobStatus]:
+        """Every job the registry knows, attached or lapsed."""
         with self._cond:
             return [self._status(r) for r in self._jobs.values()]
 
     def status(self, job: str) -> JobStatus:
+        """The job as the registry sees it now; UnknownJobError if it never attached."""
         with self._cond:
             return self._status(self._record(job))
 
@@ -538,107 +409,4 @@ def _fits(space: KnobSpace, config: Config) -> bool:
         return False
 
 
-# ---- HTTP ---------------------------------------------------------------------------------------
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class AttachBody(_Body):
-    rank: int = 0
-    world_size: int = 1
-    kind: JobKind = "train"
-    knobs: list[dict[str, Any]] = Field(default_factory=list)
-    baseline: dict[str, KnobValue] = Field(default_factory=dict)
-    lease_ttl_s: float | None = None
-    version: int = 0
-
-
-class AckBody(_Body):
-    session: str
-    version: int
-    step: int
-    status: AckStatus
-    error: str | None = None
-    actions: list[dict[str, Any]] = Field(default_factory=list)
-
-
-_HTTP_STATUS: tuple[tuple[type[Exception], int], ...] = (
-    (UnknownJobError, 404), (SessionError, 409), (InvalidRequestError, 422), (KnobError, 422))
-
-
-def _http(exc: SeedanceError) -> HTTPException:
-    code = next((c for t, c in _HTTP_STATUS if isinstance(exc, t)), 400)
-    return HTTPException(status_code=code, detail=str(exc))
-
-
-Credentials = Annotated[HTTPAuthorizationCredentials | None,
-                        Depends(HTTPBearer(auto_error=False))]
-"""The bearer token, if sent (module level: FastAPI resolves the annotation by name)."""
-JobAuthoriser = Callable[[str, str], bool]
-"""(job, bearer token) -> whether that token may hold the job's lease."""
-NO_TOKEN = ("a job token is required: the client sends the token in $SEEDANCE_TOKEN, the file "
-            "$SEEDANCE_TOKEN_FILE names, or seedance-data/token")
-
-
-def lease_router(registry: JobRegistry, authorise: JobAuthoriser) -> APIRouter:
-    """The three endpoints of docs/lease-protocol.md, plus `GET /v1/jobs` for people.
-
-    Attach, lease and ack need a bearer token that ``authorise`` accepts for the job: 401
-    without one, 403 with one it refuses. Other errors are `{"detail": "<one line>"}` with 404
-    (unknown job), 409 (stale session or lapsed lease: re-attach) or 422 (values outside the
-    knob space, bad action or body).
-    """
-    def job_token(job: str, credentials: Credentials) -> None:
-        if credentials is None or not credentials.credentials:
-            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
-        if not authorise(job, credentials.credentials):
-            raise HTTPException(403, f"the bearer token may not hold the lease of job {job!r}")
-
-    router = APIRouter(prefix="/v1/jobs", tags=["lease"])
-    guarded = APIRouter(dependencies=[Depends(job_token)])  # under the prefix of router
-
-    @guarded.post("/{job}/attach")
-    def attach(job: str, body: AttachBody) -> dict[str, Any]:
-        try:
-            knobs = [Knob.from_json(k) for k in body.knobs]
-            session, config = registry.attach(
-                job, rank=body.rank, world_size=body.world_size, kind=body.kind, knobs=knobs,
-                baseline=body.baseline, lease_ttl_s=body.lease_ttl_s, version=body.version)
-            status = registry.status(job)
-        except SeedanceError as exc:
-            raise _http(exc) from None
-        return {"session": session, "lease_ttl_s": status.lease_ttl_s,
-                "config": config.to_json(), "baseline": status.baseline.to_json()}
-
-    @guarded.get("/{job}/lease")
-    def lease(job: str, session: str, version: int,
-              wait_s: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
-        try:
-            return registry.lease(job, session, version, wait_s).to_json()
-        except SeedanceError as exc:
-            raise _http(exc) from None
-
-    @guarded.post("/{job}/ack")
-    def ack(job: str, body: AckBody) -> dict[str, bool]:
-        try:
-            registry.ack(job, body.session, version=body.version, step=body.step,
-                         status=body.status, error=body.error, actions=body.actions)
-        except SeedanceError as exc:
-            raise _http(exc) from None
-        return {"ok": True}
-
-    @router.get("")
-    def jobs() -> list[dict[str, Any]]:
-        return [s.to_json() for s in registry.jobs()]
-
-    router.include_router(guarded)
-    return router
-
-
-__all__ = [
-    "Ack", "InvalidRequestError", "JobRegistry", "JobStatus", "Lease", "LeaseError",
-    "SessionError", "UnknownJobError", "lease_router", "validate_action",
-]
-
+__all__ = ["JobRegistry", "LapseCallback"]

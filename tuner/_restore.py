@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tuner._lease import Ack
+from tuner._lease_messages import Ack
 
 RESTORE_KEY = "restore"
 """Where a rollback's restore lives in ``Change.plan``."""

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
-from policies._cost_models import ARTICLE_COUPLING_K, bandwidth_saturation
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
 from policies._hardware import critical_saturation, gpu_spec
+from policies._saturation import ARTICLE_COUPLING_K, bandwidth_saturation
 from policies._window import StoreWindow
 
 GENERIC_KNEE = 0.7

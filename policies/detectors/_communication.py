@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
-from policies._cost_models import allreduce_calls, allreduce_time_s
+from policies._communication_cost import allreduce_calls, allreduce_time_s
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
 from policies._window import StoreWindow

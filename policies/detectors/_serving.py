@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
-from policies._cost_models import kv_compression_tradeoff
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
+from policies._kv_cost import kv_compression_tradeoff
 from policies._window import StoreWindow
 from policies.detectors._balance import REQUEST_BUCKETS, p99_per_interval
 from policies.detectors._series import increase, interval_increases

@@ -19,7 +19,8 @@ from torch import nn
 
 from tests.servers import free_port
 from tests.tuner.test_client import LeaseServer
-from tuner._lease import Ack, JobRegistry
+from tuner._lease import JobRegistry
+from tuner._lease_messages import Ack
 from tuner.client import attach
 from tuner.precision import DTYPES
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from policies._cost_models import dequantize, pack_uint, unpack_uint
+from policies import dequantize, pack_uint, unpack_uint
 from tuner.kv_cache import (
     KVCacheError,
     QuantizedKVCache,

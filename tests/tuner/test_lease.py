@@ -15,14 +15,9 @@ from collectors._state_engine import sqlite_url
 from seedancectl._config import SidecarConfig
 from seedancectl._sidecar import Sidecar
 from tuner._knobs import Knob, KnobError
-from tuner._lease import (
-    InvalidRequestError,
-    JobRegistry,
-    JobStatus,
-    SessionError,
-    UnknownJobError,
-    lease_router,
-)
+from tuner._lease import JobRegistry
+from tuner._lease_http import lease_router
+from tuner._lease_messages import InvalidRequestError, JobStatus, SessionError, UnknownJobError
 from tuner._versions import VersionLedger
 
 KNOBS = [

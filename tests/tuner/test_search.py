@@ -15,7 +15,8 @@ from tests.tuner._simjob import KNOBS, SimJob
 from tuner._knobs import KnobSpace
 from tuner._lease import JobRegistry
 from tuner._rollout import RolloutController
-from tuner._search import SearchConfig, SearchDriver
+from tuner._search import SearchDriver
+from tuner._search_config import SearchConfig
 from tuner._space import Move, config_key, neighbours, search_space, single_moves
 from tuner._verdict import RolloutConfig
 from tuner._windows import MeasureConfig
