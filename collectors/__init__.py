@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     from collectors._nvml import GpuSampler as GpuSampler
     from collectors._nvml import GpuSamplerConfig as GpuSamplerConfig
     from collectors._nvml_backends import DisabledBackend as DisabledBackend
-    from collectors._nvml_backends import LiveNvmlBackend as LiveNvmlBackend
     from collectors._nvml_backends import NvmlBackend as NvmlBackend
     from collectors._nvml_backends import NvmlError as NvmlError
     from collectors._nvml_backends import NvmlGpuLost as NvmlGpuLost
     from collectors._nvml_backends import NvmlNotSupported as NvmlNotSupported
     from collectors._nvml_backends import NvmlTraceError as NvmlTraceError
     from collectors._nvml_backends import NvmlUnavailable as NvmlUnavailable
-    from collectors._nvml_backends import RecordingBackend as RecordingBackend
-    from collectors._nvml_backends import ReplayBackend as ReplayBackend
+    from collectors._nvml_live import LiveNvmlBackend as LiveNvmlBackend
+    from collectors._nvml_trace import RecordingBackend as RecordingBackend
+    from collectors._nvml_trace import ReplayBackend as ReplayBackend
     from collectors._otel import LATENCY_BUCKETS_S as LATENCY_BUCKETS_S
     from collectors._otel import STEP_BUCKETS_S as STEP_BUCKETS_S
     from collectors._otel import StoreMetricExporter as StoreMetricExporter

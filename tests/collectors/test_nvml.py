@@ -19,19 +19,15 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from collectors._nvml import THROTTLE_REASONS, GpuSampler, GpuSamplerConfig
 from collectors._nvml_backends import (
-    ALL_FIELDS,
-    LiveNvmlBackend,
     NvmlBackend,
     NvmlGpuLost,
     NvmlNotSupported,
     NvmlUnavailable,
     RawPoll,
-    RecordingBackend,
-    ReplayBackend,
-    read_trace,
     translate,
-    write_trace,
 )
+from collectors._nvml_live import ALL_FIELDS, LiveNvmlBackend
+from collectors._nvml_trace import RecordingBackend, ReplayBackend, read_trace, write_trace
 from collectors._points import REPLAYED_ATTR, Point
 from collectors.traces import TRACES_DIR, trace_names, trace_path
 from collectors.traces.build_from_captures import CAPTURES_DIR, build
@@ -413,7 +409,7 @@ def test_live_backend_code_path_maps_errors_and_derives_rates(
 
 def test_replay_with_loop_cycles_through_the_trace_not_its_last_poll() -> None:
     """Regression: a looping replay kept serving the last poll after the first pass."""
-    from collectors._nvml_backends import ReplayBackend
+    from collectors._nvml_trace import ReplayBackend
     from collectors.traces import trace_path
 
     backend = ReplayBackend(trace_path("h100_gpu_burn"), loop=True)
