@@ -62,13 +62,13 @@ if TYPE_CHECKING:
     from collectors._prometheus import MetricsServer as MetricsServer
     from collectors._prometheus import MetricsServerError as MetricsServerError
     from collectors._prometheus import serve_metrics as serve_metrics
-    from collectors._scrape import SOURCE_ATTR as SOURCE_ATTR
-    from collectors._scrape import ScrapeError as ScrapeError
     from collectors._scrape import Scraper as Scraper
     from collectors._scrape import ScrapeResult as ScrapeResult
     from collectors._scrape import ScrapeSource as ScrapeSource
     from collectors._scrape import ScrapeStats as ScrapeStats
-    from collectors._scrape import map_exposition as map_exposition
+    from collectors._scrape_mapping import ScrapeError as ScrapeError
+    from collectors._scrape_mapping import map_exposition as map_exposition
+    from collectors._scrape_rules import SOURCE_ATTR as SOURCE_ATTR
     from collectors._span_store import SpanStore as SpanStore
     from collectors._span_store import spans_table as spans_table
     from collectors._state_engine import sqlite_url as sqlite_url
