@@ -215,6 +215,7 @@ def test_every_backend_is_covered(tmp_path: Path) -> None:
 
 
 def test_every_raw_field_has_a_documented_type_and_range() -> None:
+    """A new raw field fails here until its type and range are written down above."""
     assert TEXT_FIELDS.isdisjoint(RANGES)
     assert TEXT_FIELDS | set(RANGES) == set(ALL_FIELDS)
 
@@ -222,6 +223,7 @@ def test_every_raw_field_has_a_documented_type_and_range() -> None:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_open_succeeds_or_says_unavailable_and_close_is_idempotent(
         name: str, tmp_path: Path) -> None:
+    """The sampler's only way to go null is NvmlUnavailable from open; it closes on shutdown."""
     backend = BACKENDS[name](trace_path("h100_idle"), tmp_path)
     assert backend.replayed is REPLAYED[name]
     try:
@@ -237,6 +239,7 @@ def test_open_succeeds_or_says_unavailable_and_close_is_idempotent(
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_poll_before_open_is_the_source_unavailable(name: str, tmp_path: Path) -> None:
+    """A poll out of order is a failure of the whole source, never a stray error type."""
     backend = BACKENDS[name](trace_path("h100_idle"), tmp_path)
     with pytest.raises(NvmlUnavailable):
         backend.poll()
@@ -246,6 +249,7 @@ def test_poll_before_open_is_the_source_unavailable(name: str, tmp_path: Path) -
 @pytest.mark.parametrize("case", POLLING_CASES, ids=lambda c: c.id)
 def test_every_gpu_accounts_for_every_field_once_with_its_type(
         case: Case, tmp_path: Path) -> None:
+    """The sampler reads fields by name and type; a GPU that answers leaves none unexplained."""
     polls = _raw_polls(_backend(case, tmp_path))
     times = [poll.time_ns for poll in polls]
     assert all(isinstance(t, int) and t > 0 for t in times) and times == sorted(times)
@@ -269,6 +273,7 @@ def test_every_gpu_accounts_for_every_field_once_with_its_type(
 
 @pytest.mark.parametrize("case", POLLING_CASES, ids=lambda c: c.id)
 def test_readings_are_in_nvml_units_and_ranges(case: Case, tmp_path: Path) -> None:
+    """Readings stay in NVML's units, so the sampler's one conversion holds for every source."""
     for poll in _raw_polls(_backend(case, tmp_path)):
         for gpu in poll.gpus:
             r = {k: v for k, v in gpu.readings.items() if not isinstance(v, str)}
@@ -288,6 +293,7 @@ def test_readings_are_in_nvml_units_and_ranges(case: Case, tmp_path: Path) -> No
 @pytest.mark.parametrize("case", POLLING_CASES, ids=lambda c: c.id)
 def test_an_unsupported_field_is_an_error_the_sampler_leaves_out(
         case: Case, tmp_path: Path) -> None:
+    """NVML_ERROR_NOT_SUPPORTED is a fact about the GPU: its metric is absent, the GPU is up."""
     polls, points = _sampled(_backend(case, tmp_path))
     unsupported = 0
     for poll, poll_points in zip(polls, points, strict=True):
@@ -306,6 +312,7 @@ def test_an_unsupported_field_is_an_error_the_sampler_leaves_out(
 
 @pytest.mark.parametrize("case", LOSS_CASES, ids=lambda c: c.id)
 def test_a_lost_gpu_is_reported_down_never_raised(case: Case, tmp_path: Path) -> None:
+    """One GPU falling off the bus must not take the others' metrics with it."""
     if case.backend == "live":
         pytest.skip("a live GPU cannot be made to fall off the bus in a test")
     polls, points = _sampled(_backend(case, tmp_path))
