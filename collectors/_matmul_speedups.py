@@ -100,7 +100,8 @@ def dtype_speedups(device: torch.device | str, *,
 
     Keys are precision knob values: ``fp32``, ``bf16``, ``fp16`` (absent where a matmul in it
     fails) and ``fp8`` (only on CUDA devices with scaled fp8 matmuls, compute capability 8.9+).
-    Measured once per device model, torch version and fp32 matmul precision, then read from ``matmul_speedups.json`` under ``cache_dir`` (default ``$SEEDANCE_CACHE_DIR``
+    Measured once per device model, torch version and fp32 matmul precision, then read from
+    ``matmul_speedups.json`` under ``cache_dir`` (default ``$SEEDANCE_CACHE_DIR``
     or ``~/.cache/seedance-tuner``). A cold run takes well under a second on a 2-core CPU; it
     competes with whatever else the device runs, so call it before training starts.
 
