@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     from collectors._nvml import GpuSampler as GpuSampler
     from collectors._nvml import GpuSamplerConfig as GpuSamplerConfig
     from collectors._nvml_backends import DisabledBackend as DisabledBackend
-    from collectors._nvml_backends import LiveNvmlBackend as LiveNvmlBackend
     from collectors._nvml_backends import NvmlBackend as NvmlBackend
     from collectors._nvml_backends import NvmlError as NvmlError
     from collectors._nvml_backends import NvmlGpuLost as NvmlGpuLost
     from collectors._nvml_backends import NvmlNotSupported as NvmlNotSupported
     from collectors._nvml_backends import NvmlTraceError as NvmlTraceError
     from collectors._nvml_backends import NvmlUnavailable as NvmlUnavailable
-    from collectors._nvml_backends import RecordingBackend as RecordingBackend
-    from collectors._nvml_backends import ReplayBackend as ReplayBackend
+    from collectors._nvml_live import LiveNvmlBackend as LiveNvmlBackend
+    from collectors._nvml_trace import RecordingBackend as RecordingBackend
+    from collectors._nvml_trace import ReplayBackend as ReplayBackend
     from collectors._otel import LATENCY_BUCKETS_S as LATENCY_BUCKETS_S
     from collectors._otel import STEP_BUCKETS_S as STEP_BUCKETS_S
     from collectors._otel import StoreMetricExporter as StoreMetricExporter
@@ -62,13 +62,13 @@ if TYPE_CHECKING:
     from collectors._prometheus import MetricsServer as MetricsServer
     from collectors._prometheus import MetricsServerError as MetricsServerError
     from collectors._prometheus import serve_metrics as serve_metrics
-    from collectors._scrape import SOURCE_ATTR as SOURCE_ATTR
-    from collectors._scrape import ScrapeError as ScrapeError
     from collectors._scrape import Scraper as Scraper
     from collectors._scrape import ScrapeResult as ScrapeResult
     from collectors._scrape import ScrapeSource as ScrapeSource
     from collectors._scrape import ScrapeStats as ScrapeStats
-    from collectors._scrape import map_exposition as map_exposition
+    from collectors._scrape_mapping import ScrapeError as ScrapeError
+    from collectors._scrape_mapping import map_exposition as map_exposition
+    from collectors._scrape_rules import SOURCE_ATTR as SOURCE_ATTR
     from collectors._span_store import SpanStore as SpanStore
     from collectors._span_store import spans_table as spans_table
     from collectors._state_engine import sqlite_url as sqlite_url

@@ -252,7 +252,7 @@ _VLLM = ("service.name", "gen_ai.request.model", "seedance.vllm.engine", "seedan
 
 SCRAPE_METRICS: tuple[MetricSpec, ...] = (
     # Names only scrape sources produce; scraped series that match a name above (hw.power,
-    # gen_ai.server.*, ...) reuse it. collectors/_scrape.py holds the series -> name rules.
+    # gen_ai.server.*, ...) reuse it. collectors/_scrape_rules.py holds the series -> name rules.
     MetricSpec(name="hw.energy", unit="J", kind=S, source="dcgm-exporter", attributes=_DCGM,
                description="Energy the GPU used since the driver loaded"),
     MetricSpec(name="seedance.gpu.memory.free", unit="By", kind=G, source="dcgm-exporter",

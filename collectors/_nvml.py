@@ -38,15 +38,8 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from collectors._catalogue import GPU_METRICS
 from collectors._errors import ConfigError
-from collectors._nvml_backends import (
-    XID_FIELD,
-    LiveNvmlBackend,
-    NvmlBackend,
-    NvmlError,
-    NvmlUnavailable,
-    RawGpu,
-    RawPoll,
-)
+from collectors._nvml_backends import NvmlBackend, NvmlError, NvmlUnavailable, RawGpu, RawPoll
+from collectors._nvml_live import XID_FIELD, LiveNvmlBackend
 from collectors._points import REPLAYED_ATTR, MetricKind, Point
 
 log = logging.getLogger(__name__)

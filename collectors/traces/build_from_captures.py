@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors._nvml_backends import ALL_FIELDS, write_trace
+from collectors._nvml_live import ALL_FIELDS
+from collectors._nvml_trace import write_trace
 
 CAPTURES_DIR = Path(__file__).resolve().parents[2] / "tests" / "data"  # copies, sources in its README
 OUT_DIR = Path(__file__).resolve().parent

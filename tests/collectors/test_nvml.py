@@ -19,19 +19,15 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from collectors._nvml import THROTTLE_REASONS, GpuSampler, GpuSamplerConfig
 from collectors._nvml_backends import (
-    ALL_FIELDS,
-    LiveNvmlBackend,
     NvmlBackend,
     NvmlGpuLost,
     NvmlNotSupported,
     NvmlUnavailable,
     RawPoll,
-    RecordingBackend,
-    ReplayBackend,
-    read_trace,
     translate,
-    write_trace,
 )
+from collectors._nvml_live import ALL_FIELDS, LiveNvmlBackend
+from collectors._nvml_trace import RecordingBackend, ReplayBackend, read_trace, write_trace
 from collectors._points import REPLAYED_ATTR, Point
 from collectors.traces import TRACES_DIR, trace_names, trace_path
 from collectors.traces.build_from_captures import CAPTURES_DIR, build
@@ -156,7 +152,7 @@ def test_mig_h100_has_no_utilisation_but_power() -> None:
     assert values(points, "hw.power") == [438.0]  # load dmon row 1: pwr 438
 
 
-def _two_gpu_trace_with_loss(path: Path) -> None:
+def write_two_gpu_trace_with_loss(path: Path) -> None:
     """Test fixture: GPU 0 from the H100 trace, GPU 1 from the L40S trace; GPU 1 is lost at the
     third poll (simulated: no capture shows a GPU falling off the bus)."""
     h100 = read_trace(trace_path("h100_gpu_burn"))
@@ -180,7 +176,7 @@ def test_lost_gpu_reports_down_while_the_other_goes_on(tmp_path: Path,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=NVML_LOG)
     path = tmp_path / "two_gpu_loss.jsonl"
-    _two_gpu_trace_with_loss(path)
+    write_two_gpu_trace_with_loss(path)
     sampler = GpuSampler(ReplayBackend(path), config=GpuSamplerConfig(host_name="h"))
     polls = [sampler.poll_once() for _ in range(4)]
     assert [values(p, "hw.gpu.up", **{"gpu.index": "1"}) for p in polls] == [
@@ -413,7 +409,7 @@ def test_live_backend_code_path_maps_errors_and_derives_rates(
 
 def test_replay_with_loop_cycles_through_the_trace_not_its_last_poll() -> None:
     """Regression: a looping replay kept serving the last poll after the first pass."""
-    from collectors._nvml_backends import ReplayBackend
+    from collectors._nvml_trace import ReplayBackend
     from collectors.traces import trace_path
 
     backend = ReplayBackend(trace_path("h100_gpu_burn"), loop=True)

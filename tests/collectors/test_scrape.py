@@ -22,15 +22,9 @@ import pytest
 
 from collectors._catalogue import BY_NAME
 from collectors._points import MetricKind, Point
-from collectors._scrape import (
-    DCGM_RULES,
-    SOURCE_ATTR,
-    VLLM_RULES,
-    ScrapeError,
-    Scraper,
-    ScrapeSource,
-    map_exposition,
-)
+from collectors._scrape import Scraper, ScrapeSource
+from collectors._scrape_mapping import ScrapeError, map_exposition
+from collectors._scrape_rules import DCGM_RULES, SOURCE_ATTR, VLLM_RULES
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DCGM_TEXT = (DATA / "dcgm-exporter_metrics_datadog-fixture_T4_partial-dummy.prom").read_text()

@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from torch import nn
 
-from collectors import torch_profile
+from collectors import _matmul_speedups, torch_profile
 from collectors._catalogue import BY_NAME, PROFILE_METRICS
 from collectors._points import CONFIG_VERSION_ATTR
 from collectors.torch_profile import (
@@ -401,7 +401,7 @@ def test_dtype_speedups_are_measured_once_per_device_model(
         calls.append(device)
         return {"fp32": 1.0, "bf16": 3.0}, 512
 
-    monkeypatch.setattr(torch_profile, "_benchmark", fake)
+    monkeypatch.setattr(_matmul_speedups, "_benchmark", fake)
     assert dtype_speedups("cpu") == {"fp32": 1.0, "bf16": 3.0}
     cache = tmp_path / "cache" / "matmul_speedups.json"  # from SEEDANCE_CACHE_DIR
     (entry,) = json.loads(cache.read_text()).values()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from collectors._store import TimeSeriesStore
+from tests.conformance._product import product_subclasses
 from tuner._change import Change
 from tuner._guardrails import GradientCollapseFindings, Guardrail, NonFiniteValues
 from tuner.serving_guardrails import ServingGuardrailConfig, ServingSLOGuardrail
@@ -19,15 +20,9 @@ GUARDRAILS: dict[str, Guardrail] = {
 }
 
 
-def _all_subclasses(cls: type) -> set[type]:
-    """The product's subclasses (a test's own stand-ins are not the product's)."""
-    found = {s for c in cls.__subclasses__() for s in {c, *_all_subclasses(c)}}
-    return {c for c in found if not c.__module__.startswith("tests.")}
-
-
 def test_every_guardrail_is_covered() -> None:
     """A new Guardrail subclass must be added to GUARDRAILS (and so to this suite)."""
-    assert _all_subclasses(Guardrail) == {type(g) for g in GUARDRAILS.values()}
+    assert product_subclasses(Guardrail) == {type(g) for g in GUARDRAILS.values()}
 
 
 @pytest.mark.parametrize("guardrail", GUARDRAILS.values(), ids=GUARDRAILS.keys())

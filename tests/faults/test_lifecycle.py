@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors._nvml_backends import LiveNvmlBackend, NvmlUnavailable
+from collectors._nvml_backends import NvmlUnavailable
+from collectors._nvml_live import LiveNvmlBackend
 from collectors._store import TimeSeriesStore
 from collectors.traces import trace_path
 from tests.faults._sidecar import PROTOBUF, ROOT, TOKEN, SidecarProcess, gauge_request, record

@@ -23,7 +23,7 @@ from collectors._nccl_tests import (
     parse_nccl_tests,
 )
 from collectors._nvml import GpuSampler, GpuSamplerConfig
-from collectors._nvml_backends import ReplayBackend
+from collectors._nvml_trace import ReplayBackend
 from policies import Detector, FrameStore, StoreWindow
 from policies.detectors import (
     AutoscalerThrashDetector,
