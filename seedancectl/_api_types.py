@@ -4,9 +4,10 @@ They are TypedDicts, not classes, because a body is passed on as it came (``--js
 the demo's summary keeps it): the types say what a caller may read without changing what it
 holds. Numbers the sidecar could not measure come as the strings "nan", "inf" or "-inf" where
 the server writes them so (windows, evidence), hence ``float | str`` there.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: a TypedDict reads ``NotRequired`` from its
+evaluated annotations (``__optional_keys__``), which the tests hold the bodies to.
+"""
 
 from typing import Any, NotRequired, TypedDict
 
