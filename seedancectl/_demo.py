@@ -78,10 +78,12 @@ class DemoConfig:
 
     @property
     def seconds(self) -> float:
+        """The run's length in seconds."""
         return self.minutes * 60
 
     @property
     def incident_s(self) -> float:
+        """The staged incident's share of the run (a quarter, at least 30 s)."""
         return max(30.0, 0.25 * self.seconds)
 
     @property
@@ -276,6 +278,7 @@ class DemoRun:
             signal.signal(signal.SIGINT, previous)
 
     def elapsed_s(self) -> float:
+        """Seconds since the run was made (monotonic)."""
         return time.monotonic() - self._started
 
     # ---- the live view -----------------------------------------------------------------------
@@ -376,6 +379,7 @@ def _finite(value: Any) -> float | None:
 
 
 def write_summary(out: Path, summary: Mapping[str, Any]) -> Path:
+    """``out/summary.json``, replaced whole (a reader never sees half of it)."""
     path = out / "summary.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")

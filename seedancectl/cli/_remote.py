@@ -1,5 +1,6 @@
 """Commands that talk to a running sidecar over its HTTP API: status, changes, approvals,
-rollbacks, tuning, and the job's knobs."""
+rollbacks, tuning, and the job's knobs. Every call goes through ``SidecarClient``, whose
+``SidecarError`` is already the one line the app prints."""
 
 from __future__ import annotations
 
