@@ -50,7 +50,8 @@ class SidecarClient:
     """The sidecar's operator API at ``url``: one method per route, typed answers.
 
     A context manager (or ``close()``) releases its connections. ``token`` is sent with the
-    calls that change something; ``timeout_s`` bounds each call.
+    calls that change something; ``timeout_s`` bounds each call. A ``url`` that does not parse
+    is a ``ConfigError`` here, before any call.
     """
 
     def __init__(self, url: str, *, token: str | None = None,
