@@ -160,8 +160,7 @@ class SidecarClient:
         try:
             reply = self._http.request(
                 method, url, headers=headers, json=None if body is None else dict(body),
-                params=None if params is None else {k: v for k, v in params.items()
-                                                    if v is not None})
+                params={k: v for k, v in (params or {}).items() if v is not None})
         except httpx.InvalidURL as exc:
             raise SidecarError(f"{url!r}: {exc}") from None
         except httpx.HTTPError as exc:
