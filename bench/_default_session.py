@@ -10,7 +10,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from seedancectl._session import TOKEN, SessionConfig, TrainingSession
+from seedancectl._session import TOKEN, TrainingSession
+from seedancectl._session_config import SessionConfig
 
 
 def code_revision() -> str:

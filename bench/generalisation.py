@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +69,10 @@ import torch  # noqa: E402
 
 from bench._default_session import DefaultSettingsSession, code_revision  # noqa: E402
 from bench._serving_family import bench_serving  # noqa: E402
-from seedancectl._session import TrainingSession, Trial, TuningSessionError  # noqa: E402
+from seedancectl._api_client import SidecarError  # noqa: E402
+from seedancectl._session import TrainingSession  # noqa: E402
+from seedancectl._session_config import TuningSessionError  # noqa: E402
+from seedancectl._session_result import Trial  # noqa: E402
 from workloads.families import FAMILIES, Built, family  # noqa: E402
 from workloads.train_family import (  # noqa: E402
     Config,
@@ -332,7 +334,7 @@ def live_session(name: str, minutes: float, checkpoints: Sequence[float], *,
             result["trials"] = [_trial_json(t, label) for t in session.trials()]
             result["changes_by_state"] = _count(c["state"] for c in session.changes())
             result["wall_s"] = round(time.monotonic() - attached, 1)
-    except (TuningSessionError, httpx.HTTPError, OSError) as exc:  # the other families go on
+    except (TuningSessionError, SidecarError, OSError) as exc:  # the other families go on
         result["error"] = f"{type(exc).__name__}: {exc}"
         print(f"[{name}] live session failed: {exc}", flush=True)
     finally:

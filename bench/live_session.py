@@ -28,7 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seedancectl._session import SessionConfig, SessionResult, run_training_session  # noqa: E402
+from seedancectl._session import run_training_session  # noqa: E402
+from seedancectl._session_config import SessionConfig  # noqa: E402
+from seedancectl._session_result import SessionResult  # noqa: E402
 
 SEARCHED = ("precision.attention", "precision.ffn", "micro_batch", "threads")
 RESULTS = Path(__file__).resolve().parent / "results" / "live_session.json"

@@ -25,12 +25,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import httpx
+from typing import IO, Any, TypeVar
 
 from collectors import SeedanceError
-from seedancectl._session import ACTIVE_STATES, FINAL_STATES, SessionConfig, TrainingSession
+from seedancectl._api_client import SidecarClient, SidecarError
+from seedancectl._api_types import FindingJSON
+from seedancectl._session import ACTIVE_STATES, FINAL_STATES, TrainingSession, stop_process
+from seedancectl._session_config import SessionConfig
+
+T = TypeVar("T")
 
 SUMMARY_SCHEMA_VERSION = 2
 SCHEMA_PATH = Path(__file__).with_name("demo_summary.schema.json")
@@ -75,10 +78,12 @@ class DemoConfig:
 
     @property
     def seconds(self) -> float:
+        """The run's length in seconds."""
         return self.minutes * 60
 
     @property
     def incident_s(self) -> float:
+        """The staged incident's share of the run (a quarter, at least 30 s)."""
         return max(30.0, 0.25 * self.seconds)
 
     @property
@@ -107,37 +112,13 @@ class Snapshot:
     phase: str
     trials: list[dict[str, Any]] = field(default_factory=list)
     changes: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[FindingJSON] = field(default_factory=list)
     config_version: int | None = None
     baseline_version: int | None = None
     loss: float | None = None
     tokens_per_s: float | None = None
     serve_tokens_per_s: float | None = None
     error: str | None = None
-
-
-def _stop(proc: subprocess.Popen[bytes] | None, timeout_s: float, *,
-          group: bool = False) -> None:
-    """SIGINT, then SIGKILL if it does not end in time; with ``group``, to the process group
-    the process leads (the serving job and its replicas)."""
-    if proc is None:
-        return
-
-    def send(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
-    if proc.poll() is None:
-        send(signal.SIGINT)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            send(signal.SIGKILL)
-            proc.wait()
-    if group:  # a replica that outlived its launcher goes too
-        send(signal.SIGKILL)
 
 
 def session_config(config: DemoConfig) -> SessionConfig:
@@ -161,14 +142,14 @@ class DemoRun:
         self.logs = self.out / "logs"
         self.store_path = self.out / "metrics.db"
         self.state_db_url = f"sqlite:///{self.out / 'state.db'}"
-        self.session = TrainingSession(session_config(config))
-        self.session.http.timeout = httpx.Timeout(60.0)  # a starved sidecar answers late
+        self.session = TrainingSession(session_config(config),
+                                       api_timeout_s=60.0)  # a starved sidecar answers late
         self.url = self.session.url
         self.started_at_ns = time.time_ns()
         self._started = time.monotonic()
         self._serve: subprocess.Popen[bytes] | None = None
         self._serve_log: IO[bytes] | None = None
-        self._http = httpx.Client(base_url=self.url, timeout=5.0)
+        self._view_api = SidecarClient(self.url, timeout_s=5.0)
         self._store: Any = None
         self.phase = "starting the sidecar and the training job"
         self.incident_change: str | None = None
@@ -219,8 +200,9 @@ class DemoRun:
             try:
                 if done():
                     return True
-            except httpx.HTTPError:
-                pass
+            except SidecarError as exc:
+                if exc.status is not None:  # answered with an error: not a slow sidecar
+                    raise
             if time.monotonic() >= deadline:
                 return False
             time.sleep(interval_s)
@@ -250,9 +232,8 @@ class DemoRun:
 
     def _moves_left(self) -> int | None:
         """Single moves from the kept config the search has not tried (0: it waits)."""
-        found = self.session.get(f"/v1/jobs/{self.session.config.job}/knobs")["moves_left"]
+        found = self.session.api.knobs(self.session.config.job)["moves_left"]
         return None if found is None else int(found)
-
 
     def _idle(self) -> bool:
         return not [c for c in self.session.changes() if c["state"] in ACTIVE_STATES]
@@ -261,18 +242,18 @@ class DemoRun:
         """Read the sidecar's final state, stop the training job (it flushes its spans), let
         the serving job drain, then stop the sidecar."""
         self.final = {
-            "changes": self._get("/v1/changes") or [],
-            "findings": self._get("/v1/findings", all=True) or [],
-            "status": self._get("/v1/status") or {},
+            "changes": self._read(SidecarClient.changes) or [],
+            "findings": self._read(lambda api: api.findings(include_closed=True)) or [],
+            "status": self._read(SidecarClient.status) or {},
         }
-        _stop(self.session.train, 20.0)
+        stop_process(self.session.train, 20.0)
         if self._serve is not None:
             try:
                 self._serve.wait(max(1.0, timeout_s))
             except subprocess.TimeoutExpired:
-                _stop(self._serve, 15.0, group=True)
+                stop_process(self._serve, 15.0, group=True)
         time.sleep(1.0)  # the job's last span export lands before the audit is read
-        self.final["audit"] = self._get("/v1/audit") or []
+        self.final["audit"] = self._read(SidecarClient.audit) or []
         self.close()
         code = None if self._serve is None else self._serve.returncode
         if code not in (0, None):
@@ -283,30 +264,32 @@ class DemoRun:
         """Stop every process still running (jobs first, the sidecar last); idempotent."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits
         try:
-            _stop(self.session.train, 20.0)
+            stop_process(self.session.train, 20.0)
             if self._serve is not None:
-                _stop(self._serve, 20.0, group=True)
+                stop_process(self._serve, 20.0, group=True)
             self.session.close()
             if self._store is not None:
                 self._store.close()
                 self._store = None
-            self._http.close()
+            self._view_api.close()
             if self._serve_log is not None:
                 self._serve_log.close()
         finally:
             signal.signal(signal.SIGINT, previous)
 
     def elapsed_s(self) -> float:
+        """Seconds since the run was made (monotonic)."""
         return time.monotonic() - self._started
 
     # ---- the live view -----------------------------------------------------------------------
 
-    def _get(self, path: str, **params: Any) -> Any:
+    def _read(self, read: Callable[[SidecarClient], T]) -> T | None:
+        """``read`` on the view's own client (short timeout); None when it fails: the view
+        shows what it could read and the run goes on."""
         try:
-            reply = self._http.get(path, params=params)
-        except httpx.HTTPError:
+            return read(self._view_api)
+        except SidecarError:
             return None
-        return reply.json() if reply.is_success else None
 
     def _latest(self, name: str, job: str) -> float | None:
         """The newest value of a metric of ``job`` in the store (None before the first)."""
@@ -327,16 +310,16 @@ class DemoRun:
     def snapshot(self) -> Snapshot:
         """One read of the sidecar's API and store; never raises (the error is shown)."""
         try:
-            status = self._get("/v1/status") or {}
-            changes = self._get("/v1/changes", job=TRAIN_JOB) or []
-            findings = self._get("/v1/findings") or []
-            job: dict[str, Any] = next(
-                (j for j in status.get("jobs", []) if j["job"] == TRAIN_JOB), {})
+            status = self._read(SidecarClient.status)
+            changes = self._read(lambda api: api.changes(job=TRAIN_JOB)) or []
+            findings = self._read(SidecarClient.findings) or []
+            job = next((j for j in (status["jobs"] if status else []) if j["job"] == TRAIN_JOB),
+                       None)
             return Snapshot(
                 elapsed_s=self.elapsed_s(), phase=phase(self.phase, changes),
                 trials=trial_rows(changes), changes=[change_row(c) for c in changes],
-                findings=findings, config_version=job.get("acked_version"),
-                baseline_version=job.get("baseline_version"),
+                findings=findings, config_version=None if job is None else job["acked_version"],
+                baseline_version=None if job is None else job["baseline_version"],
                 loss=self._latest("seedance.train.loss", TRAIN_JOB),
                 tokens_per_s=self._latest("seedance.train.tokens_per_second", TRAIN_JOB),
                 serve_tokens_per_s=self._latest("seedance.serve.tokens_per_second", SERVE_JOB))
@@ -396,6 +379,7 @@ def _finite(value: Any) -> float | None:
 
 
 def write_summary(out: Path, summary: Mapping[str, Any]) -> Path:
+    """``out/summary.json``, replaced whole (a reader never sees half of it)."""
     path = out / "summary.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")

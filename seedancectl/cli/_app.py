@@ -75,6 +75,7 @@ class UsageError(SeedanceError):
 
 
 def print_json(data: Any) -> None:
+    """``--json`` output: plain JSON on stdout, no markup, so that it pipes into ``jq``."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 

@@ -1,10 +1,11 @@
 """Commands that talk to a running sidecar over its HTTP API: status, changes, approvals,
-rollbacks, tuning, and the job's knobs."""
+rollbacks, tuning, and the job's knobs. Every call goes through ``SidecarClient``, whose
+``SidecarError`` is already the one line the app prints."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Column, Table
@@ -22,6 +23,10 @@ from seedancectl.cli._app import (
     tuning_app,
     when,
 )
+
+if TYPE_CHECKING:
+    from seedancectl._api_client import SidecarClient
+    from seedancectl._api_types import ChangeJSON
 
 DEFAULT_SIDECAR = "http://127.0.0.1:4318"
 SidecarOption = Annotated[
@@ -51,32 +56,18 @@ def _token(token_file: Path | None) -> str:
     return token
 
 
-def _call(method: str, sidecar: str, path: str, *, token_file: Path | None = None,
-          mutate: bool = False, body: dict[str, Any] | None = None,
-          params: dict[str, Any] | None = None) -> Any:
-    """One API call; every failure is a UsageError of one line."""
-    import httpx
+def _client(sidecar: str, token_file: Path | None = None, *,
+            writes: bool = False) -> SidecarClient:
+    """The sidecar's API at ``--sidecar``; a command that changes something needs the token
+    before it calls (a missing one is the user's to fix, not the sidecar's 401)."""
+    from collectors import ConfigError
+    from seedancectl._api_client import SidecarClient
 
-    headers = {"Authorization": f"Bearer {_token(token_file)}"} if mutate else {}
-    url = sidecar.rstrip("/") + path
+    token = _token(token_file) if writes else None
     try:
-        reply = httpx.request(method, url, json=body, params=params, headers=headers,
-                              timeout=30.0)
-    except httpx.InvalidURL as exc:
-        raise UsageError(f"--sidecar {sidecar!r}: {exc}") from None
-    except httpx.HTTPError as exc:
-        raise UsageError(f"no sidecar answers at {sidecar} ({type(exc).__name__}: {exc}); "
-                         "is `seedancectl sidecar` running?") from None
-    if reply.is_success:
-        return reply.json()
-    try:
-        detail = reply.json().get("detail")
-    except ValueError:
-        detail = reply.text.strip()[:200]
-    if isinstance(detail, list) and detail:  # a validation error: name the field
-        first = detail[0]
-        detail = f"{'.'.join(str(p) for p in first.get('loc', ())[1:])}: {first.get('msg')}"
-    raise UsageError(f"sidecar {sidecar}: HTTP {reply.status_code}: {detail}")
+        return SidecarClient(sidecar, token=token)
+    except ConfigError as exc:
+        raise UsageError(f"--sidecar {exc}") from None
 
 
 def _user(by: str | None) -> str:
@@ -119,7 +110,7 @@ def _bool(text: str, option: str) -> bool:
     raise UsageError(f"{option} {text!r}: expected true or false")
 
 
-def _print_change(change: dict[str, Any], sidecar: str) -> None:
+def _print_change(change: ChangeJSON, sidecar: str) -> None:
     knobs = ", ".join(f"{k}: {change['baseline'].get(k)!r} -> {v!r}"
                       for k, v in sorted(change["values"].items()))
     stdout.print(f"change {change['id']} of job {change['job']}: [bold]{change['state']}[/] "
@@ -133,8 +124,8 @@ def _print_change(change: dict[str, Any], sidecar: str) -> None:
 
 def _propose(sidecar: str, token_file: Path | None, job: str, values: dict[str, Any],
              by: str, reason: str, json_out: bool) -> None:
-    change = _call("POST", sidecar, f"/v1/jobs/{job}/changes", token_file=token_file,
-                   mutate=True, body={"values": values, "by": by, "reason": reason})
+    with _client(sidecar, token_file, writes=True) as api:
+        change = api.propose(job, values, by=by, reason=reason)
     if json_out:
         print_json(change)
         return
@@ -142,7 +133,8 @@ def _propose(sidecar: str, token_file: Path | None, job: str, values: dict[str, 
 
 
 def _show_knobs(sidecar: str, job: str, prefix: str, json_out: bool) -> None:
-    found = _call("GET", sidecar, f"/v1/jobs/{job}/knobs")
+    with _client(sidecar) as api:
+        found = api.knobs(job)
     knobs = [k for k in found["knobs"] if k["name"].startswith(prefix)]
     if json_out:
         print_json({**found, "knobs": knobs})
@@ -165,7 +157,8 @@ def _show_knobs(sidecar: str, job: str, prefix: str, json_out: bool) -> None:
 @app.command()
 def status(sidecar: SidecarOption = DEFAULT_SIDECAR, json_out: JsonFlag = False) -> None:
     """What the sidecar watches: jobs, their config versions, modes, open findings, changes."""
-    found = _call("GET", sidecar, "/v1/status")
+    with _client(sidecar) as api:
+        found = api.status()
     if json_out:
         print_json(found)
         return
@@ -194,9 +187,8 @@ def changes_list(
     json_out: JsonFlag = False,
 ) -> None:
     """Changes, oldest first."""
-    params: dict[str, Any] = {"job": job, "state": state or None}
-    found = _call("GET", sidecar, "/v1/changes",
-                  params={k: v for k, v in params.items() if v is not None})
+    with _client(sidecar) as api:
+        found = api.changes(job=job, states=state)
     if json_out:
         print_json(found)
         return
@@ -219,14 +211,14 @@ def changes_show(
     json_out: JsonFlag = False,
 ) -> None:
     """One change with its audit trail."""
-    found = _call("GET", sidecar, f"/v1/changes/{change_id}")
+    with _client(sidecar) as api:
+        found = api.change(change_id)
     if json_out:
         print_json(found)
         return
     _print_change(found, sidecar)
     stdout.print(f"reason: {found['reason']}", highlight=False, soft_wrap=True)
-    if found.get("comparison"):
-        c = found["comparison"]
+    if c := found.get("comparison"):
         stdout.print(f"measured gain {c['gain']:+.2%} [{c['ci_low']:+.2%}, {c['ci_high']:+.2%}]",
                      highlight=False)
     table = Table("when", "event", "by", "versions", "reason")
@@ -246,8 +238,8 @@ def approve(
     json_out: JsonFlag = False,
 ) -> None:
     """Approve a proposed change; the controller applies and measures it."""
-    change = _call("POST", sidecar, f"/v1/changes/{change_id}/approve", token_file=token_file,
-                   mutate=True, body={"by": by, "comment": comment})
+    with _client(sidecar, token_file, writes=True) as api:
+        change = api.approve(change_id, by=by, comment=comment)
     if json_out:
         print_json(change)
         return
@@ -264,8 +256,8 @@ def reject(
     json_out: JsonFlag = False,
 ) -> None:
     """Reject a proposed (or approved, not yet applied) change."""
-    change = _call("POST", sidecar, f"/v1/changes/{change_id}/reject", token_file=token_file,
-                   mutate=True, body={"by": by, "reason": reason})
+    with _client(sidecar, token_file, writes=True) as api:
+        change = api.reject(change_id, by=by, reason=reason)
     if json_out:
         print_json(change)
         return
@@ -282,8 +274,8 @@ def rollback(
     json_out: JsonFlag = False,
 ) -> None:
     """Roll back the job's change in flight, else its last kept one."""
-    change = _call("POST", sidecar, f"/v1/jobs/{job}/rollback", token_file=token_file,
-                   mutate=True, body={"by": by, "reason": reason})
+    with _client(sidecar, token_file, writes=True) as api:
+        change = api.rollback(job, by=by, reason=reason)
     if json_out:
         print_json(change)
         return
@@ -292,8 +284,8 @@ def rollback(
 
 def _tuning(action: str, job: str, by: str | None, sidecar: str, token_file: Path | None,
             json_out: bool) -> None:
-    found = _call("POST", sidecar, f"/v1/jobs/{job}/tuning", token_file=token_file,
-                  mutate=True, body={"action": action, "by": _user(by)})
+    with _client(sidecar, token_file, writes=True) as api:
+        found = api.set_tuning(job, action, by=_user(by))
     if json_out:
         print_json(found)
         return

@@ -20,13 +20,10 @@ from typing import Any
 import pytest
 
 from collectors._store import TimeSeriesStore
-from seedancectl._session import (
-    SEARCH_DONE,
-    SessionConfig,
-    TrainingSession,
-    Trial,
-    run_training_session,
-)
+from seedancectl._api_types import AckJSON, ChangeJSON, FindingJSON
+from seedancectl._session import SEARCH_DONE, TrainingSession, run_training_session
+from seedancectl._session_config import SessionConfig
+from seedancectl._session_result import Trial
 
 pytestmark = pytest.mark.integration
 
@@ -70,8 +67,8 @@ def test_live_tuning_session_on_default_settings_keeps_only_measured_gains(
         assert again.ci_low <= 0, f"the first baseline beat the kept config: {again}"
 
 
-def _finding_opened_s(session: TrainingSession, group: str) -> tuple[dict[str, Any], float]:
-    findings = session.get("/v1/findings", job=session.config.job, all=True)
+def _finding_opened_s(session: TrainingSession, group: str) -> tuple[FindingJSON, float]:
+    findings = session.api.findings(job=session.config.job, include_closed=True)
     found = [f for f in findings if f["detector"] in ("gradient_underflow", "gradient_collapse")
              and f["resource"].get("module_group") == group]
     assert found, f"no gradient finding on {group}: {findings}"
@@ -109,8 +106,8 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
         applied_s = done["plan"]["applied_at_s"]
         assert opened_s >= applied_s
         # the job ran both one-shot actions and acked the restored config (ffn in fp32)
-        def acked() -> list[dict[str, Any]] | None:
-            acks = session.get(f"/v1/jobs/{config.job}/acks")
+        def acked() -> list[AckJSON] | None:
+            acks = session.api.acks(config.job)
             return acks if any(a["version"] >= restored for a in acks) else None
 
         acks = session.wait(acked, 120, "the job to ack the restored config",
@@ -121,7 +118,7 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
                    and x["status"] == "done" for x in actions), actions
         back = next(a for a in acks if a["version"] >= restored)
         assert back["status"] == "applied"
-        knobs = session.get(f"/v1/jobs/{config.job}/knobs")
+        knobs = session.api.knobs(config.job)
         assert knobs["desired"]["values"]["precision.ffn"] == "fp32"
 
         # the loss keeps falling after the rollback
@@ -153,8 +150,7 @@ def _logged_at(line: str) -> float:
     return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def _candidate_in_force(session: TrainingSession, *, measured: int
-                        ) -> dict[str, Any] | None:
+def _candidate_in_force(session: TrainingSession, *, measured: int) -> ChangeJSON | None:
     """A trial in flight whose candidate the job runs now, after ``measured`` windows."""
     for change in session.changes(source="trial"):
         plan = change["plan"]
