@@ -20,7 +20,7 @@ from torch import nn
 from tests.servers import free_port
 from tests.tuner.test_client import LeaseServer
 from tuner._lease import Ack, JobRegistry
-from tuner.client import attach
+from tuner.job import attach
 from tuner.precision import DTYPES
 
 pytestmark = pytest.mark.integration
