@@ -96,12 +96,15 @@ class Session:
                  snapshot_max_bytes: int | None = None, export_interval_s: float = 1.0) -> None:
         if lease_ttl_s is not None and not lease_ttl_s > 0:
             raise ClientError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
-        self.job = job
-        self.model = _unwrap(model)
-        self.optimizer = optimizer
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
+        if global_batch is not None and global_batch % self.world_size:
+            raise ClientError(f"global_batch {global_batch} is not a multiple of the world size "
+                              f"{self.world_size}")
+        self.job = job
+        self.model = _unwrap(model)
+        self.optimizer = optimizer
         self.version = 0
         self.steps_done = 0
         self.switches: list[tuple[int, int]] = []
@@ -138,20 +141,14 @@ class Session:
                                               speedups=self.speedups)
                           if meter is not None and self.speedups else None)
         self._global_batch = global_batch
-        per_rank = 0
-        if global_batch is not None:
-            if global_batch % self.world_size:
-                raise ClientError(f"global_batch {global_batch} is not a multiple of the world "
-                                  f"size {self.world_size}")
-            per_rank = global_batch // self.world_size
         self._knobs = TrainingKnobs(
             self.model, self._precision_groups, speedups=self.speedups,
             grad_scaler=grad_scaler is not None, kind=kind, micro_batch=micro_batch,
-            micro_batches=tuple(d for d in range(1, per_rank + 1) if per_rank % d == 0))
+            per_rank_batch=global_batch // self.world_size if global_batch is not None else None)
         self._values: dict[str, KnobValue] = {}
         self._key: ConfigKey = ()
         self._applied_seq = 0
-        self._update: LeaseUpdate | None = None  # the update in force: a later failure is acked to it
+        self._update: LeaseUpdate | None = None  # in force: a later failure is acked to it
         self._baseline: Config | None = None  # the sidecar's, as of the last update applied
         self._passed: set[ConfigKey] = set()
         self._failed: dict[ConfigKey, str] = {}

@@ -30,7 +30,7 @@ class TrainingKnobs:
 
     def __init__(self, model: nn.Module, precision_groups: Mapping[str, tuple[str, ...]], *,
                  speedups: Mapping[str, float], grad_scaler: bool, kind: str,
-                 micro_batches: Sequence[int] = (), micro_batch: int | None = None) -> None:
+                 per_rank_batch: int | None = None, micro_batch: int | None = None) -> None:
         self._knobs: dict[str, Knob] = {}
         self._handles: dict[str, KnobHandle] = {}  # the job's own knobs and the restart ones
         self.actuators = ActuatorRegistry()
@@ -47,9 +47,9 @@ class TrainingKnobs:
         self._own(self._job_knobs, SCHEDULER_KNOBS if kind == "train" else ())
         self.micro_batch: KnobHandle | None = None
         """The ``micro_batch`` knob, declared when the job has a global batch."""
-        if micro_batches:
-            knob = Knob(name="micro_batch", default=micro_batch or micro_batches[-1],
-                        choices=tuple(micro_batches),
+        if per_rank_batch is not None:  # the divisors of the batch each rank takes a step on
+            sizes = tuple(d for d in range(1, per_rank_batch + 1) if per_rank_batch % d == 0)
+            knob = Knob(name="micro_batch", default=micro_batch or per_rank_batch, choices=sizes,
                         description="samples per micro-batch and rank")
             self.micro_batch = KnobHandle(knob)
             self._own(HandleActuator("micro_batch", {"micro_batch": self.micro_batch}), [knob])
