@@ -83,6 +83,7 @@ def _serving_job() -> Iterator[Job]:
 
 @pytest.fixture
 def jobs() -> Iterator[dict[str, Job]]:
+    """A training and a serving job, closed after the test, the process's threads put back."""
     threads = torch.get_num_threads()
     training, serving = _training_job(), _serving_job()
     try:

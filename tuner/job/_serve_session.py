@@ -18,7 +18,8 @@ an ``apply`` callback; the session calls it with the whole config at a batch bou
 What ``boundary()`` does: the newest config a background thread received by long-polling the
 sidecar (``tuner.job._lease_client``, shared with the training session) is applied through
 ``apply``, the job's ``CallbackActuator`` (``session.actuators``); if ``apply`` raises, the
-previous values are re-applied and the version is acked as failed. The version becomes ``session.version``, which the job's instrumentation reads as its
+previous values are re-applied and the version is acked as failed. The version becomes
+``session.version``, which the job's instrumentation reads as its
 ``seedance.config.version``. One-shot actions (snapshot, rollback) restore training state; a
 serving job has none, so it acks them as failed with the reason. A config that comes with a W3C
 ``traceparent`` is applied inside a ``job.apply`` span that joins the change's trace (through
