@@ -377,8 +377,7 @@ class Session:
                          f"v{baseline.version}"})
 
     def _config_key(self, values: Mapping[str, KnobValue]) -> ConfigKey:
-        return tuple(sorted((k, v) for k, v in values.items()
-                            if self._knobs.live(k)))
+        return tuple(sorted((k, v) for k, v in values.items() if self._knobs.live(k)))
 
     def _set_values(self, values: Mapping[str, KnobValue]) -> None:
         """Put ``values`` in force: each actuator whose knobs changed gets its part."""
