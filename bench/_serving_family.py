@@ -38,8 +38,8 @@ from bench._default_session import DefaultSettingsSession
 from seedancectl._config import ServingSLOConfig
 from seedancectl._session import TrainingSession
 from tuner._windows import MeasureConfig
+from tuner.job import KV_BITS_KNOBS
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS
-from tuner.serve_client import KV_BITS_KNOBS
 from workloads import loadgen
 from workloads.serve_tuned import TunedConfig, build_engine, closed_loop, requests
 

@@ -46,8 +46,8 @@ def bootstrap_ci(values: list[float], *, n: int, seed: int) -> tuple[float, floa
 
 
 def owner_groups(model: Any) -> dict[str, tuple[str, ...]]:
-    """The groups tuner.client's default precision knobs use: parameter owners by group."""
-    from tuner.client import default_precision_groups
+    """The groups tuner.job's default precision knobs use: parameter owners by group."""
+    from tuner.job import default_precision_groups
 
     return default_precision_groups(model, None)
 

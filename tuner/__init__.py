@@ -2,7 +2,7 @@
 
 Public names load their module on first use; each is listed once, as a typed import under
 ``TYPE_CHECKING`` that ``collectors.lazy_exports`` reads. In-job modules that import torch
-(``tuner.client``, ``tuner.precision``, ``tuner.checkpoint``, ``tuner.kv_cache``,
+(``tuner.job``'s sessions, ``tuner.precision``, ``tuner.checkpoint``, ``tuner.kv_cache``,
 ``tuner.kv_decode``, ``tuner.kv_adaptive``) are imported by the job directly, never from here,
 so the sidecar stays torch-free.
 """

@@ -62,7 +62,7 @@ KV_ADAPTIVE_KNOBS: tuple[Knob, ...] = (
     Knob(name="kv.adaptive.high_bits", default=6, choices=(4, 6, 8, 16),
          description="KV bits otherwise"),
 )
-"""The searchable thresholds; declare them with ``tuner.client`` (``handle.knob(**...)``)."""
+"""The searchable thresholds; declare them with ``tuner.job`` (``handle.knob(**...)``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -271,7 +271,7 @@ class Engine:
         return cache
 
     def apply_knobs(self, values: Mapping[str, KnobValue]) -> None:
-        """Apply a serving config between steps (``tuner.serve_client`` calls it).
+        """Apply a serving config between steps (``tuner.job.ServeSession`` calls it).
 
         ``kv.key_bits`` / ``kv.value_bits``: the width of tokens quantised from now on, in new
         caches and in the running requests' caches (``QuantizedKVCache.set_bits``).

@@ -2,7 +2,7 @@
 
 ``python -m workloads.serve_tuned --sidecar http://127.0.0.1:4318 --job serve --duration-s 240``
 serves the small GPT (``workloads.serve.Engine``) and holds a knob lease on the sidecar
-(``tuner.serve_client``, kind ``serve``) over the KV bit widths and the prefix cache
+(``tuner.job.attach_serving``, kind ``serve``) over the KV bit widths and the prefix cache
 (``KNOBS``, with ``serving.step_delay_s``, an INJECTED per-step delay an operator can
 turn on to make the replica slow on purpose); its launch values (``--kv-bits``, ``--capacity-entries``, ...) are the baseline it
 proposes. Between decode steps the newest config takes effect; every metric point carries its
@@ -36,8 +36,8 @@ import torch
 
 from collectors import ConfigError, TelemetryConfig, setup_telemetry
 from tuner import Knob
+from tuner.job import KV_BITS_KNOBS, attach_serving
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS, PrefixCacheConfig
-from tuner.serve_client import KV_BITS_KNOBS, attach_serving
 from workloads import loadgen
 from workloads.gpt import GPTConfig
 from workloads.serve import build_model, quantile

@@ -6,7 +6,7 @@ The global batch stays fixed whatever the micro-batch size and rank count: every
 same global batch from the seeded generator, keeps its slice, and accumulates gradients over
 ``global_batch / (micro_batch * world_size)`` micro-batches.
 
-``--sidecar URL`` holds a knob lease (``tuner.client``): the sidecar may switch the precision of
+``--sidecar URL`` holds a knob lease (``tuner.job``): the sidecar may switch the precision of
 each module group, the thread count and the micro-batch size at a step boundary (the micro-batch
 count is read from the session every step, so the global batch and the tokens per step stay
 fixed and throughputs compare). ``--loss-scale`` / ``--loss-scale-growth-interval`` set the
@@ -32,7 +32,7 @@ from torch import nn
 
 from collectors import SeedanceError, TelemetryConfig, setup_telemetry
 from collectors.torch_training import NullTrainingInstrumentation, TrainingInstrumentation
-from tuner.client import Session, attach
+from tuner.job import Session, attach
 from workloads.corpus import Corpus, CorpusConfig
 from workloads.gpt import GPT, GPTConfig, count_parameters
 from workloads.process_group import rank_process_group
@@ -196,7 +196,7 @@ def run(config: TrainConfig, *, rank: int = 0, job: str = "train",
         sidecar: str | None = None, lease_ttl_s: float | None = None) -> dict[str, float]:
     """Trains for ``config.steps`` (or until ``seconds`` pass); returns a short summary.
 
-    With ``sidecar`` (its base URL) the job holds a knob lease (``tuner.client``): the session
+    With ``sidecar`` (its base URL) the job holds a knob lease (``tuner.job``): the session
     exports the metrics to the sidecar and applies the configs it is sent at step boundaries.
     """
     trainer = Trainer(config, rank=rank)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from tuner.client import PRECISION_CHOICES, Session, attach
+from tuner.job import PRECISION_CHOICES, Session, attach
 from tuner.precision import PrecisionPolicy, apply_precision
 from workloads.families import FAMILIES, Built, family
 

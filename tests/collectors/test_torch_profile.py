@@ -61,8 +61,8 @@ def reader() -> Iterator[InMemoryMetricReader]:
 
 
 def owner_groups(model: nn.Module) -> dict[str, tuple[str, ...]]:
-    """The groups tuner.client's default precision knobs use: parameter owners by group."""
-    from tuner.client import default_precision_groups
+    """The groups tuner.job's default precision knobs use: parameter owners by group."""
+    from tuner.job import default_precision_groups
 
     return default_precision_groups(model, None)
 

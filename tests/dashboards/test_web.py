@@ -2,7 +2,7 @@
 
 The sidecar runs in this process under uvicorn on a free loopback port (so the test can read
 its parts), the page is driven by Chromium through Playwright, and the job is a stand-in that
-holds its lease over HTTP exactly as tuner.client does and exports its throughput over OTLP with
+holds its lease over HTTP exactly as tuner.job does and exports its throughput over OTLP with
 the stock OpenTelemetry SDK. Its throughput numbers are SIMULATED (a function of micro_batch)
 and the finding on it is planted; nothing here measures a model. Screenshots go to test-artifacts/web/.
 """
@@ -94,7 +94,7 @@ def until(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any
 
 
 class StandInJob:
-    """Holds the lease like tuner.client (attach, long-poll, ack at a 'step boundary') and
+    """Holds the lease like tuner.job (attach, long-poll, ack at a 'step boundary') and
     exports a SIMULATED tokens/s gauge tagged with the config version in force."""
 
     def __init__(self, url: str) -> None:

@@ -169,13 +169,13 @@ BLOWS_UP = """
 import sys, time
 import torch
 from torch import nn
-import tuner.client
+import tuner.job
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-session = tuner.client.attach(model, optimizer, job="train", sidecar=sys.argv[1],
-                              global_batch=32, export_interval_s=0.5)
+session = tuner.job.attach(model, optimizer, job="train", sidecar=sys.argv[1],
+                           global_batch=32, export_interval_s=0.5)
 lr_scale = session.knob("lr_scale", 1.0, choices=[1.0, 1e30], description="fault drill")
 deadline = time.monotonic() + 300
 while time.monotonic() < deadline:

@@ -29,7 +29,7 @@ import time
 import torch
 from torch import nn
 
-import tuner.client
+import tuner.job
 
 torch.manual_seed(0)
 model = nn.Sequential(

@@ -226,7 +226,7 @@ def test_the_sidecar_serves_tls_and_the_job_attaches_over_it(tmp_path: Path) -> 
 
 ATTACH_OVER_TLS = """
 import sys, time
-from tuner.serve_client import attach_serving
+from tuner.job import attach_serving
 session = attach_serving(job="tls-job", sidecar=sys.argv[1], apply=lambda values: None)
 deadline = time.monotonic() + 60
 while session.version == 0:

@@ -1,5 +1,5 @@
 """One change, one trace, end to end: the real sidecar (uvicorn on 127.0.0.1), a real small
-torch job attached with tuner.client (its metrics and its job.apply spans exported over OTLP to
+torch job attached with tuner.job (its metrics and its job.apply spans exported over OTLP to
 the sidecar), an operator proposing and approving over the API; the controller's spans and the
 job's are read back from the sidecar's span table."""
 
@@ -14,7 +14,7 @@ from torch import nn
 
 from collectors._tracing import span_context
 from tests.seedancectl._live import live_sidecar
-from tuner.client import attach
+from tuner.job import attach
 
 pytestmark = pytest.mark.integration
 FINAL = ("kept", "rolled_back", "failed")

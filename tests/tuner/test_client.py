@@ -26,7 +26,7 @@ from tests.rendezvous import file_rendezvous
 from tests.servers import free_port, job_token_in_env
 from tuner._lease import JobRegistry
 from tuner._lease_http import lease_router
-from tuner.client import Session, attach
+from tuner.job import Session, attach
 from workloads.process_group import rank_process_group
 
 TTL_S = 1.0

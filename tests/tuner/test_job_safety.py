@@ -21,7 +21,7 @@ from tests.servers import free_port
 from tests.tuner.test_client import LeaseServer
 from tuner._lease import JobRegistry
 from tuner._lease_messages import Ack
-from tuner.client import attach
+from tuner.job import attach
 from tuner.precision import DTYPES
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from tests.servers import free_port
 from tests.tuner.test_client import LeaseServer
 from tuner._knobs import KnobValue
 from tuner._lease import JobRegistry
-from tuner.serve_client import NO_STATE, SERVING_KNOBS, ServeSession, attach_serving
+from tuner.job import NO_STATE, SERVING_KNOBS, ServeSession, attach_serving
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_without_a_sidecar_the_session_keeps_its_defaults() -> None:
 
 
 def test_the_cache_size_a_search_may_ask_for_fits_in_the_memory_free_now() -> None:
-    from tuner.serve_client import available_memory_mib
+    from tuner.job import available_memory_mib
     session = ServeSession(job="serve", sidecar=None, apply=lambda values: None)
     capacity = session.knobs.knobs["prefix_cache.capacity_mib"]
     assert capacity.high is not None

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seedancectl._session import _PROGRESS
-from tuner.client import PRECISION_CHOICES
+from tuner.job import PRECISION_CHOICES
 from workloads.families import FAMILIES, FamilyError, family
 from workloads.train_family import (
     config_label,

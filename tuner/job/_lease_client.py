@@ -1,12 +1,11 @@
-"""The job side of the knob lease, shared by every in-job client (torch-free).
+"""The job side of the knob lease, shared by every in-job session (torch-free).
 
-``_Lease`` long-polls the sidecar on a background thread and publishes the newest config as an
-``_Update``; the job's loop picks it up at its own boundary (a training step in
-``tuner.client``, a batch boundary between decode steps in ``tuner.serve_client``), applies it
-and acks it through ``_Lease.ack``. A lease that cannot be renewed for its TTL publishes the last
-baseline it was sent (fail open). ``_NoLease`` is the null object for jobs without a sidecar and
-for ranks other than 0. The protocol is docs/lease-protocol.md.
-"""
+``LeaseClient`` long-polls the sidecar on a background thread and publishes the newest config
+as a ``LeaseUpdate``; the job's loop picks it up at its own boundary (a training step in
+``Session``, a batch boundary between decode steps in ``ServeSession``), applies it and acks it
+through ``LeaseClient.ack``. A lease that cannot be renewed for its TTL publishes the last
+baseline it was sent (fail open). ``NullLease`` is the null object for jobs without a sidecar
+and for ranks other than 0. The protocol is docs/lease-protocol.md."""
 
 from __future__ import annotations
 
@@ -33,19 +32,8 @@ DEFAULT_LEASE_TTL_S = 10.0
 MAX_POLL_S = 30.0
 
 
-class KnobHandle:
-    """A live knob: read ``.value`` each step; it changes only at a step boundary."""
-
-    def __init__(self, knob: Knob) -> None:
-        self.knob = knob
-        self.value: KnobValue = knob.default
-
-    def __repr__(self) -> str:
-        return f"KnobHandle({self.knob.name}={self.value!r})"
-
-
 @dataclass(frozen=True, kw_only=True)
-class _Update:
+class LeaseUpdate:
     """A config to apply at the next boundary; `seq` orders updates within this job.
 
     `baseline` is the sidecar's baseline as of this update: the config a job reverts to when a
@@ -61,26 +49,27 @@ class _Update:
     session: str | None = None  # the lease session to ack to; None for a lapse (nobody to ack)
 
 
-class _NoLease:
+class NullLease:
     """Null lease: ranks other than 0 and jobs without a sidecar."""
 
     def start(self, knobs: Sequence[Knob], baseline: Mapping[str, KnobValue]) -> None:
-        pass
+        """Nothing to attach to."""
 
-    def poll(self) -> _Update | None:
+    def poll(self) -> LeaseUpdate | None:
+        """No config ever comes."""
         return None
 
-    def ack(self, update: _Update, body: dict[str, Any]) -> None:
-        pass
+    def ack(self, update: LeaseUpdate, body: dict[str, Any]) -> None:
+        """Nobody to ack to."""
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        pass
+        """Nothing to stop."""
 
 
-class _Lease:
+class LeaseClient:
     """Rank 0's lease: a long-poll thread, an ack thread and the lapse clock.
 
-    The poll thread only publishes `_Update`s; the training thread picks the newest with
+    The poll thread only publishes `LeaseUpdate`s; the training thread picks the newest with
     `poll()` (an attribute read plus a clock read), which is also where a lapse is noticed, so
     the switch to the baseline happens at the first boundary after the TTL ran out.
     """
@@ -106,7 +95,7 @@ class _Lease:
         self._threads: list[threading.Thread] = []
         self._knobs: list[dict[str, Any]] = []
         self._baseline_values: dict[str, KnobValue] = {}
-        self.latest: _Update | None = None
+        self.latest: LeaseUpdate | None = None
         self._session: str | None = None
         self._received = -1
         self._baseline: Config | None = None
@@ -121,13 +110,13 @@ class _Lease:
             thread.start()
             self._threads.append(thread)
 
-    def poll(self) -> _Update | None:
+    def poll(self) -> LeaseUpdate | None:
         if (self._baseline is not None and not self._lapsed
                 and time.monotonic() >= self._renewed_at + self._ttl_s):
             self._lapse()
         return self.latest
 
-    def ack(self, update: _Update, body: dict[str, Any]) -> None:
+    def ack(self, update: LeaseUpdate, body: dict[str, Any]) -> None:
         if update.session is not None:
             self._acks.put((update.session, body))
 
@@ -142,7 +131,7 @@ class _Lease:
     # ---- background ------------------------------------------------------------------------
 
     def _publish(self, config: Config, **fields: Any) -> None:
-        self.latest = _Update(seq=next(self._seq), config=config, baseline=self._baseline,
+        self.latest = LeaseUpdate(seq=next(self._seq), config=config, baseline=self._baseline,
                               **fields)
 
     def _lapse(self) -> None:
@@ -259,11 +248,8 @@ def _detail(r: httpx.Response) -> str:
         return r.text[:200]
 
 
-__all__ = ["DEFAULT_LEASE_TTL_S", "MAX_POLL_S", "KnobHandle"]
-
-
 @contextlib.contextmanager
-def apply_span(tracer: Tracer, update: _Update, *, job: str,
+def apply_span(tracer: Tracer, update: LeaseUpdate, *, job: str,
                attributes: Mapping[str, Any]) -> Iterator[Span | None]:
     """``job.apply``, a child of the update's traceparent; nothing when it has none.
 

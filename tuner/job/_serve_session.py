@@ -6,7 +6,7 @@ cache's bit widths, the prefix cache, the router and the restart-scope sharding 
 ``SERVING_KNOBS``). The job owns the objects those knobs act on, so it hands ``attach_serving``
 an ``apply`` callback; the session calls it with the whole config at a batch boundary::
 
-    session = tuner.serve_client.attach_serving(
+    session = tuner.job.attach_serving(
         job="serve", sidecar="http://127.0.0.1:4318", apply=engine.apply_knobs,
         defaults={"kv.key_bits": 8, "kv.value_bits": 8})
     engine.instrumentation.config_version = lambda: session.version
@@ -16,9 +16,10 @@ an ``apply`` callback; the session calls it with the whole config at a batch bou
     session.close()
 
 What ``boundary()`` does: the newest config a background thread received by long-polling the
-sidecar (``tuner._lease_client``, shared with the training client) is applied through
-``apply``; if ``apply`` raises, the previous values are re-applied and the version is acked as
-failed. The version becomes ``session.version``, which the job's instrumentation reads as its
+sidecar (``tuner.job._lease_client``, shared with the training session) is applied through
+``apply``, the job's ``CallbackActuator`` (``session.actuators``); if ``apply`` raises, the
+previous values are re-applied and the version is acked as failed. The version becomes
+``session.version``, which the job's instrumentation reads as its
 ``seedance.config.version``. One-shot actions (snapshot, rollback) restore training state; a
 serving job has none, so it acks them as failed with the reason. A config that comes with a W3C
 ``traceparent`` is applied inside a ``job.apply`` span that joins the change's trace (through
@@ -41,14 +42,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from collectors import SeedanceError
 from tuner._knobs import Knob, KnobSpace, KnobValue
-from tuner._lease_client import _Lease, _NoLease, _Update, apply_span
+from tuner.job._actuators import ActuatorRegistry, CallbackActuator
+from tuner.job._errors import ServeClientError
+from tuner.job._lease_client import LeaseClient, LeaseUpdate, NullLease, apply_span
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS
 from tuner.routing import ROUTING_KNOBS, SHARDING_KNOB
-
-__all__ = ["KV_BITS_CHOICES", "KV_BITS_KNOBS", "SERVING_KNOBS", "ServeSession",
-           "attach_serving"]
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +63,7 @@ SERVING_KNOBS: tuple[Knob, ...] = (*KV_BITS_KNOBS, *PREFIX_CACHE_KNOBS, *ROUTING
                                    SHARDING_KNOB)
 """Every knob a serving job may declare; a job declares those it applies (``knobs=``)."""
 NO_STATE = "a serving job holds no training state to snapshot or restore"
-
-
-class ServeClientError(SeedanceError):
-    """The serving session is used in a way it cannot honour."""
+"""Why a serving job acks every one-shot action as failed."""
 
 
 def available_memory_mib() -> float:
@@ -117,14 +113,15 @@ class ServeSession:
         self.batches_done = 0
         self.switches: list[tuple[int, int]] = []
         """(batch, version) of every config that took effect, for logs and tests."""
-        self._apply_values = apply
-        self._tracer = tracer or trace.get_tracer("tuner.serve_client")
+        self.actuators = ActuatorRegistry([CallbackActuator(self.knobs, apply)])
+        """What puts the config in force: the job's ``apply``, one piece (``tuner.job``)."""
+        self._tracer = tracer or trace.get_tracer("tuner.job")
         self._started = False
         self._applied_seq = 0
-        self._lease: _Lease | _NoLease = (
-            _Lease(sidecar, job=job, kind="serve", world_size=1, lease_ttl_s=lease_ttl_s,
-                   applied_version=lambda: self.version)
-            if sidecar is not None else _NoLease())
+        self._lease: LeaseClient | NullLease = (
+            LeaseClient(sidecar, job=job, kind="serve", world_size=1, lease_ttl_s=lease_ttl_s,
+                        applied_version=lambda: self.version)
+            if sidecar is not None else NullLease())
 
     def boundary(self) -> bool:
         """A batch boundary: the newest config takes effect; True when one did."""
@@ -141,7 +138,7 @@ class ServeSession:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop talking to the sidecar (idempotent)."""
         self._lease.shutdown(timeout_s)
-        self._lease = _NoLease()
+        self._lease = NullLease()
 
     def __enter__(self) -> ServeSession:
         return self
@@ -149,11 +146,11 @@ class ServeSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _apply_span(self, update: _Update) -> contextlib.AbstractContextManager[Span | None]:
+    def _apply_span(self, update: LeaseUpdate) -> contextlib.AbstractContextManager[Span | None]:
         return apply_span(self._tracer, update, job=self.job,
                           attributes={"seedance.step": self.batches_done})
 
-    def _apply(self, update: _Update) -> bool:
+    def _apply(self, update: LeaseUpdate) -> bool:
         config, batch = update.config, self.batches_done
         results: list[dict[str, Any]] = [
             {**action, "status": "failed", "error": NO_STATE} for action in update.actions]
@@ -161,7 +158,7 @@ class ServeSession:
         with self._apply_span(update) as span:
             try:
                 values = self.knobs.validate(config.values)
-                self._apply_values(values)
+                self.actuators.apply(values)
                 self.values = values
                 status, error = "applied", None
             except Exception as exc:
@@ -169,7 +166,7 @@ class ServeSession:
                 log.warning("job %s: config v%d failed at batch %d (%s); keeping v%d",
                             self.job, config.version, batch, error, self.version)
                 with contextlib.suppress(Exception):
-                    self._apply_values(previous)
+                    self.actuators.apply(previous)
                 if span is not None:
                     span.set_status(Status(StatusCode.ERROR, error))
         self._applied_seq = update.seq
