@@ -24,7 +24,8 @@ from tuner._change import (
 )
 from tuner._change_trace import ChangeTrace
 from tuner._journal import ChangeJournal
-from tuner._lease import AttachEvent, JobRegistry, JobStatus
+from tuner._lease import JobRegistry
+from tuner._lease_messages import AttachEvent, JobStatus
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
 from tuner._verdict import RolloutConfig
 from tuner._windows import Comparison
