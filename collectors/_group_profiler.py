@@ -81,7 +81,7 @@ class ModuleGroupProfiler:
     ``config.every_n_steps`` steps, and exports it with the device's matmul speedups.
 
     ``groups`` maps a group name to fnmatch patterns over module names (exact names work, as
-    ``tuner.client.default_precision_groups`` gives them); a module belongs to the first group
+    ``tuner.job.default_precision_groups`` gives them); a module belongs to the first group
     matching it, and a module no pattern matches belongs to its parent's group, as under
     ``tuner.precision``. Name the groups as the ``precision.<group>`` knobs are named so a
     finding's suggestion hits a real knob. ``speedups`` defaults to :func:`dtype_speedups` of

@@ -1,7 +1,7 @@
 """What each dtype's matmul buys on this device: a micro-benchmark, cached per device model.
 
 The input of the compute-aware priors next to the forward profile: a precision is worth trying
-only where its matmuls are measured faster than fp32 (``tuner.client`` bars the slower ones).
+only where its matmuls are measured faster than fp32 (``tuner.job`` bars the slower ones).
 Imports torch, so only a job imports it (through ``collectors.torch_profile``).
 """
 

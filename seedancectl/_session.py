@@ -2,7 +2,7 @@
 
 ``TrainingSession`` starts ``seedancectl sidecar`` (a subprocess, with a generated TOML
 configuration) and ``python -m workloads.train --sidecar URL`` (a subprocess that holds a knob
-lease through ``tuner.client``), and talks to the sidecar only over its HTTP API, as an operator
+lease through ``tuner.job``), and talks to the sidecar only over its HTTP API, as an operator
 would. ``run_training_session`` is the whole story the demo tells: the search runs N live
 trials over precision x micro_batch x threads in approval mode ``auto``, then it is paused and
 the config it kept is re-measured against the job's first baseline with the controller's own
