@@ -90,8 +90,10 @@ class PrometheusSource:
         step_s = max(_STEP_S[resolution], math.ceil(span_s / _MAX_POINTS))
         rollup = resolution != "raw"
         expr = f"avg_over_time({selector}[{step_s}s])" if rollup and gauge else selector
-        result = self._get({"query": expr, "start": f"{since_ns / _NS:.3f}",
-                            "end": f"{until_ns / _NS:.3f}", "step": f"{step_s}s"})
+        # Prometheus takes seconds to the ms: round inwards, never outside [since_ns, until_ns]
+        start_ms, end_ms = -(-since_ns // 1_000_000), until_ns // 1_000_000
+        result = self._get({"query": expr, "start": f"{start_ms / 1000:.3f}",
+                            "end": f"{end_ms / 1000:.3f}", "step": f"{step_s}s"})
         return _frame(result, labels, shift_ns=step_s * _NS if rollup and gauge else 0,
                       rollup=rollup)
 
