@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from collectors._errors import ConfigError
 from collectors._points import Point
+from collectors.names import ATTR_SERVICE_NAME
 
-JOB_ATTR = "service.name"
+JOB_ATTR = ATTR_SERVICE_NAME
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,14 +31,25 @@ from collectors._forward_profile import (
 )
 from collectors._matmul_speedups import PRECISION_DTYPES, device_model, dtype_name, dtype_speedups
 from collectors._points import CONFIG_VERSION_ATTR
+from collectors.names import (
+    ATTR_HW_MODEL,
+    ATTR_SEEDANCE_BLOCK,
+    ATTR_SEEDANCE_DTYPE,
+    ATTR_SEEDANCE_DTYPE_SOURCE,
+    DEVICE_MATMUL_SPEEDUP,
+    TRAIN_BLOCK_TIME_SHARE,
+    TRAIN_GROUP_FORWARD_RANK,
+    TRAIN_GROUP_PARAM_DTYPE,
+    TRAIN_GROUP_TIME_SHARE,
+)
 from collectors.torch_training import MODULE_GROUP_ATTR, _unwrap
 
 log = logging.getLogger(__name__)
 
-BLOCK_ATTR = "seedance.block"
-DTYPE_ATTR = "seedance.dtype"
-DTYPE_SOURCE_ATTR = "seedance.dtype.source"
-DEVICE_MODEL_ATTR = "hw.model"
+BLOCK_ATTR = ATTR_SEEDANCE_BLOCK
+DTYPE_ATTR = ATTR_SEEDANCE_DTYPE
+DTYPE_SOURCE_ATTR = ATTR_SEEDANCE_DTYPE_SOURCE
+DEVICE_MODEL_ATTR = ATTR_HW_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +168,11 @@ class ModuleGroupProfiler:
             spec = BY_NAME[name]
             return meter.create_gauge(name, unit=spec.unit, description=spec.description)
 
-        self._g_share = gauge("seedance.train.group.time_share")
-        self._g_rank = gauge("seedance.train.group.forward_rank")
-        self._g_dtype = gauge("seedance.train.group.param_dtype")
-        self._g_block = gauge("seedance.train.block.time_share")
-        self._g_speedup = gauge("seedance.device.matmul_speedup")
+        self._g_share = gauge(TRAIN_GROUP_TIME_SHARE)
+        self._g_rank = gauge(TRAIN_GROUP_FORWARD_RANK)
+        self._g_dtype = gauge(TRAIN_GROUP_PARAM_DTYPE)
+        self._g_block = gauge(TRAIN_BLOCK_TIME_SHARE)
+        self._g_speedup = gauge(DEVICE_MATMUL_SPEEDUP)
 
     # ---- the API a loop calls --------------------------------------------------------------
 

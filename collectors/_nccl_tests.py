@@ -17,6 +17,17 @@ import re
 from dataclasses import dataclass
 
 from collectors._points import REPLAYED_ATTR, Point
+from collectors.names import (
+    ATTR_SEEDANCE_COMM_BACKEND,
+    ATTR_SEEDANCE_RANK,
+    ATTR_SERVICE_NAME,
+    COMM_ALLREDUCE_ALGBW,
+    COMM_ALLREDUCE_BUSBW,
+    COMM_ALLREDUCE_BYTES,
+    COMM_ALLREDUCE_CALLS,
+    COMM_ALLREDUCE_DURATION_COUNT,
+    COMM_ALLREDUCE_DURATION_SUM,
+)
 
 _PREFIX = re.compile(r"^\s*(?:\d+:\s?|\[\d+,\d+\]<std(?:out|err)>:)")
 _ROW = re.compile(
@@ -90,24 +101,24 @@ def nccl_tests_points(result: NcclTestsResult, *, job: str, start_ns: int,
     Interval k ends at ``start_ns + (k + 1) * interval_s``; a point at ``start_ns`` holds the
     counters at zero so the first row has an interval too.
     """
-    attrs = {"service.name": job, "seedance.rank": rank, "seedance.comm.backend": backend,
+    attrs = {ATTR_SERVICE_NAME: job, ATTR_SEEDANCE_RANK: rank, ATTR_SEEDANCE_COMM_BACKEND: backend,
              REPLAYED_ATTR: "true"}
     step_ns = int(interval_s * 1e9)
     calls = sent = latency = 0.0
     points = [Point(name, 0.0, start_ns, attrs) for name in (
-        "seedance.comm.allreduce.calls", "seedance.comm.allreduce.bytes",
-        "seedance.comm.allreduce.duration.count", "seedance.comm.allreduce.duration.sum")]
+        COMM_ALLREDUCE_CALLS, COMM_ALLREDUCE_BYTES,
+        COMM_ALLREDUCE_DURATION_COUNT, COMM_ALLREDUCE_DURATION_SUM)]
     for k, row in enumerate(result.rows):
         t = start_ns + (k + 1) * step_ns
         calls += 1
         sent += row.size_bytes
         latency += row.time_s
         points += [
-            Point("seedance.comm.allreduce.calls", calls, t, attrs),
-            Point("seedance.comm.allreduce.bytes", sent, t, attrs),
-            Point("seedance.comm.allreduce.duration.count", calls, t, attrs),
-            Point("seedance.comm.allreduce.duration.sum", latency, t, attrs),
-            Point("seedance.comm.allreduce.algbw", row.algbw_bytes_per_s, t, attrs),
-            Point("seedance.comm.allreduce.busbw", row.busbw_bytes_per_s, t, attrs),
+            Point(COMM_ALLREDUCE_CALLS, calls, t, attrs),
+            Point(COMM_ALLREDUCE_BYTES, sent, t, attrs),
+            Point(COMM_ALLREDUCE_DURATION_COUNT, calls, t, attrs),
+            Point(COMM_ALLREDUCE_DURATION_SUM, latency, t, attrs),
+            Point(COMM_ALLREDUCE_ALGBW, row.algbw_bytes_per_s, t, attrs),
+            Point(COMM_ALLREDUCE_BUSBW, row.busbw_bytes_per_s, t, attrs),
         ]
     return points

@@ -41,6 +41,38 @@ from collectors._errors import ConfigError
 from collectors._nvml_backends import NvmlBackend, NvmlError, NvmlUnavailable, RawGpu, RawPoll
 from collectors._nvml_live import XID_FIELD, LiveNvmlBackend
 from collectors._points import REPLAYED_ATTR, MetricKind, Point
+from collectors.names import (
+    ATTR_ERROR_TYPE,
+    ATTR_GPU_INDEX,
+    ATTR_GPU_PCI_ADDRESS,
+    ATTR_HOST_NAME,
+    ATTR_HW_GPU_TASK,
+    ATTR_HW_GPU_UUID,
+    ATTR_HW_ID,
+    ATTR_HW_NAME,
+    ATTR_NETWORK_IO_DIRECTION,
+    ATTR_NUMA_NODE,
+    GPU_CLOCK,
+    GPU_CLOCK_MAX,
+    GPU_INFO,
+    GPU_MEMORY_BUS_WIDTH,
+    GPU_MEMORY_PEAK_BANDWIDTH,
+    GPU_NVLINK_THROUGHPUT,
+    GPU_PCIE_LINK_GENERATION,
+    GPU_PCIE_LINK_PEAK_BANDWIDTH,
+    GPU_PCIE_LINK_WIDTH,
+    GPU_POWER_LIMIT,
+    GPU_THROTTLE_REASONS,
+    HW_ERRORS,
+    HW_GPU_IO,
+    HW_GPU_MEMORY_LIMIT,
+    HW_GPU_MEMORY_USAGE,
+    HW_GPU_MEMORY_UTILIZATION,
+    HW_GPU_UP,
+    HW_GPU_UTILIZATION,
+    HW_POWER,
+    HW_TEMPERATURE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -251,9 +283,9 @@ class GpuSampler:
 
     def _attributes(self, gpu: RawGpu) -> dict[str, str]:
         r = gpu.readings
-        attrs = {"gpu.index": str(gpu.index), "host.name": self.config.host_name}
-        for attr, key in (("hw.id", "nvmlDeviceGetUUID"), ("hw.name", "nvmlDeviceGetName"),
-                          ("gpu.pci_address", "nvmlDeviceGetPciInfo.busId")):
+        attrs = {ATTR_GPU_INDEX: str(gpu.index), ATTR_HOST_NAME: self.config.host_name}
+        for attr, key in ((ATTR_HW_ID, "nvmlDeviceGetUUID"), (ATTR_HW_NAME, "nvmlDeviceGetName"),
+                          (ATTR_GPU_PCI_ADDRESS, "nvmlDeviceGetPciInfo.busId")):
             if key in r:
                 attrs[attr] = str(r[key])
         if self.backend.replayed:
@@ -268,7 +300,7 @@ class GpuSampler:
                            "GPU %d is lost (NVML GpuIsLost/Unknown); reporting hw.gpu.up=0",
                            gpu.index)
                 attrs = self._identity.get(gpu.index) or self._attributes(gpu)
-                points.append(Point("hw.gpu.up", 0.0, poll.time_ns, attrs))
+                points.append(Point(HW_GPU_UP, 0.0, poll.time_ns, attrs))
                 continue
             for key, kind in gpu.errors.items():
                 level = logging.INFO if kind == "not_supported" else logging.WARNING
@@ -290,74 +322,74 @@ class GpuSampler:
         def have(*keys: str) -> bool:
             return all(isinstance(r.get(k), int | float) for k in keys)
 
-        emit("hw.gpu.up", 1)
+        emit(HW_GPU_UP, 1)
         if "nvmlDeviceGetUUID" in r:
-            info = {"hw.gpu.uuid": str(r["nvmlDeviceGetUUID"])}
+            info = {ATTR_HW_GPU_UUID: str(r["nvmlDeviceGetUUID"])}
             if have("nvmlDeviceGetMemoryAffinity.node"):
-                info["numa.node"] = str(r["nvmlDeviceGetMemoryAffinity.node"])
-            emit("seedance.gpu.info", 1, **info)
+                info[ATTR_NUMA_NODE] = str(r["nvmlDeviceGetMemoryAffinity.node"])
+            emit(GPU_INFO, 1, **info)
         if have("nvmlDeviceGetUtilizationRates.gpu"):  # semconv: task general (not enc/dec)
-            emit("hw.gpu.utilization", float(r["nvmlDeviceGetUtilizationRates.gpu"]) * 0.01,
-                 **{"hw.gpu.task": "general"})
+            emit(HW_GPU_UTILIZATION, float(r["nvmlDeviceGetUtilizationRates.gpu"]) * 0.01,
+                 **{ATTR_HW_GPU_TASK: "general"})
         for name, key, scale in (
-            ("hw.gpu.memory.utilization", "nvmlDeviceGetUtilizationRates.memory", 0.01),
-            ("hw.gpu.memory.usage", "nvmlDeviceGetMemoryInfo.used", 1),
-            ("hw.gpu.memory.limit", "nvmlDeviceGetMemoryInfo.total", 1),
-            ("hw.power", "nvmlDeviceGetPowerUsage", 0.001),
-            ("seedance.gpu.power.limit", "nvmlDeviceGetEnforcedPowerLimit", 0.001),
-            ("seedance.gpu.memory.bus_width", "nvmlDeviceGetMemoryBusWidth", 1),
-            ("hw.temperature", "nvmlDeviceGetTemperature.GPU", 1),
+            (HW_GPU_MEMORY_UTILIZATION, "nvmlDeviceGetUtilizationRates.memory", 0.01),
+            (HW_GPU_MEMORY_USAGE, "nvmlDeviceGetMemoryInfo.used", 1),
+            (HW_GPU_MEMORY_LIMIT, "nvmlDeviceGetMemoryInfo.total", 1),
+            (HW_POWER, "nvmlDeviceGetPowerUsage", 0.001),
+            (GPU_POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit", 0.001),
+            (GPU_MEMORY_BUS_WIDTH, "nvmlDeviceGetMemoryBusWidth", 1),
+            (HW_TEMPERATURE, "nvmlDeviceGetTemperature.GPU", 1),
         ):
             if have(key):
                 emit(name, float(r[key]) * scale)
         for direction, key in (("transmit", "nvmlDeviceGetPcieThroughput.TX_BYTES"),
                                ("receive", "nvmlDeviceGetPcieThroughput.RX_BYTES")):
             if have(key):
-                emit("hw.gpu.io", float(r[key]) * PCIE_KB_BYTES,
-                     **{"network.io.direction": direction})
+                emit(HW_GPU_IO, float(r[key]) * PCIE_KB_BYTES,
+                     **{ATTR_NETWORK_IO_DIRECTION: direction})
         for state, gen_key, width_key in (
             ("current", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"),
             ("max", "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"),
         ):
             if have(gen_key):
-                emit("seedance.gpu.pcie.link.generation", float(r[gen_key]), state=state)
+                emit(GPU_PCIE_LINK_GENERATION, float(r[gen_key]), state=state)
             if have(width_key):
-                emit("seedance.gpu.pcie.link.width", float(r[width_key]), state=state)
+                emit(GPU_PCIE_LINK_WIDTH, float(r[width_key]), state=state)
         if have("nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"):
             peak = pcie_peak_bytes_per_s(int(r["nvmlDeviceGetCurrPcieLinkGeneration"]),
                                          int(r["nvmlDeviceGetCurrPcieLinkWidth"]))
             if peak is not None:
-                emit("seedance.gpu.pcie.link.peak_bandwidth", peak)
+                emit(GPU_PCIE_LINK_PEAK_BANDWIDTH, peak)
         for direction, key in (("transmit", "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_TX"),
                                ("receive", "nvmlDeviceGetFieldValues.NVLINK_THROUGHPUT_DATA_RX")):
             if have(key):
                 rate = self._nvlink_rate(gpu.index, direction, time_ns, int(r[key]))
                 if rate is not None:
-                    emit("seedance.gpu.nvlink.throughput", rate,
-                         **{"network.io.direction": direction})
+                    emit(GPU_NVLINK_THROUGHPUT, rate,
+                         **{ATTR_NETWORK_IO_DIRECTION: direction})
         for clock, key in (("sm", "nvmlDeviceGetClockInfo.SM"),
                            ("memory", "nvmlDeviceGetClockInfo.MEM"),
                            ("graphics", "nvmlDeviceGetClockInfo.GRAPHICS")):
             if have(key):
-                emit("seedance.gpu.clock", float(r[key]), clock=clock)
+                emit(GPU_CLOCK, float(r[key]), clock=clock)
         for clock, key in (("sm", "nvmlDeviceGetMaxClockInfo.SM"),
                            ("memory", "nvmlDeviceGetMaxClockInfo.MEM")):
             if have(key):
-                emit("seedance.gpu.clock.max", float(r[key]), clock=clock)
+                emit(GPU_CLOCK_MAX, float(r[key]), clock=clock)
         if have("nvmlDeviceGetMemoryBusWidth", "nvmlDeviceGetMaxClockInfo.MEM"):
-            emit("seedance.gpu.memory.peak_bandwidth", memory_peak_bytes_per_s(
+            emit(GPU_MEMORY_PEAK_BANDWIDTH, memory_peak_bytes_per_s(
                 int(r["nvmlDeviceGetMemoryBusWidth"]), float(r["nvmlDeviceGetMaxClockInfo.MEM"])))
         if have("nvmlDeviceGetCurrentClocksEventReasons"):
             mask = int(r["nvmlDeviceGetCurrentClocksEventReasons"])
             for bit in (1 << i for i in range(mask.bit_length())):
                 if mask & bit:
-                    emit("seedance.gpu.throttle_reasons", 1,
+                    emit(GPU_THROTTLE_REASONS, 1,
                          reason=THROTTLE_REASONS.get(bit, f"bit_{bit:#x}"))
         for error_type, key in (("ecc_corrected", "nvmlDeviceGetTotalEccErrors.CORRECTED"),
                                 ("ecc_uncorrected", "nvmlDeviceGetTotalEccErrors.UNCORRECTED"),
                                 ("xid", XID_FIELD)):
             if have(key):
-                emit("hw.errors", float(r[key]), **{"error.type": error_type})
+                emit(HW_ERRORS, float(r[key]), **{ATTR_ERROR_TYPE: error_type})
         return out
 
     def _nvlink_rate(self, gpu: int, direction: str, time_ns: int, kib: int) -> float | None:

@@ -38,6 +38,7 @@ from collectors._changed_points import GAUGE_TEMPORALITY, ChangedPointsExporter
 from collectors._errors import SeedanceError
 from collectors._otlp_decode import DecodedMetrics, points_from_request
 from collectors._prometheus import MetricsServer, NullMetricsServer, serve_metrics
+from collectors.names import ATTR_HOST_NAME, ATTR_SEEDANCE_RANK, ATTR_SERVICE_NAME
 
 _log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ _ENDPOINT_ENV = ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDP
 _PROTOCOL_ENV = ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 _METRICS_PATH = "/v1/metrics"
 
-RANK_ATTR = "seedance.rank"
-_RESERVED_ATTRS = ("service.name", "host.name", RANK_ATTR)
+RANK_ATTR = ATTR_SEEDANCE_RANK
+_RESERVED_ATTRS = (ATTR_SERVICE_NAME, ATTR_HOST_NAME, RANK_ATTR)
 
 STEP_BUCKETS_S: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
@@ -151,7 +152,7 @@ class TelemetryConfig:
     def resource(self) -> Resource:
         """The OTel resource: service.name = job, host.name, seedance.rank, then the extras."""
         attributes: dict[str, Any] = dict(self.resource_attributes)
-        attributes.update({"service.name": self.job, "host.name": self.host,
+        attributes.update({ATTR_SERVICE_NAME: self.job, ATTR_HOST_NAME: self.host,
                            RANK_ATTR: self.rank})
         return Resource.create(attributes)
 

@@ -41,11 +41,12 @@ from prometheus_client.utils import floatToGoString
 
 from collectors._errors import SeedanceError
 from collectors._points import MetricKind, Point
+from collectors.names import ATTR_HOST_NAME, ATTR_SEEDANCE_RANK, ATTR_SERVICE_NAME
 
 RESOURCE_ATTRS: tuple[str, ...] = (
-    "service.name",
-    "host.name",
-    "seedance.rank",
+    ATTR_SERVICE_NAME,
+    ATTR_HOST_NAME,
+    ATTR_SEEDANCE_RANK,
     "seedance.job.kind",
 )
 """Resource attributes copied onto every Point of that resource; others are dropped.

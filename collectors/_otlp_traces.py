@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from collectors._otlp_decode import RESOURCE_ATTRS, OtlpDecodeError, _any_to_py
+from collectors.names import ATTR_SERVICE_NAME
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 _STATUS = {trace_pb2.Status.STATUS_CODE_UNSET: "unset", trace_pb2.Status.STATUS_CODE_OK: "ok",
@@ -113,7 +114,7 @@ def spans_from_request(request: ExportTraceServiceRequest) -> list[SpanRecord]:
                     end_ns=span.end_time_unix_nano,
                     status=_STATUS.get(span.status.code, "unset"),
                     status_message=span.status.message,
-                    service=str(resource.get("service.name", "")),
+                    service=str(resource.get(ATTR_SERVICE_NAME, "")),
                     attributes={kv.key: _any_to_py(kv.value) for kv in span.attributes},
                     resource=resource))
     return out

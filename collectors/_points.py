@@ -6,7 +6,9 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-CONFIG_VERSION_ATTR = "seedance.config.version"
+from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
+
+CONFIG_VERSION_ATTR = ATTR_SEEDANCE_CONFIG_VERSION
 """Every point a job emits carries the config version in force when it was measured."""
 
 REPLAYED_ATTR = "seedance.replayed"

@@ -20,6 +20,7 @@ from collectors._errors import ConfigError
 from collectors._points import Point
 from collectors._scrape_mapping import ScrapeError, map_exposition
 from collectors._scrape_rules import EXPORTERS
+from collectors.names import ATTR_SERVICE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class Scraper:
         try:
             text = self._fetch()
             points = map_exposition(text, time_ns=time.time_ns(), kind=self.source.kind,
-                                    attributes={"service.name": self.source.job})
+                                    attributes={ATTR_SERVICE_NAME: self.source.job})
         except ScrapeError as e:
             return self._record(ScrapeResult(ok=False, error=str(e)))
         try:

@@ -39,20 +39,30 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from collectors._catalogue import BY_NAME
 from collectors._errors import SeedanceError
 from collectors._points import CONFIG_VERSION_ATTR
+from collectors.names import (
+    ATTR_SEEDANCE_COMM_BACKEND,
+    ATTR_SEEDANCE_COMM_BUCKET,
+    COMM_ALLREDUCE_ALGBW,
+    COMM_ALLREDUCE_BUSBW,
+    COMM_ALLREDUCE_BYTES,
+    COMM_ALLREDUCE_CALLS,
+    COMM_ALLREDUCE_DURATION,
+    COMM_STEP_BYTES,
+)
 
 __all__ = ["BucketStats", "CollectiveTimer", "StepStats", "bus_bandwidth", "install"]
 
 _LOG = logging.getLogger(__name__)
 
-BACKEND_ATTR = "seedance.comm.backend"
-BUCKET_ATTR = "seedance.comm.bucket"
+BACKEND_ATTR = ATTR_SEEDANCE_COMM_BACKEND
+BUCKET_ATTR = ATTR_SEEDANCE_COMM_BUCKET
 
-_DURATION = "seedance.comm.allreduce.duration"
-_BYTES = "seedance.comm.allreduce.bytes"
-_CALLS = "seedance.comm.allreduce.calls"
-_ALGBW = "seedance.comm.allreduce.algbw"
-_BUSBW = "seedance.comm.allreduce.busbw"
-_STEP_BYTES = "seedance.comm.step_bytes"
+_DURATION = COMM_ALLREDUCE_DURATION
+_BYTES = COMM_ALLREDUCE_BYTES
+_CALLS = COMM_ALLREDUCE_CALLS
+_ALGBW = COMM_ALLREDUCE_ALGBW
+_BUSBW = COMM_ALLREDUCE_BUSBW
+_STEP_BYTES = COMM_STEP_BYTES
 
 # Seconds: 10 us (a tiny intra-node bucket) to 10 s (a stalled collective).
 _LATENCY_BOUNDS_S = (

@@ -32,29 +32,48 @@ from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
 from collectors._catalogue import BY_NAME
 from collectors._errors import SeedanceError
 from collectors._points import CONFIG_VERSION_ATTR
+from collectors.names import (
+    ATTR_SEEDANCE_KV_PART,
+    GEN_AI_SERVER_REQUEST_DURATION,
+    GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
+    GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+    SERVE_BATCH_SIZE,
+    SERVE_GENERATION_TOKENS,
+    SERVE_KV_CACHE_BITS,
+    SERVE_KV_CACHE_BYTES,
+    SERVE_KV_DEQUANTIZE_DURATION,
+    SERVE_KV_QUANTIZE_DURATION,
+    SERVE_PREFIX_CACHE_DISTINCT_PREFIXES,
+    SERVE_PREFIX_CACHE_EVICTIONS,
+    SERVE_PREFIX_CACHE_HITS,
+    SERVE_PREFIX_CACHE_MISSES,
+    SERVE_PREFIX_CACHE_QUERIES,
+    SERVE_QUEUE_DEPTH,
+    SERVE_TOKENS_PER_SECOND,
+)
 
 __all__ = ["ServingInstrumentation", "tensor_bytes"]
 
 _LOG = logging.getLogger(__name__)
 
-KV_PART_ATTR = "seedance.kv.part"
+KV_PART_ATTR = ATTR_SEEDANCE_KV_PART
 
-_TTFT = "gen_ai.server.time_to_first_token"
-_TPOT = "gen_ai.server.time_per_output_token"
-_E2E = "gen_ai.server.request.duration"
-_TOKENS_PER_S = "seedance.serve.tokens_per_second"
-_BATCH = "seedance.serve.batch_size"
-_QUEUE = "seedance.serve.queue_depth"
-_KV_BYTES = "seedance.serve.kv_cache.bytes"
-_KV_BITS = "seedance.serve.kv_cache.bits"
-_QUANTIZE = "seedance.serve.kv.quantize.duration"
-_DEQUANTIZE = "seedance.serve.kv.dequantize.duration"
-_HITS = "seedance.serve.prefix_cache.hits"
-_QUERIES = "seedance.serve.prefix_cache.queries"
-_MISSES = "seedance.serve.prefix_cache.misses"
-_EVICTIONS = "seedance.serve.prefix_cache.evictions"
-_DISTINCT = "seedance.serve.prefix_cache.distinct_prefixes"
-_GENERATED = "seedance.serve.generation_tokens"
+_TTFT = GEN_AI_SERVER_TIME_TO_FIRST_TOKEN
+_TPOT = GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN
+_E2E = GEN_AI_SERVER_REQUEST_DURATION
+_TOKENS_PER_S = SERVE_TOKENS_PER_SECOND
+_BATCH = SERVE_BATCH_SIZE
+_QUEUE = SERVE_QUEUE_DEPTH
+_KV_BYTES = SERVE_KV_CACHE_BYTES
+_KV_BITS = SERVE_KV_CACHE_BITS
+_QUANTIZE = SERVE_KV_QUANTIZE_DURATION
+_DEQUANTIZE = SERVE_KV_DEQUANTIZE_DURATION
+_HITS = SERVE_PREFIX_CACHE_HITS
+_QUERIES = SERVE_PREFIX_CACHE_QUERIES
+_MISSES = SERVE_PREFIX_CACHE_MISSES
+_EVICTIONS = SERVE_PREFIX_CACHE_EVICTIONS
+_DISTINCT = SERVE_PREFIX_CACHE_DISTINCT_PREFIXES
+_GENERATED = SERVE_GENERATION_TOKENS
 
 # Advised by the GenAI semantic conventions for these three metrics.
 _TTFT_BOUNDS_S = (

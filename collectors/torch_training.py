@@ -39,11 +39,19 @@ from torch import nn
 from collectors._catalogue import BY_NAME
 from collectors._errors import SeedanceError
 from collectors._points import CONFIG_VERSION_ATTR
+from collectors.names import (
+    ATTR_SEEDANCE_MODULE_GROUP,
+    ATTR_SEEDANCE_NONFINITE_WHAT,
+    TRAIN_DATA_WAIT_DURATION,
+    TRAIN_NONFINITE_STEPS,
+    TRAIN_STEP_DURATION,
+    TRAIN_TOKENS,
+)
 
 log = logging.getLogger(__name__)
 
-MODULE_GROUP_ATTR = "seedance.module_group"
-NONFINITE_WHAT_ATTR = "seedance.nonfinite.what"
+MODULE_GROUP_ATTR = ATTR_SEEDANCE_MODULE_GROUP
+NONFINITE_WHAT_ATTR = ATTR_SEEDANCE_NONFINITE_WHAT
 OTHER_GROUP = "other"
 
 DEFAULT_MODULE_GROUPS: Mapping[str, tuple[str, ...]] = {
@@ -178,18 +186,18 @@ class TrainingInstrumentation:
                     "description": BY_NAME[name].description}
 
         self._h_step = meter.create_histogram(
-            **spec("seedance.train.step.duration"),
+            **spec(TRAIN_STEP_DURATION),
             explicit_bucket_boundaries_advisory=_STEP_BUCKETS_S)
         self._h_wait = meter.create_histogram(
-            **spec("seedance.train.data_wait.duration"),
+            **spec(TRAIN_DATA_WAIT_DURATION),
             explicit_bucket_boundaries_advisory=_STEP_BUCKETS_S)
         g = {short: meter.create_gauge(**spec(f"seedance.train.{short}")) for short in (
             "tokens_per_second", "samples_per_second", "loss", "step", "grad.norm",
             "grad.group_norm", "grad.nonfinite", "grad.zero_fraction", "grad_scaler.scale",
             "learning_rate")}
         self._g = g
-        self._c_nonfinite = meter.create_counter(**spec("seedance.train.nonfinite_steps"))
-        self._c_tokens = meter.create_counter(**spec("seedance.train.tokens"))
+        self._c_nonfinite = meter.create_counter(**spec(TRAIN_NONFINITE_STEPS))
+        self._c_tokens = meter.create_counter(**spec(TRAIN_TOKENS))
 
     def _attrs(self, version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         cached = self._attr_cache.get(version)

@@ -21,6 +21,7 @@ from opentelemetry._logs import LoggerProvider, SeverityNumber, get_logger_provi
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from collectors import ConfigError
+from collectors.names import FINDINGS_ACTIVE, POLICY_ERRORS
 from policies._detector import Detector, SelfCheck
 from policies._findings import Finding, more_severe
 from policies._state_db import FindingStore
@@ -28,8 +29,8 @@ from policies._window import WindowSource
 
 log = logging.getLogger(__name__)
 
-ACTIVE_FINDINGS_METRIC = "seedance.findings.active"
-ERRORS_METRIC = "seedance.policy.errors"
+ACTIVE_FINDINGS_METRIC = FINDINGS_ACTIVE
+ERRORS_METRIC = POLICY_ERRORS
 """Observable gauge: findings currently open, attribute ``detector``."""
 FINDING_OPENED_EVENT = "seedance.finding.opened"
 FINDING_CLOSED_EVENT = "seedance.finding.closed"

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from collectors import Point, Resolution, StoreReader
+from collectors.names import ATTR_SERVICE_NAME
 
-JOB_ATTRIBUTE = "service.name"
+JOB_ATTRIBUTE = ATTR_SERVICE_NAME
 """The attribute that names the job a point belongs to (OpenTelemetry resource attribute)."""
 
 

@@ -28,6 +28,12 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from collectors import SeedanceError
+from collectors.names import (
+    ATTR_SERVICE_NAME,
+    SERVE_TOKENS_PER_SECOND,
+    TRAIN_LOSS,
+    TRAIN_TOKENS_PER_SECOND,
+)
 from seedancectl._api_client import SidecarClient, SidecarError
 from seedancectl._api_types import FindingJSON
 from seedancectl._session import ACTIVE_STATES, FINAL_STATES, TrainingSession, stop_process
@@ -303,7 +309,7 @@ class DemoRun:
             except StoreError:
                 return None
         since = time.time_ns() - 30 * 10**9
-        frame = self._store.query(name, where={"service.name": job}, since_ns=since,
+        frame = self._store.query(name, where={ATTR_SERVICE_NAME: job}, since_ns=since,
                                   resolution="raw")
         return None if frame.empty else float(frame["value"].iloc[-1])
 
@@ -320,9 +326,9 @@ class DemoRun:
                 trials=trial_rows(changes), changes=[change_row(c) for c in changes],
                 findings=findings, config_version=None if job is None else job["acked_version"],
                 baseline_version=None if job is None else job["baseline_version"],
-                loss=self._latest("seedance.train.loss", TRAIN_JOB),
-                tokens_per_s=self._latest("seedance.train.tokens_per_second", TRAIN_JOB),
-                serve_tokens_per_s=self._latest("seedance.serve.tokens_per_second", SERVE_JOB))
+                loss=self._latest(TRAIN_LOSS, TRAIN_JOB),
+                tokens_per_s=self._latest(TRAIN_TOKENS_PER_SECOND, TRAIN_JOB),
+                serve_tokens_per_s=self._latest(SERVE_TOKENS_PER_SECOND, SERVE_JOB))
         except Exception as exc:  # the view never stops the run
             return Snapshot(elapsed_s=self.elapsed_s(), phase=self.phase,
                             error=f"{type(exc).__name__}: {exc}")

@@ -15,6 +15,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from collectors.names import (
+    ATTR_SERVICE_NAME,
+    HW_GPU_UTILIZATION,
+    SERVE_TOKENS_PER_SECOND,
+    TRAIN_LOSS,
+    TRAIN_STEP,
+    TRAIN_TOKENS_PER_SECOND,
+)
 from policies.detectors import COLLAPSE, UNDERFLOW
 from seedancectl._demo import (
     OBJECTIVE,
@@ -144,14 +152,14 @@ def _series(run: DemoRun) -> dict[str, Any]:
 
     with TimeSeriesStore(run.store_path, readonly=True) as store:
         def frame(name: str, job: str | None = None) -> Any:
-            where = None if job is None else {"service.name": job}
+            where = None if job is None else {ATTR_SERVICE_NAME: job}
             return store.query(name, where=where, since_ns=run.started_at_ns, resolution="raw")
 
-        loss = frame("seedance.train.loss", TRAIN_JOB)
-        steps = frame("seedance.train.step", TRAIN_JOB)
-        train_tps = frame("seedance.train.tokens_per_second", TRAIN_JOB)
-        serve_tps = frame("seedance.serve.tokens_per_second", SERVE_JOB)
-        gpu = frame("hw.gpu.utilization")
+        loss = frame(TRAIN_LOSS, TRAIN_JOB)
+        steps = frame(TRAIN_STEP, TRAIN_JOB)
+        train_tps = frame(TRAIN_TOKENS_PER_SECOND, TRAIN_JOB)
+        serve_tps = frame(SERVE_TOKENS_PER_SECOND, SERVE_JOB)
+        gpu = frame(HW_GPU_UTILIZATION)
         catalogue = store.metrics()
 
     def stat(data: Any, how: str) -> float | None:

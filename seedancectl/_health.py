@@ -12,6 +12,15 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from collectors.names import (
+    FORWARD_FAILURES,
+    INGEST_DROPPED_POINTS,
+    INGEST_REJECTED_REQUESTS,
+    SCRAPE_ERRORS,
+    SCRAPE_UP,
+    STORE_BUFFERED_POINTS,
+    STORE_WRITABLE,
+)
 from policies import Evidence, Finding, Measurement, SelfCheck
 from tuner import MANUAL, Restore
 
@@ -138,22 +147,22 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
         return [Observation(stats.requests_rejected, {"reason": "any"}),
                 Observation(stats.requests_unauthorised, {"reason": "unauthorised"})]
 
-    meter.create_observable_gauge("seedance.scrape.up", [scrapes_up], unit="1",
+    meter.create_observable_gauge(SCRAPE_UP, [scrapes_up], unit="1",
                                   description="1 when the last scrape of a source worked")
-    meter.create_observable_counter("seedance.scrape.errors", [scrape_errors],
+    meter.create_observable_counter(SCRAPE_ERRORS, [scrape_errors],
                                     unit="{scrape}", description="Failed scrapes, per source")
-    meter.create_observable_counter("seedance.forward.failures", [forwarding], unit="{body}",
+    meter.create_observable_counter(FORWARD_FAILURES, [forwarding], unit="{body}",
                                     description="Bodies the upstream did not take (failed) "
                                     "or that never reached it (dropped: queue full)")
-    meter.create_observable_counter("seedance.ingest.dropped_points", [dropped],
+    meter.create_observable_counter(INGEST_DROPPED_POINTS, [dropped],
                                     unit="{point}", description="Points of new series "
                                     "dropped by the cardinality limit (per metric, per job)")
-    meter.create_observable_gauge("seedance.store.writable", [writable], unit="1",
+    meter.create_observable_gauge(STORE_WRITABLE, [writable], unit="1",
                                   description="1 when the store's last flush committed")
-    meter.create_observable_gauge("seedance.store.buffered_points", [buffered],
+    meter.create_observable_gauge(STORE_BUFFERED_POINTS, [buffered],
                                   unit="{point}", description="Points waiting for the store's "
                                   "next commit (the backlog)")
-    meter.create_observable_counter("seedance.ingest.rejected_requests", [rejected],
+    meter.create_observable_counter(INGEST_REJECTED_REQUESTS, [rejected],
                                     unit="{request}",
                                     description="OTLP requests answered 4xx/5xx (any) and those "
                                     "without the ingest token (unauthorised)")

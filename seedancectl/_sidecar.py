@@ -48,6 +48,7 @@ from collectors import (
     serve_metrics,
     setup_telemetry,
 )
+from collectors.names import ATTR_SERVICE_NAME
 from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
 from seedancectl._api import api_router, resolve_token
@@ -319,8 +320,8 @@ class Sidecar:
         half = store.config.max_buffered_points // 2
         if store.buffered < half or not decoded.points or store.write_error is not None:
             return  # (a store that cannot commit refuses everyone itself: 503)
-        job = str(decoded.points[0].attributes.get("service.name", ""))
-        waiting = store.buffered_by("service.name").get(job, 0)
+        job = str(decoded.points[0].attributes.get(ATTR_SERVICE_NAME, ""))
+        waiting = store.buffered_by(ATTR_SERVICE_NAME).get(job, 0)
         if waiting > half:
             raise IngestBackpressure(f"job {job!r} has {waiting} points waiting for the store "
                                      f"(over half its buffer): retry later")

@@ -8,10 +8,11 @@ import time
 from collections.abc import Mapping
 
 from collectors import StoreReader
+from collectors.names import SERVE_PREFIX_CACHE_DISTINCT_PREFIXES
 from tuner._measure import JOB_ATTR
 
 CEILED_BY: Mapping[str, tuple[str, ...]] = {
-    "seedance.serve.prefix_cache.distinct_prefixes": ("prefix_cache.pin_top_k",
+    SERVE_PREFIX_CACHE_DISTINCT_PREFIXES: ("prefix_cache.pin_top_k",
                                                        "prefix_cache.prewarm_top_k"),
 }
 """Metric -> the knobs it bounds from above."""

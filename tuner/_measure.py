@@ -12,19 +12,29 @@ import numpy as np
 import pandas as pd
 
 from collectors import StoreReader
+from collectors.names import (
+    ATTR_SEEDANCE_RANK,
+    ATTR_SERVICE_NAME,
+    GEN_AI_SERVER_REQUEST_DURATION,
+    SERVE_GENERATION_TOKENS,
+    TRAIN_LOSS,
+    TRAIN_STEP_DURATION,
+    TRAIN_TOKENS,
+    TRAIN_TOKENS_PER_SECOND,
+)
 from policies import histogram_quantile
 from tuner._version_reader import VersionReader
 from tuner._windows import Arm, JobKind, MeasureConfig, Window
 from tuner.serving_guardrails import ServingGuardrailConfig, window_agreement
 
-STEP_DURATION = "seedance.train.step.duration"
-TOKENS_PER_SECOND = "seedance.train.tokens_per_second"
-TOKENS = "seedance.train.tokens"
-LOSS = "seedance.train.loss"
-REQUEST_DURATION = "gen_ai.server.request.duration"
-GENERATION_TOKENS = "seedance.serve.generation_tokens"
-JOB_ATTR = "service.name"
-RANK_ATTR = "seedance.rank"
+STEP_DURATION = TRAIN_STEP_DURATION
+TOKENS_PER_SECOND = TRAIN_TOKENS_PER_SECOND
+TOKENS = TRAIN_TOKENS
+LOSS = TRAIN_LOSS
+REQUEST_DURATION = GEN_AI_SERVER_REQUEST_DURATION
+GENERATION_TOKENS = SERVE_GENERATION_TOKENS
+JOB_ATTR = ATTR_SERVICE_NAME
+RANK_ATTR = ATTR_SEEDANCE_RANK
 
 _WHOLE_VERSION = ServingGuardrailConfig(series_start_in_window=True)
 """Token agreement as the keep rule reads it: a version's counters start with it."""

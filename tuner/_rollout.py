@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from collectors import StoreReader, Tracing, new_traceparent, null_tracing
+from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
 from tuner._change import (
     ACTIVE,
     IN_FLIGHT,
@@ -231,7 +232,7 @@ class RolloutController(ChangeSteps):
             spans = self.trace.open(change, spans, "observe", {
                 "seedance.window": int(change.plan["index"]),
                 "seedance.window.arm": change.plan["arms"][int(change.plan["index"])],
-                "seedance.config.version": version})
+                ATTR_SEEDANCE_CONFIG_VERSION: version})
             change = self._save(change, plan=plan, spans=spans, event=(
                 "ack", f"v{ack.version} applied at step {ack.step}", version))
             if change.state == "applying":

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 
 from collectors import SeedanceError
+from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
 from collectors.torch_serving import ServingInstrumentation
 from tuner import KnobValue
 from tuner.kv_cache import QuantizedKVCache
@@ -375,7 +376,7 @@ class Engine:
         picks = self.model(sequence)[0, len(prompt) - 1:].argmax(-1).tolist()
         agrees = [p == t for p, t in zip(picks, r.tokens, strict=True)]
         self._checked.extend(agrees)
-        version = {"seedance.config.version": self.instrumentation.config_version}
+        version = {ATTR_SEEDANCE_CONFIG_VERSION: self.instrumentation.config_version}
         self._checked_tokens.add(len(agrees), version)
         self._agreeing_tokens.add(sum(agrees), version)
 
@@ -385,7 +386,7 @@ class Engine:
         if len(self._checked) < self.config.quality_min_tokens:
             return []
         return [Observation(sum(self._checked) / len(self._checked),
-                            {"seedance.config.version": self.instrumentation.config_version})]
+                            {ATTR_SEEDANCE_CONFIG_VERSION: self.instrumentation.config_version})]
 
     def _report(self) -> None:
         ins = self.instrumentation

@@ -8,6 +8,65 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from collectors.names import (
+    ATTR_GPU_INDEX,
+    ATTR_HOST_NAME,
+    ATTR_NETWORK_IO_DIRECTION,
+    ATTR_SEEDANCE_COMM_BACKEND,
+    ATTR_SEEDANCE_COMM_BUCKET,
+    ATTR_SEEDANCE_CONFIG_VERSION,
+    ATTR_SEEDANCE_KV_PART,
+    ATTR_SEEDANCE_MODULE_GROUP,
+    ATTR_SEEDANCE_RANK,
+    ATTR_SERVICE_NAME,
+    COMM_ALLREDUCE_ALGBW,
+    COMM_ALLREDUCE_BUSBW,
+    COMM_ALLREDUCE_BYTES,
+    COMM_ALLREDUCE_CALLS,
+    COMM_ALLREDUCE_DURATION,
+    COMM_STEP_BYTES,
+    FINDINGS_ACTIVE,
+    GEN_AI_SERVER_REQUEST_DURATION,
+    GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
+    GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+    GPU_CLOCK,
+    GPU_CLOCK_MAX,
+    GPU_NVLINK_THROUGHPUT,
+    GPU_PCIE_LINK_PEAK_BANDWIDTH,
+    GPU_POWER_LIMIT,
+    GPU_THROTTLE_REASONS,
+    HW_GPU_IO,
+    HW_GPU_MEMORY_LIMIT,
+    HW_GPU_MEMORY_USAGE,
+    HW_GPU_MEMORY_UTILIZATION,
+    HW_GPU_UP,
+    HW_GPU_UTILIZATION,
+    HW_POWER,
+    HW_TEMPERATURE,
+    SERVE_BATCH_SIZE,
+    SERVE_KV_CACHE_BITS,
+    SERVE_KV_CACHE_BYTES,
+    SERVE_KV_DEQUANTIZE_DURATION,
+    SERVE_KV_QUANTIZE_DURATION,
+    SERVE_PREFIX_CACHE_HITS,
+    SERVE_PREFIX_CACHE_QUERIES,
+    SERVE_QUEUE_DEPTH,
+    SERVE_TOKENS_PER_SECOND,
+    TRAIN_DATA_WAIT_DURATION,
+    TRAIN_GRAD_GROUP_NORM,
+    TRAIN_GRAD_NONFINITE,
+    TRAIN_GRAD_NORM,
+    TRAIN_GRAD_SCALER_SCALE,
+    TRAIN_GRAD_ZERO_FRACTION,
+    TRAIN_LEARNING_RATE,
+    TRAIN_LOSS,
+    TRAIN_STEP_DURATION,
+    TRAIN_TOKENS_PER_SECOND,
+    TUNING_CHANGES,
+    TUNING_OBJECTIVE,
+    TUNING_ROLLBACKS,
+    TUNING_TRIALS,
+)
 from dashboards.grafana._model import (
     DashboardSpec,
     PanelSpec,
@@ -33,7 +92,7 @@ def _label_values(name: str, attribute: str, scope: Scope | None = None) -> str:
 
 
 def _job_variable(name: str) -> Variable:
-    return Variable(name=JOB_VAR, label="Job", query=_label_values(name, "service.name"),
+    return Variable(name=JOB_VAR, label="Job", query=_label_values(name, ATTR_SERVICE_NAME),
                     multi=True)
 
 
@@ -53,11 +112,11 @@ def _quantiles(scope: Scope, title: str, description: str, name: str,
 
 
 def gpu_dashboard() -> DashboardSpec:
-    scope = Scope((("service.name", JOB_VAR), ("gpu.index", GPU_VAR)))
-    gpu = ("host.name", "GPU", "gpu.index")
-    up = "hw.gpu.up"
-    throttle = "seedance.gpu.throttle_reasons"
-    throttle_by = ("service.name", "host.name", "gpu.index")
+    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR), (ATTR_GPU_INDEX, GPU_VAR)))
+    gpu = (ATTR_HOST_NAME, "GPU", ATTR_GPU_INDEX)
+    up = HW_GPU_UP
+    throttle = GPU_THROTTLE_REASONS
+    throttle_by = (ATTR_SERVICE_NAME, ATTR_HOST_NAME, ATTR_GPU_INDEX)
     reason = prom(throttle).label("reason")
     # No reason active gives no series at all; show that as reason="none" = 0 per GPU.
     throttle_expr = (
@@ -72,7 +131,7 @@ def gpu_dashboard() -> DashboardSpec:
         variables=(
             _job_variable(up),
             Variable(name=GPU_VAR, label="GPU",
-                     query=_label_values(up, "gpu.index", Scope((("service.name", JOB_VAR),))),
+                     query=_label_values(up, ATTR_GPU_INDEX, Scope(((ATTR_SERVICE_NAME, JOB_VAR),))),
                      multi=True)),
         rows=[
             ("Health", [
@@ -88,60 +147,60 @@ def gpu_dashboard() -> DashboardSpec:
             ]),
             ("Utilisation and memory", [
                 _gauges(scope, "Utilisation", "Fraction of time a kernel ran", "percentunit",
-                        ("hw.gpu.utilization", gpu, "")),
+                        (HW_GPU_UTILIZATION, gpu, "")),
                 _gauges(scope, "Memory-bandwidth utilisation",
                         "Fraction of time device memory was read or written", "percentunit",
-                        ("hw.gpu.memory.utilization", gpu, "")),
+                        (HW_GPU_MEMORY_UTILIZATION, gpu, "")),
                 _gauges(scope, "Memory used", "Device memory in use and in total", "bytes",
-                        ("hw.gpu.memory.usage", gpu, "used"),
-                        ("hw.gpu.memory.limit", gpu, "total")),
+                        (HW_GPU_MEMORY_USAGE, gpu, "used"),
+                        (HW_GPU_MEMORY_LIMIT, gpu, "total")),
             ]),
             ("Interconnect", [
                 _gauges(scope, "PCIe throughput", "PCIe throughput per direction and the "
                         "current link's one-direction peak", "Bps",
-                        ("hw.gpu.io", (*gpu, "network.io.direction"), ""),
-                        ("seedance.gpu.pcie.link.peak_bandwidth", gpu, "peak")),
+                        (HW_GPU_IO, (*gpu, ATTR_NETWORK_IO_DIRECTION), ""),
+                        (GPU_PCIE_LINK_PEAK_BANDWIDTH, gpu, "peak")),
                 _gauges(scope, "NVLink throughput", "Summed over links, where supported",
-                        "Bps", ("seedance.gpu.nvlink.throughput",
-                                (*gpu, "network.io.direction"), "")),
+                        "Bps", (GPU_NVLINK_THROUGHPUT,
+                                (*gpu, ATTR_NETWORK_IO_DIRECTION), "")),
             ]),
             ("Power, clocks, temperature", [
                 _gauges(scope, "Power", "Board power draw and enforced limit", "watt",
-                        ("hw.power", gpu, "draw"), ("seedance.gpu.power.limit", gpu, "limit")),
+                        (HW_POWER, gpu, "draw"), (GPU_POWER_LIMIT, gpu, "limit")),
                 _gauges(scope, "Clocks", "Current and maximum clocks", "suffix: MHz",
-                        ("seedance.gpu.clock", (*gpu, "clock"), ""),
-                        ("seedance.gpu.clock.max", (*gpu, "clock"), "max")),
+                        (GPU_CLOCK, (*gpu, "clock"), ""),
+                        (GPU_CLOCK_MAX, (*gpu, "clock"), "max")),
                 _gauges(scope, "Temperature", "GPU die temperature", "celsius",
-                        ("hw.temperature", gpu, "")),
+                        (HW_TEMPERATURE, gpu, "")),
             ]),
         ])
 
 
 def training_dashboard() -> DashboardSpec:
-    scope = Scope((("service.name", JOB_VAR), ("seedance.rank", RANK_VAR)))
-    step = "seedance.train.step.duration"
-    wait = "seedance.train.data_wait.duration"
-    rank = ("service.name", "rank", "seedance.rank")
-    group = (*rank, "seedance.module_group")
-    comm = (*rank, "seedance.comm.backend")
-    job = ("service.name",)
-    allreduce = "seedance.comm.allreduce.duration"
+    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR), (ATTR_SEEDANCE_RANK, RANK_VAR)))
+    step = TRAIN_STEP_DURATION
+    wait = TRAIN_DATA_WAIT_DURATION
+    rank = (ATTR_SERVICE_NAME, "rank", ATTR_SEEDANCE_RANK)
+    group = (*rank, ATTR_SEEDANCE_MODULE_GROUP)
+    comm = (*rank, ATTR_SEEDANCE_COMM_BACKEND)
+    job = (ATTR_SERVICE_NAME,)
+    allreduce = COMM_ALLREDUCE_DURATION
     return DashboardSpec(
         uid="seedance-training", title="seedance / Training",
         description="What the torch training instrumentation measures, per job and rank",
         variables=(
             _job_variable(step),
             Variable(name=RANK_VAR, label="Rank", multi=True, query=_label_values(
-                step, "seedance.rank", Scope((("service.name", JOB_VAR),))))),
+                step, ATTR_SEEDANCE_RANK, Scope(((ATTR_SERVICE_NAME, JOB_VAR),))))),
         rows=[
             ("Throughput", [
                 _quantiles(scope, "Step time", "Optimizer step wall time, p50 and p99 over "
                            "the selected ranks", step, job),
                 PanelSpec(title="Tokens per second", description="Summed over the selected "
                           "ranks", unit="none", queries=(Query(
-                              expr=by("seedance.train.tokens_per_second", job, "sum",
-                                      scope.gauge("seedance.train.tokens_per_second")),
-                              legend=legend("seedance.train.tokens_per_second", *job)),)),
+                              expr=by(TRAIN_TOKENS_PER_SECOND, job, "sum",
+                                      scope.gauge(TRAIN_TOKENS_PER_SECOND)),
+                              legend=legend(TRAIN_TOKENS_PER_SECOND, *job)),)),
                 PanelSpec(title="Data wait share", unit="percentunit",
                           description="Share of wall time spent waiting for the next batch "
                           "(seconds waited per second), mean over the selected ranks",
@@ -150,82 +209,82 @@ def training_dashboard() -> DashboardSpec:
             ]),
             ("Optimisation", [
                 _gauges(scope, "Loss", "Training loss of the last step", "none",
-                        ("seedance.train.loss", rank, "")),
+                        (TRAIN_LOSS, rank, "")),
                 _gauges(scope, "Learning rate", "Learning rate of the first param group",
-                        "none", ("seedance.train.learning_rate", rank, "")),
+                        "none", (TRAIN_LEARNING_RATE, rank, "")),
                 _gauges(scope, "Grad-scaler scale", "GradScaler loss scale", "none",
-                        ("seedance.train.grad_scaler.scale", rank, "")),
+                        (TRAIN_GRAD_SCALER_SCALE, rank, "")),
             ]),
             ("Gradients", [
                 _gauges(scope, "Gradient norm", "Global L2 norm of the gradients (unscaled)",
-                        "none", ("seedance.train.grad.norm", rank, "")),
+                        "none", (TRAIN_GRAD_NORM, rank, "")),
                 _gauges(scope, "Gradient norm per module group", "L2 norm of each module "
-                        "group's gradients", "none", ("seedance.train.grad.group_norm", group,
+                        "group's gradients", "none", (TRAIN_GRAD_GROUP_NORM, group,
                                                       "")),
                 _gauges(scope, "Zero fraction", "Fraction of gradient elements exactly zero",
-                        "percentunit", ("seedance.train.grad.zero_fraction", group, "")),
+                        "percentunit", (TRAIN_GRAD_ZERO_FRACTION, group, "")),
                 _gauges(scope, "Non-finite gradient elements", "NaN or infinite elements",
-                        "none", ("seedance.train.grad.nonfinite", group, "")),
+                        "none", (TRAIN_GRAD_NONFINITE, group, "")),
             ]),
             ("Communication", [
                 _gauges(scope, "All-reduce bus bandwidth", "Per bucket of the last completed "
                         "step (nccl-tests busbw)", "Bps",
-                        ("seedance.comm.allreduce.busbw", (*comm, "seedance.comm.bucket"), "")),
+                        (COMM_ALLREDUCE_BUSBW, (*comm, ATTR_SEEDANCE_COMM_BUCKET), "")),
                 _gauges(scope, "All-reduce algorithm bandwidth", "Per bucket of the last "
                         "completed step: bytes / latency", "Bps",
-                        ("seedance.comm.allreduce.algbw", (*comm, "seedance.comm.bucket"), "")),
+                        (COMM_ALLREDUCE_ALGBW, (*comm, ATTR_SEEDANCE_COMM_BUCKET), "")),
                 _gauges(scope, "Bytes per step", "Bytes all-reduced in the last completed "
-                        "step", "bytes", ("seedance.comm.step_bytes", comm, "")),
+                        "step", "bytes", (COMM_STEP_BYTES, comm, "")),
                 PanelSpec(title="All-reduce calls and bytes", unit="none",
                           description="All-reduce calls per second and bytes per second",
                           queries=(
-                              Query(expr=scope.rate("seedance.comm.allreduce.calls"),
-                                    legend=legend("seedance.comm.allreduce.calls", *comm,
+                              Query(expr=scope.rate(COMM_ALLREDUCE_CALLS),
+                                    legend=legend(COMM_ALLREDUCE_CALLS, *comm,
                                                   "calls/s")),
-                              Query(expr=scope.rate("seedance.comm.allreduce.bytes"),
-                                    legend=legend("seedance.comm.allreduce.bytes", *comm,
+                              Query(expr=scope.rate(COMM_ALLREDUCE_BYTES),
+                                    legend=legend(COMM_ALLREDUCE_BYTES, *comm,
                                                   "bytes/s")))),
                 _quantiles(scope, "All-reduce latency", "One bucket's all-reduce, launch to "
-                           "completion", allreduce, ("service.name", "seedance.comm.backend")),
+                           "completion", allreduce, (ATTR_SERVICE_NAME, ATTR_SEEDANCE_COMM_BACKEND)),
             ]),
         ])
 
 
 def serving_dashboard() -> DashboardSpec:
-    scope = Scope((("service.name", JOB_VAR),))
-    job = ("service.name",)
-    hits, queries = "seedance.serve.prefix_cache.hits", "seedance.serve.prefix_cache.queries"
-    quant, dequant = "seedance.serve.kv.quantize.duration", "seedance.serve.kv.dequantize.duration"
+    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR),))
+    job = (ATTR_SERVICE_NAME,)
+    hits, queries = SERVE_PREFIX_CACHE_HITS, SERVE_PREFIX_CACHE_QUERIES
+    quant, dequant = SERVE_KV_QUANTIZE_DURATION, SERVE_KV_DEQUANTIZE_DURATION
     return DashboardSpec(
         uid="seedance-serving", title="seedance / Serving",
         description="What the serving instrumentation (or a scraped vLLM) measures, per job",
-        variables=(_job_variable("gen_ai.server.request.duration"),),
+        variables=(_job_variable(GEN_AI_SERVER_REQUEST_DURATION),),
         rows=[
             ("Latency", [
                 _quantiles(scope, "Time to first token", "p50 and p99",
-                           "gen_ai.server.time_to_first_token", job, span=8),
+                           GEN_AI_SERVER_TIME_TO_FIRST_TOKEN, job, span=8),
                 _quantiles(scope, "Time per output token", "p50 and p99",
-                           "gen_ai.server.time_per_output_token", job, span=8),
+                           GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, job, span=8),
                 _quantiles(scope, "End-to-end latency", "p50 and p99",
-                           "gen_ai.server.request.duration", job, span=8),
+                           GEN_AI_SERVER_REQUEST_DURATION, job, span=8),
             ]),
             ("Load", [
                 PanelSpec(title="Output tokens per second", unit="none", span=8,
                           description="Sliding window, summed over the job's processes",
                           queries=(Query(
-                              expr=by("seedance.serve.tokens_per_second", job, "sum",
-                                      scope.gauge("seedance.serve.tokens_per_second")),
-                              legend=legend("seedance.serve.tokens_per_second", *job)),)),
+                              expr=by(SERVE_TOKENS_PER_SECOND, job, "sum",
+                                      scope.gauge(SERVE_TOKENS_PER_SECOND)),
+                              legend=legend(SERVE_TOKENS_PER_SECOND, *job)),)),
                 _gauges(scope, "Batch size", "Requests in the decode batch", "none",
-                        ("seedance.serve.batch_size", job, ""), span=8),
+                        (SERVE_BATCH_SIZE, job, ""), span=8),
                 _gauges(scope, "Queue depth", "Requests waiting", "none",
-                        ("seedance.serve.queue_depth", job, ""), span=8),
+                        (SERVE_QUEUE_DEPTH, job, ""), span=8),
             ]),
             ("KV cache", [
                 _gauges(scope, "KV-cache bytes", "Bytes the KV cache holds", "bytes",
-                        ("seedance.serve.kv_cache.bytes", job, ""), span=8),
+                        (SERVE_KV_CACHE_BYTES, job, ""), span=8),
                 _gauges(scope, "KV-cache bits", "Bit-width in force (16 = unquantised)", "none",
-                        ("seedance.serve.kv_cache.bits", (*job, "seedance.kv.part"), ""),
+                        (SERVE_KV_CACHE_BITS, (*job, ATTR_SEEDANCE_KV_PART), ""),
                         span=8),
                 PanelSpec(title="Quantise / dequantise time", unit="percentunit", span=8,
                           description="Share of wall time spent (seconds per second)",
@@ -244,11 +303,11 @@ def serving_dashboard() -> DashboardSpec:
 
 
 def tuning_dashboard() -> DashboardSpec:
-    scope = Scope((("service.name", JOB_VAR),))
-    trials, changes = "seedance.tuning.trials", "seedance.tuning.changes"
-    rollbacks = "seedance.tuning.rollbacks"
-    objective = "seedance.tuning.objective"
-    job = ("service.name",)
+    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR),))
+    trials, changes = TUNING_TRIALS, TUNING_CHANGES
+    rollbacks = TUNING_ROLLBACKS
+    objective = TUNING_OBJECTIVE
+    job = (ATTR_SERVICE_NAME,)
 
     def in_range(name: str, attrs: tuple[str, ...], title: str, description: str,
                  span: int = 8) -> PanelSpec:
@@ -277,14 +336,14 @@ def tuning_dashboard() -> DashboardSpec:
                               " * 3600", legend=legend(changes, *job, "state")),)),
                 _gauges(scope, "Objective", "Objective value the last completed trial "
                         "measured", "none",
-                        (objective, (*job, "v", "seedance.config.version"), "")),
+                        (objective, (*job, "v", ATTR_SEEDANCE_CONFIG_VERSION), "")),
             ]),
         ])
 
 
 def findings_dashboard() -> DashboardSpec:
-    scope = Scope((("service.name", JOB_VAR),))
-    active = "seedance.findings.active"
+    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR),))
+    active = FINDINGS_ACTIVE
     return DashboardSpec(
         uid="seedance-findings", title="seedance / Findings",
         description="Findings the policy engine holds open, per detector",
@@ -296,9 +355,9 @@ def findings_dashboard() -> DashboardSpec:
                               expr=f"sum({scope.gauge(active)})", legend="open"),)),
                 PanelSpec(title="Open findings by detector", description="Per detector",
                           unit="none", span=18, queries=(Query(
-                              expr=by(active, ("service.name", "detector"), "sum",
+                              expr=by(active, (ATTR_SERVICE_NAME, "detector"), "sum",
                                       scope.gauge(active)),
-                              legend=legend(active, "service.name", "detector")),)),
+                              legend=legend(active, ATTR_SERVICE_NAME, "detector")),)),
             ]),
         ])
 

@@ -15,6 +15,25 @@ from collectors import (
     Resolution,
     StoreReader,
 )
+from collectors.names import (
+    ATTR_GEN_AI_REQUEST_MODEL,
+    ATTR_GPU_INDEX,
+    ATTR_SEEDANCE_KV_PART,
+    COMM_ALLREDUCE_DURATION_SUM,
+    GEN_AI_SERVER_REQUEST_DURATION_BUCKET,
+    GPU_DRAM_ACTIVE,
+    HW_GPU_MEMORY_UTILIZATION,
+    HW_GPU_UTILIZATION,
+    SERVE_KV_CACHE_BITS,
+    SERVE_PREFIX_CACHE_HIT_RATIO,
+    SERVE_PREFIX_CACHE_HITS,
+    SERVE_PREFIX_CACHE_QUERIES,
+    SERVE_TOKENS_PER_SECOND,
+    TRAIN_GRAD_NORM,
+    TRAIN_STEP_DURATION_BUCKET,
+    TRAIN_STEP_DURATION_SUM,
+    TRAIN_TOKENS_PER_SECOND,
+)
 from dashboards.report._values import (
     HOST_ATTR,
     JOB_ATTR,
@@ -38,7 +57,7 @@ def _cumulative(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(value=frame["last"]) if "last" in frame.columns else frame
 
 
-_SHORT = {HOST_ATTR: "host", "gpu.index": "gpu", RANK_ATTR: "rank", "seedance.kv.part": "part"}
+_SHORT = {HOST_ATTR: "host", ATTR_GPU_INDEX: "gpu", RANK_ATTR: "rank", ATTR_SEEDANCE_KV_PART: "part"}
 
 
 def _label(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
@@ -125,27 +144,27 @@ class _PanelSpec:
 
 PANELS: tuple[_PanelSpec, ...] = (
     _PanelSpec(key="throughput", title="Throughput", unit="tokens/s",
-               metrics=("seedance.train.tokens_per_second", "seedance.serve.tokens_per_second")),
+               metrics=(TRAIN_TOKENS_PER_SECOND, SERVE_TOKENS_PER_SECOND)),
     _PanelSpec(key="p99_latency", title="p99 latency (step / request)", unit="s",
-               metrics=("seedance.train.step.duration.bucket",
-                        "gen_ai.server.request.duration.bucket")),
+               metrics=(TRAIN_STEP_DURATION_BUCKET,
+                        GEN_AI_SERVER_REQUEST_DURATION_BUCKET)),
     _PanelSpec(key="gpu_utilization", title="GPU utilisation", unit="fraction",
-               metrics=("hw.gpu.utilization",), host_level=True,
-               line_keys=(HOST_ATTR, "gpu.index")),
+               metrics=(HW_GPU_UTILIZATION,), host_level=True,
+               line_keys=(HOST_ATTR, ATTR_GPU_INDEX)),
     _PanelSpec(key="memory_bandwidth", title="Memory-bandwidth utilisation", unit="fraction",
-               metrics=("hw.gpu.memory.utilization", "seedance.gpu.dram.active"),
-               host_level=True, line_keys=(HOST_ATTR, "gpu.index")),
+               metrics=(HW_GPU_MEMORY_UTILIZATION, GPU_DRAM_ACTIVE),
+               host_level=True, line_keys=(HOST_ATTR, ATTR_GPU_INDEX)),
     _PanelSpec(key="comm_share", title="Communication share of step time", unit="fraction",
-               metrics=("seedance.comm.allreduce.duration.sum",
-                        "seedance.train.step.duration.sum")),
+               metrics=(COMM_ALLREDUCE_DURATION_SUM,
+                        TRAIN_STEP_DURATION_SUM)),
     _PanelSpec(key="grad_norm", title="Gradient norm", unit="1",
-               metrics=("seedance.train.grad.norm",)),
+               metrics=(TRAIN_GRAD_NORM,)),
     _PanelSpec(key="kv_bits", title="KV-cache bits", unit="bit",
-               metrics=("seedance.serve.kv_cache.bits",),
-               line_keys=(RANK_ATTR, "seedance.kv.part")),
+               metrics=(SERVE_KV_CACHE_BITS,),
+               line_keys=(RANK_ATTR, ATTR_SEEDANCE_KV_PART)),
     _PanelSpec(key="cache_hit_rate", title="Prefix-cache hit rate", unit="fraction",
-               metrics=("seedance.serve.prefix_cache.hits", "seedance.serve.prefix_cache.queries",
-                        "seedance.serve.prefix_cache.hit_ratio")),
+               metrics=(SERVE_PREFIX_CACHE_HITS, SERVE_PREFIX_CACHE_QUERIES,
+                        SERVE_PREFIX_CACHE_HIT_RATIO)),
 )
 
 
@@ -186,7 +205,7 @@ class PanelReader:
             hits, queries, ratio = frames.values()
             lines = _lines(_ratio_of_increases(hits, queries), ())
             if lines.empty:
-                lines = _lines(ratio, ("gen_ai.request.model",))
+                lines = _lines(ratio, (ATTR_GEN_AI_REQUEST_MODEL,))
         else:
             lines = pd.concat([_lines(f, spec.line_keys) for f in frames.values()],
                               ignore_index=True)

@@ -12,10 +12,11 @@ import pandas as pd
 from collectors import (
     SeedanceError,
 )
+from collectors.names import ATTR_HOST_NAME, ATTR_SEEDANCE_RANK, ATTR_SERVICE_NAME
 
-JOB_ATTR = "service.name"
-HOST_ATTR = "host.name"
-RANK_ATTR = "seedance.rank"
+JOB_ATTR = ATTR_SERVICE_NAME
+HOST_ATTR = ATTR_HOST_NAME
+RANK_ATTR = ATTR_SEEDANCE_RANK
 HOURS_PER_MONTH = 730.0
 """Hours in an average month (8,760 / 12): a GPU's monthly cost is price x 730."""
 NS = 1_000_000_000

@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import SERVE_REPLICAS
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
 from policies.detectors._request_latency import REQUEST_BUCKETS, p99_per_interval
 
-REPLICAS = "seedance.serve.replicas"
+REPLICAS = SERVE_REPLICAS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

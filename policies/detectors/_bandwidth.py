@@ -26,6 +26,18 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import (
+    ATTR_GPU_INDEX,
+    ATTR_HW_NAME,
+    ATTR_NETWORK_IO_DIRECTION,
+    GPU_DRAM_ACTIVE,
+    GPU_MEMORY_PEAK_BANDWIDTH,
+    GPU_PCIE_LINK_GENERATION,
+    GPU_PCIE_LINK_PEAK_BANDWIDTH,
+    GPU_PCIE_LINK_WIDTH,
+    HW_GPU_IO,
+    HW_GPU_MEMORY_UTILIZATION,
+)
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
 from policies._hardware import critical_saturation, gpu_spec
@@ -36,14 +48,14 @@ GENERIC_KNEE = 0.7
 """The seed's model-independent knee ("past x/B ~ 0.7", section 2.1), used when the GPU's own
 critical point is unknown."""
 
-DRAM_ACTIVE = "seedance.gpu.dram.active"
-MEMORY_UTILISATION = "hw.gpu.memory.utilization"
-MEMORY_PEAK = "seedance.gpu.memory.peak_bandwidth"
-PCIE_IO = "hw.gpu.io"
-PCIE_PEAK = "seedance.gpu.pcie.link.peak_bandwidth"
-PCIE_GENERATION = "seedance.gpu.pcie.link.generation"
-PCIE_WIDTH = "seedance.gpu.pcie.link.width"
-GPU = "gpu.index"
+DRAM_ACTIVE = GPU_DRAM_ACTIVE
+MEMORY_UTILISATION = HW_GPU_MEMORY_UTILIZATION
+MEMORY_PEAK = GPU_MEMORY_PEAK_BANDWIDTH
+PCIE_IO = HW_GPU_IO
+PCIE_PEAK = GPU_PCIE_LINK_PEAK_BANDWIDTH
+PCIE_GENERATION = GPU_PCIE_LINK_GENERATION
+PCIE_WIDTH = GPU_PCIE_LINK_WIDTH
+GPU = ATTR_GPU_INDEX
 _MODEL = (f"policies.bandwidth_saturation: f = 1 - exp(-k x/B), k = {ARTICLE_COUPLING_K}; knee "
           "x/B from policies.critical_saturation (seed 2.1)")
 
@@ -107,7 +119,7 @@ class BandwidthSaturationDetector(Detector):
             if rows is None or len(rows) < self.config.min_samples:
                 continue
             pressure = float(rows["value"].mean())
-            device = str(rows["hw.name"].iloc[-1]) if "hw.name" in rows.columns else ""
+            device = str(rows[ATTR_HW_NAME].iloc[-1]) if ATTR_HW_NAME in rows.columns else ""
             knee = critical_saturation(device)
             known = knee is not None
             knee_used = knee if knee is not None else GENERIC_KNEE
@@ -164,9 +176,9 @@ class BandwidthSaturationDetector(Detector):
         findings = []
         for gpu, rows in sorted(io.items()):
             peak = _last(peaks.get(gpu))
-            if peak is None or peak <= 0 or "network.io.direction" not in rows.columns:
+            if peak is None or peak <= 0 or ATTR_NETWORK_IO_DIRECTION not in rows.columns:
                 continue
-            for direction, part in rows.groupby("network.io.direction"):
+            for direction, part in rows.groupby(ATTR_NETWORK_IO_DIRECTION):
                 if len(part) < self.config.min_samples:
                     continue
                 mean = float(part["value"].mean())

@@ -18,16 +18,27 @@ import re
 import numpy as np
 import pandas as pd
 
+from collectors.names import (
+    ATTR_HW_NAME,
+    ATTR_SEEDANCE_RANK,
+    COMM_ALLREDUCE_ALGBW,
+    COMM_ALLREDUCE_BUSBW,
+    COMM_ALLREDUCE_BYTES,
+    COMM_ALLREDUCE_CALLS,
+    COMM_ALLREDUCE_DURATION_COUNT,
+    COMM_ALLREDUCE_DURATION_SUM,
+    HW_GPU_UP,
+)
 from policies._window import StoreWindow
 from policies.detectors._series import interval_increases, latest_version
 
-CALLS = "seedance.comm.allreduce.calls"
-BYTES = "seedance.comm.allreduce.bytes"
-DURATION_COUNT = "seedance.comm.allreduce.duration.count"
-DURATION_SUM = "seedance.comm.allreduce.duration.sum"
-ALGBW = "seedance.comm.allreduce.algbw"
-BUSBW = "seedance.comm.allreduce.busbw"
-RANK = "seedance.rank"
+CALLS = COMM_ALLREDUCE_CALLS
+BYTES = COMM_ALLREDUCE_BYTES
+DURATION_COUNT = COMM_ALLREDUCE_DURATION_COUNT
+DURATION_SUM = COMM_ALLREDUCE_DURATION_SUM
+ALGBW = COMM_ALLREDUCE_ALGBW
+BUSBW = COMM_ALLREDUCE_BUSBW
+RANK = ATTR_SEEDANCE_RANK
 
 # Per-direction NVLink bandwidth per GPU (half the datasheets' bidirectional totals):
 # A100 SXM NVLink3 600 GB/s, H100/H200 SXM NVLink4 900 GB/s (A100 and H100 datasheets),
@@ -101,10 +112,10 @@ def per_rank(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def device_name(window: StoreWindow) -> str:
     """The GPU model (NVML name) the job reports, "" when it reports none."""
-    frame = window.query("hw.gpu.up")
-    if frame.empty or "hw.name" not in frame.columns:
+    frame = window.query(HW_GPU_UP)
+    if frame.empty or ATTR_HW_NAME not in frame.columns:
         return ""
-    return str(frame["hw.name"].iloc[-1])
+    return str(frame[ATTR_HW_NAME].iloc[-1])
 
 
 def ranks_from_factor(factor: float) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import TRAIN_STEP_DURATION_SUM
 from policies._communication_cost import allreduce_time_s
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, Severity, SuggestedChange, Threshold
@@ -37,7 +38,7 @@ from policies.detectors._collective_parts import (
 )
 from policies.detectors._series import interval_increases, latest_version
 
-STEP_SUM = "seedance.train.step.duration.sum"
+STEP_SUM = TRAIN_STEP_DURATION_SUM
 
 
 def _fastest_rank(intervals: pd.DataFrame) -> pd.DataFrame:

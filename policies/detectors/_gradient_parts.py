@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import ATTR_SEEDANCE_NONFINITE_WHAT, TRAIN_NONFINITE_STEPS
 from policies._window import StoreWindow
 from policies.detectors._model_view import forward_order, single_precisions
 from policies.detectors._steps import (
@@ -22,8 +23,8 @@ COLLAPSE = "gradient_collapse"
 UNDERFLOW = "gradient_underflow"
 NON_FINITE = "non_finite"
 """The gradient detectors' names, which the tuner's guardrail watches."""
-NONFINITE_STEPS = "seedance.train.nonfinite_steps"
-NONFINITE_WHAT = "seedance.nonfinite.what"
+NONFINITE_STEPS = TRAIN_NONFINITE_STEPS
+NONFINITE_WHAT = ATTR_SEEDANCE_NONFINITE_WHAT
 
 
 def check_config(condition: bool, message: str) -> None:

@@ -12,20 +12,30 @@ from dataclasses import dataclass
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import (
+    ATTR_SEEDANCE_KV_PART,
+    SERVE_BATCH_SIZE,
+    SERVE_KV_CACHE_BITS,
+    SERVE_KV_CACHE_BYTES,
+    SERVE_KV_CACHE_USAGE,
+    SERVE_KV_DEQUANTIZE_DURATION,
+    SERVE_QUEUE_DEPTH,
+    SERVE_TOKENS_PER_SECOND,
+)
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._kv_cost import kv_compression_tradeoff
 from policies._window import StoreWindow
 from policies.detectors._steps import histogram_totals
 
-DEQUANTIZE = "seedance.serve.kv.dequantize.duration"
-KV_BYTES = "seedance.serve.kv_cache.bytes"
-KV_BITS = "seedance.serve.kv_cache.bits"
-KV_USAGE = "seedance.serve.kv_cache.usage"
-KV_PART_ATTR = "seedance.kv.part"
-TOKENS_PER_S = "seedance.serve.tokens_per_second"
-BATCH = "seedance.serve.batch_size"
-QUEUE = "seedance.serve.queue_depth"
+DEQUANTIZE = SERVE_KV_DEQUANTIZE_DURATION
+KV_BYTES = SERVE_KV_CACHE_BYTES
+KV_BITS = SERVE_KV_CACHE_BITS
+KV_USAGE = SERVE_KV_CACHE_USAGE
+KV_PART_ATTR = ATTR_SEEDANCE_KV_PART
+TOKENS_PER_S = SERVE_TOKENS_PER_SECOND
+BATCH = SERVE_BATCH_SIZE
+QUEUE = SERVE_QUEUE_DEPTH
 UNCOMPRESSED_BITS = 16
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import ATTR_SEEDANCE_RANK, TRAIN_STEP_DURATION_COUNT, TRAIN_STEP_DURATION_SUM
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
@@ -34,9 +35,9 @@ from policies.detectors._series import increase, latest_version
 ARTICLE_IMBALANCE_FRACTION = 0.15
 ARTICLE_REBALANCE_ALPHA = 0.82
 ARTICLE_COOLDOWN_TAU_S = 45.0
-STEP_COUNT = "seedance.train.step.duration.count"
-STEP_SUM = "seedance.train.step.duration.sum"
-RANK = "seedance.rank"
+STEP_COUNT = TRAIN_STEP_DURATION_COUNT
+STEP_SUM = TRAIN_STEP_DURATION_SUM
+RANK = ATTR_SEEDANCE_RANK
 
 
 def rebalance_weight(cap_i: float, cap_j: float, d_load: float, *,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from collectors import ConfigError
+from collectors.names import SERVE_PREFIX_CACHE_HITS, SERVE_PREFIX_CACHE_QUERIES
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
@@ -20,8 +21,8 @@ from policies.detectors._request_latency import REQUEST_BUCKETS, p99_per_interva
 from policies.detectors._series import increase, interval_increases
 from policies.detectors._steps import attribute_columns, by
 
-HITS = "seedance.serve.prefix_cache.hits"
-QUERIES = "seedance.serve.prefix_cache.queries"
+HITS = SERVE_PREFIX_CACHE_HITS
+QUERIES = SERVE_PREFIX_CACHE_QUERIES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,13 +10,19 @@ from __future__ import annotations
 import pandas as pd
 
 from collectors import CONFIG_VERSION_ATTR
+from collectors.names import (
+    ATTR_SEEDANCE_DTYPE,
+    ATTR_SEEDANCE_DTYPE_SOURCE,
+    TRAIN_GROUP_FORWARD_RANK,
+    TRAIN_GROUP_PARAM_DTYPE,
+)
 from policies._window import StoreWindow
 from policies.detectors._steps import MODULE_GROUP_ATTR
 
-GROUP_DTYPE = "seedance.train.group.param_dtype"
-GROUP_FORWARD_RANK = "seedance.train.group.forward_rank"
-DTYPE_ATTR = "seedance.dtype"
-DTYPE_SOURCE_ATTR = "seedance.dtype.source"
+GROUP_DTYPE = TRAIN_GROUP_PARAM_DTYPE
+GROUP_FORWARD_RANK = TRAIN_GROUP_FORWARD_RANK
+DTYPE_ATTR = ATTR_SEEDANCE_DTYPE
+DTYPE_SOURCE_ATTR = ATTR_SEEDANCE_DTYPE_SOURCE
 PRECISION_OF_DTYPE: dict[str, str] = {
     "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
 """Dtype names as the profiler exports them -> ``precision.<group>`` knob values."""

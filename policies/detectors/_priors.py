@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from collectors import CONFIG_VERSION_ATTR, ConfigError
+from collectors.names import ATTR_HW_MODEL, DEVICE_MATMUL_SPEEDUP, TRAIN_GROUP_TIME_SHARE
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
 from policies._window import StoreWindow
@@ -27,9 +28,9 @@ from policies.detectors._model_view import DTYPE_ATTR, PRECISION_OF_DTYPE, compu
 from policies.detectors._series import latest_version
 from policies.detectors._steps import MODULE_GROUP_ATTR, STEP
 
-GROUP_SHARE = "seedance.train.group.time_share"
-MATMUL_SPEEDUP = "seedance.device.matmul_speedup"
-DEVICE_MODEL_ATTR = "hw.model"
+GROUP_SHARE = TRAIN_GROUP_TIME_SHARE
+MATMUL_SPEEDUP = DEVICE_MATMUL_SPEEDUP
+DEVICE_MODEL_ATTR = ATTR_HW_MODEL
 EXPECTED_GAIN = "expected_gain"
 """The evidence measurement with the suggestion's expected gain in step speed (0.45 = +45%)."""
 

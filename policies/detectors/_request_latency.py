@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from collectors.names import GEN_AI_SERVER_REQUEST_DURATION_BUCKET
 from policies._quantile import histogram_quantile
 from policies.detectors._series import interval_increases
 
-REQUEST_BUCKETS = "gen_ai.server.request.duration.bucket"
+REQUEST_BUCKETS = GEN_AI_SERVER_REQUEST_DURATION_BUCKET
 
 
 def p99_per_interval(frame: pd.DataFrame) -> pd.Series:

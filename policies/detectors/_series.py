@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
+
 
 def increase(frame: pd.DataFrame) -> float:
     """How much a cumulative counter grew over the frame's points (one series, time-sorted).
@@ -29,7 +31,7 @@ def interval_increases(frame: pd.DataFrame) -> pd.DataFrame:
                          "delta": np.where(steps >= 0, steps, values[1:])})
 
 
-def latest_version(frame: pd.DataFrame, column: str = "seedance.config.version") -> pd.DataFrame:
+def latest_version(frame: pd.DataFrame, column: str = ATTR_SEEDANCE_CONFIG_VERSION) -> pd.DataFrame:
     """The rows measured under the newest config version in the frame (all rows if untagged).
 
     A window that straddles a config change is judged on the config in force now.

@@ -16,11 +16,26 @@ from collections.abc import Sequence
 import pandas as pd
 
 from collectors import CONFIG_VERSION_ATTR
+from collectors.names import (
+    ATTR_SEEDANCE_MODULE_GROUP,
+    ATTR_SEEDANCE_RANK,
+    TRAIN_DATA_WAIT_DURATION,
+    TRAIN_GRAD_GROUP_NORM,
+    TRAIN_GRAD_NONFINITE,
+    TRAIN_GRAD_NORM,
+    TRAIN_GRAD_SCALER_SCALE,
+    TRAIN_GRAD_ZERO_FRACTION,
+    TRAIN_LEARNING_RATE,
+    TRAIN_LOSS,
+    TRAIN_STEP,
+    TRAIN_STEP_DURATION,
+    TRAIN_TOKENS_PER_SECOND,
+)
 from policies._window import StoreWindow
 from policies.detectors._series import increase
 
-RANK_ATTR = "seedance.rank"
-MODULE_GROUP_ATTR = "seedance.module_group"
+RANK_ATTR = ATTR_SEEDANCE_RANK
+MODULE_GROUP_ATTR = ATTR_SEEDANCE_MODULE_GROUP
 """Attribute of per-group gradient metrics (``collectors.torch_training.MODULE_GROUP_ATTR``)."""
 PRECISION_ATTR = "seedance.precision"
 """Optional attribute: the precision a point was measured under (fp32, bf16, fp16, fp8), for
@@ -29,17 +44,17 @@ BATCH_SIZE_ATTR = "seedance.batch_size"
 """Optional attribute: samples per optimizer step on this rank when the point was measured."""
 REDUCED_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
 
-STEP = "seedance.train.step"
-STEP_DURATION = "seedance.train.step.duration"
-DATA_WAIT = "seedance.train.data_wait.duration"
-LOSS = "seedance.train.loss"
-GRAD_NORM = "seedance.train.grad.norm"
-GROUP_NORM = "seedance.train.grad.group_norm"
-ZERO_FRACTION = "seedance.train.grad.zero_fraction"
-NONFINITE = "seedance.train.grad.nonfinite"
-SCALE = "seedance.train.grad_scaler.scale"
-TOKENS_PER_S = "seedance.train.tokens_per_second"
-LEARNING_RATE = "seedance.train.learning_rate"
+STEP = TRAIN_STEP
+STEP_DURATION = TRAIN_STEP_DURATION
+DATA_WAIT = TRAIN_DATA_WAIT_DURATION
+LOSS = TRAIN_LOSS
+GRAD_NORM = TRAIN_GRAD_NORM
+GROUP_NORM = TRAIN_GRAD_GROUP_NORM
+ZERO_FRACTION = TRAIN_GRAD_ZERO_FRACTION
+NONFINITE = TRAIN_GRAD_NONFINITE
+SCALE = TRAIN_GRAD_SCALER_SCALE
+TOKENS_PER_S = TRAIN_TOKENS_PER_SECOND
+LEARNING_RATE = TRAIN_LEARNING_RATE
 
 
 def attribute_columns(frame: pd.DataFrame) -> list[str]:

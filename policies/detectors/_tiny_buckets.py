@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from collectors import ConfigError
+from collectors.names import COMM_STEP_BYTES
 from policies._communication_cost import allreduce_calls, allreduce_time_s
 from policies._detector import Detector
 from policies._findings import Evidence, Finding, Measurement, SuggestedChange, Threshold
@@ -23,7 +24,7 @@ from policies.detectors._collective_parts import (
 )
 from policies.detectors._series import latest_version
 
-STEP_BYTES = "seedance.comm.step_bytes"
+STEP_BYTES = COMM_STEP_BYTES
 DDP_DEFAULT_BUCKET_BYTES = 25 * 2**20
 """``DistributedDataParallel(bucket_cap_mb=25)``, PyTorch's default bucket."""
 

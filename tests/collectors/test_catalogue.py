@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 from collectors import names
@@ -66,3 +67,22 @@ def test_every_name_has_exactly_one_row() -> None:
     page = render_markdown()
     for spec in CATALOGUE:
         assert page.count(f"\n| `{spec.name}` |") == 1, spec.name
+
+
+def test_no_module_spells_a_catalogue_name_itself() -> None:
+    """A metric name (or dotted attribute) is written once, in the catalogue; code uses its
+    constant from ``collectors.names``, so a renamed metric cannot leave a stale copy behind."""
+    dotted = {v for k, v in vars(names).items() if k.isupper() and "." in v}
+    own = {ROOT / "collectors" / "_catalogue.py", ROOT / "collectors" / "names.py"}
+    found = []
+    for package in ("collectors", "policies", "tuner", "dashboards", "seedancectl", "workloads"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path in own:
+                continue
+            with path.open() as source:
+                for token in tokenize.generate_tokens(source.readline):
+                    text = token.string
+                    if (token.type == tokenize.STRING and text[:1] in "\"'"
+                            and not text.startswith(('"""', "'''")) and text[1:-1] in dotted):
+                        found.append(f"{path.relative_to(ROOT)}:{token.start[0]} {text}")
+    assert not found, "use collectors.names: " + "; ".join(found)

@@ -23,6 +23,7 @@ import httpx
 from opentelemetry.trace import Span, Tracer
 
 from collectors import traceparent_context
+from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
 from tuner._knobs import Config, Knob, KnobValue
 from tuner._token import find_token
 
@@ -266,6 +267,6 @@ def apply_span(tracer: Tracer, update: LeaseUpdate, *, job: str,
         yield None
         return
     with tracer.start_as_current_span("job.apply", context=context, attributes={
-            "seedance.config.version": update.config.version, "seedance.job": job,
+            ATTR_SEEDANCE_CONFIG_VERSION: update.config.version, "seedance.job": job,
             "seedance.change.id": update.change_id or "", **attributes}) as span:
         yield span

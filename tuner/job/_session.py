@@ -61,6 +61,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from torch import nn
 
 from collectors import Telemetry, TelemetryConfig, Tracing, setup_telemetry, setup_tracing
+from collectors.names import ATTR_SEEDANCE_RANK
 from collectors.torch_profile import ModuleGroupProfiler, dtype_speedups
 from collectors.torch_training import (
     NullTrainingInstrumentation,
@@ -280,7 +281,7 @@ class Session:
     def _apply_span(self, update: LeaseUpdate, step: int) -> contextlib.AbstractContextManager[
             Span | None]:
         return apply_span(self._tracer, update, job=self.job,
-                          attributes={"seedance.step": step, "seedance.rank": self.rank})
+                          attributes={"seedance.step": step, ATTR_SEEDANCE_RANK: self.rank})
 
     def _apply(self, update: LeaseUpdate) -> None:
         step, config = self.steps_done, update.config
