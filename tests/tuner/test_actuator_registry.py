@@ -7,6 +7,7 @@ import pytest
 
 from tuner import Knob, KnobError, KnobSpace, KnobValue
 from tuner.job import ActuatorRegistry, CallbackActuator, HandleActuator, KnobHandle
+from tuner.job._torch_actuators import precision_knobs
 
 KV = (Knob(name="kv.key_bits", default=8, choices=(4, 8)),
       Knob(name="kv.value_bits", default=8, choices=(4, 8)))
@@ -62,3 +63,12 @@ def test_a_prefix_is_registered_once_and_a_knob_needs_an_owner() -> None:
         registry.register(HandleActuator("", {}))
     with pytest.raises(KnobError, match="no actuator"):
         ActuatorRegistry(list(registry)[:1]).apply({"warmup": 1})
+
+
+def test_a_precision_within_noise_of_fp32_is_not_searched() -> None:
+    # a Xeon with AMX-BF16 and AVX512-FP16: bf16 matmuls 6.6x fp32's, fp16's at parity
+    (knob,) = precision_knobs(["ffn"], {"fp32": 1.0, "bf16": 6.6, "fp16": 1.01},
+                              grad_scaler=True)
+    assert "fp16" in knob.search_excludes and "bf16" not in knob.search_excludes
+    (unmeasured,) = precision_knobs(["ffn"], {}, grad_scaler=True)
+    assert unmeasured.search_excludes == ()

@@ -46,17 +46,23 @@ def default_precision_groups(model: nn.Module, module_groups: Mapping[str, Seque
     return {g: tuple(m) for g, m in groups.items()}
 
 
+MIN_SEARCHED_SPEEDUP = 1.1
+"""A precision is searched only where its matmuls measured at least this much faster than
+fp32's: the casts around a group and the numerical risk eat a smaller gain, and the one-core
+micro-benchmark reads a few percent either way (fp16 at 1.01x on a CPU with AVX512-FP16)."""
+
+
 def precision_knobs(groups: Iterable[str], speedups: Mapping[str, float], *,
                     grad_scaler: bool) -> tuple[Knob, ...]:
     """One ``precision.<group>`` knob per group, fp32 by default.
 
     ``speedups``: what each dtype's matmul buys on the device (empty: not measured, nothing
-    excluded); a precision not faster than fp32 there is never searched. fp16 without a loss
-    scaler underflows, so without ``grad_scaler`` it is a value a person approves (bf16 keeps
-    fp32's range).
+    excluded); a precision not ``MIN_SEARCHED_SPEEDUP`` faster there is never searched. fp16
+    without a loss scaler underflows, so without ``grad_scaler`` it is a value a person
+    approves (bf16 keeps fp32's range).
     """
-    slower = tuple(p for p in PRECISION_CHOICES
-                   if p != "fp32" and speedups and speedups.get(p, 0.0) <= 1.0)
+    slower = tuple(p for p in PRECISION_CHOICES if p != "fp32" and speedups
+                   and speedups.get(p, 0.0) < MIN_SEARCHED_SPEEDUP)
     risky = () if grad_scaler else ("fp16",)
     return tuple(Knob(name=f"precision.{group}", default="fp32", choices=PRECISION_CHOICES,
                       risky_values=risky, search_excludes=slower,
