@@ -2,24 +2,10 @@
 
 Readers never touch NVML: ``snapshot()`` and the OpenTelemetry callbacks read the cached
 points of the last poll, so ten readers cost what one does. Raw readings from any backend (live,
-recording, replay) become points here, in one place, with the catalogue's names and units.
+recording, replay) become points here, in one place, with the catalogue's names and units,
+plus derived PCIe and memory bandwidth peaks.
 
-Derived peaks, so a detector can judge saturation without a spec sheet:
-
-* PCIe, one direction: per-lane rate of the *current* generation x current width. Per lane
-  (PCIe base specs): gen1 2.5 GT/s and gen2 5 GT/s with 8b/10b coding (250, 500 MB/s); gen3
-  8 GT/s, gen4 16 GT/s, gen5 32 GT/s with 128b/130b (984.6, 1969.2, 3938.5 MB/s); gen6
-  64 GT/s in 256-byte FLITs carrying 242 bytes of payload (7562.5 MB/s). Packet headers are
-  not subtracted, so real transfers top out below this (the seed measured 28.3 GB/s on a
-  gen5 x16 link whose peak here is 63.0 GB/s).
-* Memory: bus width (bits) / 8 x max memory clock x 2. NVML's memory clock is half the data
-  rate for both HBM and GDDR6, so the x2 holds for both: it gives the datasheet figure for
-  A100 80GB (5120 bit, 1593 MHz: 2.04 TB/s), H100 SXM (5120 bit, 2619 MHz: 3.35 TB/s) and
-  L40S (384 bit, 9001 MHz: 864 GB/s).
-
-Units read from NVML: PCIe throughput in "KB/s", which we read as 1000 bytes because NVML
-writes KiB where it means 1024 (its NVLink counters); NVLink data counters in KiB, cumulative,
-turned into a rate between two polls; power in mW; memory in bytes.
+docs/internals.md, 'The GPU sampler' derives the peaks and gives the units read from NVML.
 """
 
 from __future__ import annotations

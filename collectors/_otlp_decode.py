@@ -4,22 +4,7 @@ Kept apart from the HTTP receiver so anything holding an ``ExportMetricsServiceR
 a replay, a gRPC endpoint later) turns it into the same Points. This sits on the hot path: work
 per data point is building its attributes and its Point, nothing else.
 
-Conversion (one OTLP data point -> Points named after the metric):
-
-- gauge, sum: one Point (``as_double`` or ``as_int``); delta sums are kept as given and the
-  temporality is recorded in :class:`MetricInfo`.
-- histogram: ``NAME.count``, ``NAME.sum`` (when set) and ``NAME.bucket`` per bucket, counts
-  cumulative, attribute ``le`` = upper bound formatted as Prometheus does, ``+Inf`` last.
-- exponential histogram: the same three series; bucket bounds are ``base ** (index + 1)`` with
-  ``base = 2 ** 2 ** -scale`` (negative buckets ``-base ** index``), the zero bucket's bound is
-  the zero threshold, and ``+Inf`` closes the list.
-- summary: ``NAME.count``, ``NAME.sum`` and ``NAME`` with attribute ``quantile``.
-- data points flagged ``NO_RECORDED_VALUE`` (staleness markers) give no Points.
-
-Attributes: the data point's own, plus the resource attributes in :data:`RESOURCE_ATTRS` where
-present (the data point wins on a clash). Scope attributes are dropped. Every AnyValue becomes a
-str: strings as is, bools ``true``/``false``, ints in decimal, doubles as ``repr``, bytes as hex,
-arrays and key-value lists as compact JSON of those renderings, an empty value as ``""``.
+docs/internals.md, 'OTLP metrics to Points' gives the conversion rules.
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """Prometheus text exposition -> Points, through the exporters' rule tables (pure).
 
 Users who already run dcgm-exporter or vLLM should not need a second agent on the GPU: the
-sidecar reads their ``/metrics`` and files the numbers under the project's names, so policies
-read one vocabulary whether a number came from NVML, a job or a scrape.
+sidecar reads their ``/metrics`` and files the numbers under the project's names (units, labels,
+throttle bitmasks, counters and histograms converted), so policies read one vocabulary whether
+a number came from NVML, a job or a scrape. :func:`map_exposition` is the pure entry the tests
+drive.
 
-Mapping (:func:`map_exposition`, pure, what the tests drive):
-
-- The text is parsed by ``prometheus_client.parser``. Each family the exporter's rule table
-  knows becomes our name (see ``collectors/_catalogue.py``), its value multiplied into our unit
-  (percent -> fraction, MiB -> bytes, mJ -> J), its labels renamed (:data:`DCGM_LABELS`,
-  :data:`VLLM_LABELS`; other labels are kept as they are) and constant attributes added
-  (``hw.gpu.task``, ``network.io.direction``, ``clock``, ``pipe``).
-- ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` is a bitmask; it becomes a point of value 1 per
-  active reason (``reason`` as in :data:`THROTTLE_REASONS`, ``bit_0x...`` for bits NVML does
-  not name) and none while nothing throttles, as the NVML sampler emits them.
-- Where an exporter exposes the same quantity under an old and a new name at once (vLLM v1
-  kept v0's ``gpu_cache_usage_perc`` and ``time_per_output_token_seconds`` beside
-  ``kv_cache_usage_perc`` and ``inter_token_latency_seconds`` for a while) the rule listed
-  first (the newer name) wins; the other family is kept under its own name, never doubled.
-- Unknown families are kept under their own names with their (renamed) labels.
-- Counters: the parser removes ``_total`` from a counter's family name (and adds it to its
-  samples even where the exporter wrote none, as dcgm-exporter does). We name a kept counter
-  after the family, without ``_total``, as OpenTelemetry's Prometheus receiver does; an
-  OpenTelemetry Prometheus exporter adds ``_total`` back, so a re-exported name matches the
-  original and never becomes ``_total_total``. ``_created`` series (a counter's or
-  histogram's creation time, not a measurement) are dropped.
-- Histograms: ``NAME.bucket`` (cumulative, attribute ``le`` formatted as Prometheus does,
-  ``+Inf`` last), ``NAME.count``, ``NAME.sum``; summaries: ``NAME.count``, ``NAME.sum`` and
-  ``NAME`` with attribute ``quantile`` (as ``collectors/_otlp_decode.py`` does for OTLP).
-- Every point carries ``seedance.source`` (``dcgm-exporter``, ``vllm``, or ``prometheus`` for
-  an exposition from neither). A sample's own timestamp is used when it has one, else the
-  scrape time.
+docs/internals.md, 'Scraped Prometheus metrics' gives the mapping rules.
 """
 
 from __future__ import annotations

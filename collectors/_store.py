@@ -1,43 +1,14 @@
 """The embedded time-series store: one local SQLite file (WAL), no server, queried into pandas.
 
-Layout and why:
+One writer process (the sidecar) buffers points and commits them once per flush; other
+processes open the file with ``readonly=True`` and never wait for the writer. Raw points are
+kept ``raw_retention_s`` (2 days by default), 1-minute rollups 30 days, 1-hour rollups a year.
+This module puts together the file (:mod:`collectors._store_file`), the rollups
+(:mod:`collectors._store_rollups`), the writer (:mod:`collectors._store_writer`), retention
+(:mod:`collectors._store_retention`) and queries (:mod:`collectors._store_query`) as
+:class:`TimeSeriesStore`.
 
-- ``series``: one row per (metric name, attributes), attributes as canonical JSON.
-- ``chunks``: raw points, one row per series per chunk. A chunk never crosses a 2-hour block
-  (aligned to the epoch, like Prometheus TSDB blocks). Each flush appends a chunk per series;
-  a block's chunks are merged into one when 8 pile up and when the series moves on to a later
-  block, so a closed block is one row of up to 7,200 one-second points and a small flush costs
-  O(its own points). Values are encoded by :mod:`collectors._store_codec` (exact).
-- ``times``: the encoded timestamp column of a chunk, stored once by content hash. Series
-  sampled together (one NVML tick, one OpenTelemetry collection) share identical timestamps,
-  so the jitter bytes of a real sampler are paid once per group instead of once per series.
-- ``rollups``: per series, 1-minute buckets (blocks of a day) and 1-hour buckets (blocks of 30
-  days) with min, max, sum, count, last (and the time of last, so late points merge
-  correctly), merged like chunks (a query combines pieces of a block not merged yet). A week
-  of 1-minute data for 100 series is ~800 small blobs to decode instead of a million rows.
-- ``rollup_journal``: each flush's 1-minute buckets of every series in ONE row, written in the
-  same transaction as the raw points (so a crash loses no rollup), and folded into
-  ``rollups`` about once a minute, on close and before a retention pass. A flush thus encodes
-  one rollup blob instead of two per series; queries add the journal's buckets not folded yet.
-
-Concurrency: one writer process (the sidecar) buffers points in memory and commits them in one
-``BEGIN IMMEDIATE`` transaction per flush (on size, every ``flush_interval_s`` from a
-background thread, on :meth:`TimeSeriesStore.flush` and on close). Other processes open the
-file with ``readonly=True`` (``mode=ro``): in WAL mode readers never wait for the writer, and
-``busy_timeout`` plus a retry loop absorb the rare checkpoint or recovery lock, so "database is
-locked" never escapes. ``synchronous=NORMAL``: a killed process (``kill -9``) loses nothing that
-was committed; a power cut may lose the last flushes.
-
-Retention: raw chunks older than ``raw_retention_s`` (default 2 days), 1-minute rollups older
-than 30 days and 1-hour rollups older than a year are deleted by a pass that runs at most once
-a minute during flushes (or on :meth:`TimeSeriesStore.prune`). Ages are measured against the
-wall clock.
-
-Modules, one job each: the file, its tables and transactions (:mod:`collectors._store_file`),
-rollup arithmetic and the journal's decoded view (:mod:`collectors._store_rollups`), buffering,
-commits and folds (:mod:`collectors._store_writer`), retention
-(:mod:`collectors._store_retention`), queries into pandas (:mod:`collectors._store_query`);
-this one puts them together as :class:`TimeSeriesStore`.
+docs/internals.md, 'The time-series store' explains the tables, concurrency and retention.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Time DDP's gradient all-reduce per bucket, through a communication hook (NCCL or gloo).
 
-The hook does exactly what DDP's default ``allreduce_hook`` does (divide by the group size,
-all-reduce, hand the buffer back) and times each bucket from launch to completion:
-
-- CUDA buffers: a CUDA event is recorded on the current stream before the launch and another
-  in the future's ``then`` callback, which runs on a stream that waits for the collective. The
-  events are read later (``Event.query()``, never ``synchronize``) when the next bucket is
-  launched, when ``last_step_stats()`` is called or when a metric reader collects, so timing
-  never stalls the step. Latency includes any wait behind earlier buckets on the NCCL stream.
-- CPU buffers (gloo): wall time from launch to the future's completion callback.
-
-Per bucket it derives algorithm bandwidth ``bytes / latency`` and bus bandwidth as nccl-tests
-defines it for AllReduce, ``algbw * 2(n-1)/n``.
-
-A step ends with the bucket for which ``GradBucket.is_last()`` is true (the last one launched).
-Bucket indices are NOT stable across the first step: DDP builds its buckets in reverse
-parameter order with a small first bucket, then rebuilds them after the first iteration in the
-order gradients became ready. So nothing here is accumulated per bucket index across steps:
-counters and the latency histogram have no bucket attribute, and the per-bucket bandwidth
-gauges report only the buckets of the last completed step (observable gauges, so an index that
-the rebuild removed disappears instead of going stale).
-
+The hook does exactly what DDP's default ``allreduce_hook`` does and times each bucket from
+launch to completion without stalling the step, with algorithm and bus bandwidth per bucket.
+Bucket indices change after the first step, so nothing is accumulated per bucket index.
 Import this module only in the job: it imports torch.
+
+docs/internals.md, 'All-reduce timing' explains the timing and the buckets.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """In-job training instrumentation for any ``nn.Module`` and ``torch.optim`` optimizer.
 
 Only a training job imports it (it imports torch; the sidecar never does). It records the
-TRAINING_METRICS of the catalogue through an OpenTelemetry ``Meter``; every point carries
-``seedance.config.version`` as it was when the step began. Its cost per step is measured in
-docs/tuning.md ("What the job reports").
-
-Usage in a plain loop::
+catalogue's TRAINING_METRICS through an OpenTelemetry ``Meter``, each point tagged with the
+``seedance.config.version`` in force when its step began; docs/tuning.md ("What the job
+reports") measures its cost per step. Usage in a plain loop::
 
     instr = TrainingInstrumentation(model, optimizer, meter, config_version=lambda: client.version)
     for _ in range(steps):

@@ -1,30 +1,11 @@
 """How the quantised KV cache stores a group of numbers: widths, packing, the quantiser.
 
-Codes are packed along ``head_dim``, least significant bits first, in the bit layout of
-:func:`policies.pack_uint` (2-bit: 4 codes a byte; 4-bit: 2; 6-bit: 4 codes in 3 bytes; 8-bit:
-1); scales and zeros are float16. Widths 16 and 32 store tokens unquantised as bfloat16 /
-float32. ``tuner.kv_cache`` is the public face of these functions.
+Codes are packed along ``head_dim`` in the bit layout of :func:`policies.pack_uint`, with
+float16 scales and zeros; widths 16 and 32 store tokens unquantised. The quantiser is
+asymmetric by default, symmetric (the seed's 4.1 scheme) on request, each with an error bound.
+``tuner.kv_cache`` is the public face of these functions.
 
-Quantiser and its error bound (``R = max - min`` of a group, ``A = max |x|``, ``c`` = the
-``clip_ratio``, ``L = 2**bits - 1``):
-
-- asymmetric (default): the range ``[mid - cR/2, mid + cR/2]`` (``mid`` the group's centre) is
-  cut into ``L`` steps: ``lo`` is rounded *down* to float16, ``s = (hi - lo)/L`` is rounded
-  *up* to float16, ``q = clamp(round((x - lo)/s), 0, L)``, ``x_rec = lo + q s``. The directed
-  roundings keep ``[min, max]`` inside the representable range when ``c = 1``, so
-  ``|x - x_rec| <= max(s/2, (1 - c) R/2)`` with ``s <= (cR + u)/L * (1 + 2**-10)``, ``u`` the
-  float16 spacing at ``lo`` (``<= 2**-10 |lo|``) — i.e. ``R/(2L)`` up to float16 rounding when
-  nothing is clipped, and the clipped tail adds at most ``(1 - c) R/2``.
-- symmetric (``symmetric=True``, the seed's 4.1 scheme): ``alpha = c A``,
-  ``s = alpha/(2**(bits-1) - 1)`` (rounded up to float16), ``q = clamp(round(x/s), -Q, Q)``
-  with ``Q = 2**(bits-1) - 1``, stored offset-binary (``q + 2**(bits-1)``) so
-  :func:`policies.dequantize` reads it; ``|x - x_rec| <= max(s/2, (1 - c) A)``
-  = ``max(cA/(2**bits - 2), (1 - c)A)`` up to float16 rounding. The seed's
-  ``||e||_inf <= alpha/(2**bits - 1)`` understates the rounding term by ``(2**b - 1)/(2**b - 2)``
-  (1.5x at 2 bits, where the symmetric grid has only 3 levels) and leaves clipping out.
-Every bound holds for the float32 reconstruction; ``keys_values`` casts it to ``dtype``, which
-adds half an ulp of that dtype. A group whose step would fall below float16's smallest normal
-(``2**-14``, e.g. a constant group) uses that step.
+docs/internals.md, 'The KV codec' gives the packing, the quantisers and their error bounds.
 """
 
 from __future__ import annotations

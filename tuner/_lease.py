@@ -3,21 +3,10 @@
 `JobRegistry` is the one place that knows, per job, its knob space, its baseline and desired
 configs, the session holding the lease and the acks it sent. The rollout controller drives it
 (`set_desired`, `push_action`, `wait_ack`, `on_lapse`); the HTTP router (`lease_router`,
-`tuner._lease_http`) serves the job's client. No torch here: the sidecar imports this.
+`tuner._lease_http`) serves the job's client. No torch here: the sidecar imports this. One
+`threading.Condition` guards its state; nothing is persisted (jobs re-attach after a restart).
 
-Threads, not asyncio: the registry is shared by HTTP handlers and the rollout controller's own
-threads (`wait_ack` blocks one of them), so it guards its state with one `threading.Condition`.
-The endpoints are plain `def`s, which FastAPI runs in its worker thread pool, so a long poll
-blocks a pool thread, never the event loop. Only rank 0 of a job polls and a poll lasts at most
-half the lease TTL, so one thread per attached job is the whole cost (the pool holds 40).
-
-Versions: every `attach` that resets a config, `set_desired`, `set_baseline`, `push_action` and
-lapse takes the next number of a per-job counter, so a version names one apply. A job that
-re-attaches (after a sidecar restart the registry is empty) sends the version it runs and the
-counter continues above it, so versions never repeat within a job.
-
-Nothing is persisted: the rollout controller journals its changes, and on restart jobs simply
-re-attach (their next lease call gets 404).
+docs/lease-protocol.md, 'Inside the sidecar: the registry' explains threads, versions and restarts.
 """
 
 from __future__ import annotations

@@ -2,28 +2,11 @@
 bits, else more; every decision is logged as one JSON line.
 
 Rule (thresholds are knobs, :data:`KV_ADAPTIVE_KNOBS`): when ``kv_len > length_threshold`` and
-``entropy > entropy_threshold`` new tokens are stored at ``low_bits`` (reason
-``high_entropy_long_context``), else at ``high_bits`` (reason ``short_context`` or
-``low_entropy``). The seed's values: 64K tokens, 0.85, 4 and 6 bits.
+``entropy > entropy_threshold`` new tokens are stored at ``low_bits``, else at ``high_bits``
+(the seed's values: 64K tokens, 0.85, 4 and 6 bits); entropy is the normalised Shannon entropy
+of recent key norms. Imported by the serving job only (it needs torch).
 
-Entropy, precisely: for each layer, the L2 norm of every key vector (mean over batch and heads)
-of the last ``window_tokens`` tokens; a histogram of those norms in ``B = min(bins, n)`` equal
-bins spanning the window's own [min, max]; ``H = -sum p ln p / ln B``, in [0, 1] (1 when the
-window is constant or has one token). A layer group's entropy is the mean of its layers'.
-Why this one: it is a real Shannon entropy, normalised, so the seed's 0.85 keeps a meaning
-(the norms occupy about ``B**0.85`` bins' worth of spread); it is free of scale and shift, so
-one threshold holds across layers and models whatever their norm scale (a coefficient of
-variation would need an arbitrary map to [0, 1]); and it falls exactly when a few tokens' norms
-stand apart from the bulk (outliers, attention sinks: the bulk collapses into few bins), the
-keys attention concentrates on and that need precision. When norms are spread evenly no single
-key dominates by magnitude, attention is spread, and per-key quantisation noise averages out,
-which is when fewer bits are cheapest in quality.
-
-Positions: ``seq_pos`` is the position of the newest token of the sequence (``seq_len - 1``);
-``kv_len`` is the tokens of KV the cache holds (``seq_len x batch``). Widths change through
-:meth:`QuantizedKVCache.set_bits`, so only tokens quantised after a decision get the new width.
-
-Imported by the serving job only (it needs torch).
+docs/internals.md, 'The adaptive KV quantiser' defines the entropy and the positions, and says why.
 """
 
 from __future__ import annotations

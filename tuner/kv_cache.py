@@ -1,30 +1,11 @@
 """A quantised KV cache (KIVI layout): packed 2/4/6/8-bit keys and values, or unquantised.
 
 Imported by the serving job only (it needs torch), never by the sidecar. The public face of the
-cache's codec (``tuner._kv_codec``: widths, packing, the quantiser and its error bound) and its
-timing hooks (``tuner._kv_timer``) too.
+cache's codec (``tuner._kv_codec``) and its timing hooks (``tuner._kv_timer``) too. Keys are
+quantised per channel, values per token, and the newest tokens stay exact; a live bit-width
+change (:meth:`QuantizedKVCache.set_bits`) applies only to tokens quantised from then on.
 
-Layout (Liu et al. 2024, "KIVI: a tuning-free asymmetric 2bit quantization for KV cache"):
-
-- keys are quantised **per channel**: each channel of each head gets one (scale, zero) per group
-  of ``group_size`` consecutive tokens (key outliers sit in fixed channels);
-- values are quantised **per token**: each token of each head gets one (scale, zero) per group
-  of ``group_size`` consecutive channels (``min(group_size, head_dim)``, dividing ``head_dim``);
-- the newest tokens stay in full precision (the *residual*): tokens are quantised a whole key
-  group at a time once more than ``residual_tokens + group_size - 1`` are unquantised, so between
-  ``residual_tokens`` and ``residual_tokens + group_size - 1`` recent tokens are exact;
-- codes are packed along ``head_dim`` with float16 scales and zeros; ``bits`` 16 and 32 store
-  the tokens unquantised as bfloat16 / float32 (``tuner._kv_codec``: the bit layout, the
-  quantiser and its error bound).
-
-Live bit-width changes (:meth:`QuantizedKVCache.set_bits`) apply to tokens quantised *from then
-on*; tokens already quantised keep the width they were stored at. Re-quantising them could only
-lower precision further (the full-precision originals are gone; a 4-bit code cannot become a
-true 8-bit one), would cost a pass over the whole cache at the switch (a latency spike on the
-step the tuner is measuring), and a rollback would not restore what was lost. Keeping old tokens
-makes a switch free and exactly reversible for new tokens, and gives the seed's positional mix
-(section 4.2: early context 6-bit, late context 4-bit). Tokens still in the residual window at
-the switch are quantised at the new width.
+docs/internals.md, 'The quantised KV cache' explains the layout and why old tokens keep their width.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """Layer-wise precision: each module computes in its own dtype, master weights stay fp32.
 
-The seed's section 3.2 asks for a policy that maps module names to precisions, with casts at
-precision boundaries. This module is imported by the training job (it needs torch), never by the
-sidecar.
+The seed's section 3.2: a policy maps module names (fnmatch rules, the first match wins, an
+unmatched module inherits its parent's) to precisions, with casts at precision boundaries. A
+module in fp16 or bf16 computes with cast copies of its parameters and casts its inputs on
+entry (not ``torch.autocast``); norm layers always compute in fp32. Imported by the training job
+(it needs torch), never by the sidecar.
 
-How the low-precision math happens (and why not ``torch.autocast``): a module assigned fp16 or
-bf16 gets, for the length of its forward, a compute-dtype copy of each of its own floating
-parameters (``p.to(dtype)``, differentiable), and its floating inputs are cast to that dtype on
-entry. Its outputs are cast back to the dtype of the enclosing module (fp32 at the top), so the
-next module sees either fp32 or casts again on its own entry. The optimizer keeps owning and
-updating the fp32 parameters; the backward of each cast hands it an fp32 gradient that was
-*computed* in the low dtype. Autocast would leave softmax and any op off its lists in fp32,
-so fp16 underflow would depend on op lists; explicit casts make every op inside the module run
-in the assigned dtype on any device (norm layers aside, below), so a group in fp16 under a small
-loss scale genuinely flushes its gradients to zero (on CPU too).
-
-Norm layers compute in fp32, as under AMP: BatchNorm, SyncBatchNorm and InstanceNorm (anything
-with running statistics, ``_NormBase``), GroupNorm, LayerNorm, RMSNorm and LocalResponseNorm keep
-fp32 even when a rule matches them or they inherit a lower precision: their inputs are cast to
-fp32 on entry, their parameters are not swapped, and their outputs are cast back to the dtype of
-the enclosing module. Their statistics (a mean and variance over many elements) lose the most in
-a 16-bit dtype, and their buffers (running statistics) stay fp32, updated in place (a cast copy
-would lose the update), so a BatchNorm fed fp16 would fail on the dtype mismatch. A policy that
-puts only norm layers in a lower precision therefore changes nothing (``norm_only``).
-
-Resolution: each rule is an fnmatch pattern over qualified module names (``""`` is the root);
-the first matching rule gives a module its precision, and a module no rule matches inherits its
-parent's. Every pattern must match at least one module.
+docs/tuning.md, 'Layer-wise precision' explains the casts, the norm layers and the resolution.
 """
 
 from __future__ import annotations

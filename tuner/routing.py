@@ -1,27 +1,11 @@
 """Routing requests across serving replicas: static round-robin or the seed's load-aware rule.
 
-Load-aware redistribution (seed 2.3) moves routing weight between two replicas only when their
-loads differ by at least ``threshold * max(L)`` and the pair's cooldown has expired, by
+Load-aware redistribution (seed 2.3) moves routing weight from the more loaded replica to the
+less loaded one when their backlogs (in seconds) differ enough and the pair's cooldown has
+expired; requests go to replicas by smooth weighted round-robin (nginx's). Torch-free; not
+thread-safe (the launcher's dispatch loop owns a router).
 
-    moved = min(Cap_i, Cap_j) * alpha * (1 - exp(-dL / tau))
-
-from the more loaded replica to the less loaded one (alpha 0.82, tau 45 s in the seed).
-
-Units (the seed gives none; ``dL / tau`` must be dimensionless):
-
-- ``L_i`` is replica i's backlog in seconds: the time it would need to finish the work it
-  holds at its recent step time (the serving workload reports it after every step).
-- ``tau_s`` is in seconds and is both the scale of that exponent and the pair's cooldown: a
-  backlog difference of one ``tau_s`` moves 63% of ``alpha * min(Cap)``.
-- weights and capacities ``Cap_i`` are shares of the traffic (each set sums to 1); the weights
-  start at the capacities. A move never leaves a replica below ``min_weight``.
-
-Requests go to replicas by smooth weighted round-robin (nginx's), deterministic for a given
-weight history, so equal weights give exactly round-robin.
-
-The seed's other serving lesson (2.4: static shards beat autoscaling for a 70B model) is the
-``serving.sharding`` knob: restart scope and high risk, so it always waits for a person.
-Torch-free; not thread-safe (the launcher's dispatch loop owns a router).
+docs/internals.md, 'Routing' gives the formula, its units and the sharding knob.
 """
 
 from __future__ import annotations

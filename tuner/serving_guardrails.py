@@ -1,26 +1,12 @@
 """Serving guardrails: a p99 latency SLO and a quality bound; breaching either means roll back.
 
-``check_guardrails(window)`` reads two things from a window of the store (a
-``collectors.StoreReader`` narrowed to it: ``policies.StoreWindow``, the rollout controller's
-reader bound to one config version):
+``check_guardrails(window)`` reads a window of the store (``policies.StoreWindow``, the rollout
+controller's reader bound to one config version): the p99 of ``gen_ai.server.request.duration``
+from its histogram buckets, and the share of greedy tokens that a full-precision forward also
+picks, a breach only once it is *measured* below the bound (a one-sided Wilson bound). A window
+too thin for either gives no verdict on it.
 
-- p99 of ``gen_ai.server.request.duration`` from its cumulative histogram buckets
-  (``.bucket`` with ``le``), merged over every series (rank, replica) in the window, estimated
-  as Prometheus' ``histogram_quantile`` does (linear within the bucket). A p99 in the ``+Inf``
-  bucket is reported as infinite: beyond the last bound is a breach of any SLO below it.
-  Counts per series are last minus first export in the window, or the last alone when
-  ``series_start_in_window`` (a config version's series start with it). Fewer than
-  ``min_requests`` requests in the window give no latency verdict.
-- token agreement: the share of greedy tokens a replica produced that a full-precision,
-  cache-free forward of the same sequence also picks (the serving workload checks a sample of
-  finished requests). From the token counters (``seedance.serve.quality.checked_tokens`` and
-  ``.agreeing_tokens``), a breach is an agreement *measured* below ``min_token_agreement``: the
-  one-sided ``breach_confidence`` upper bound (Wilson) of the window's agreement is under it.
-  The guardrail is checked again on every tick while a window grows, so judging a point
-  estimate from the first hundred tokens would roll back a config a little above the bound one
-  time in a few (what the rollout's keep rule settles on all the tokens instead). A sender
-  with only the ``seedance.serve.quality.token_agreement`` gauge is judged by the gauge's mean.
-  A window without either gives no quality verdict.
+docs/measurement.md, 'Serving guardrails' explains the estimates.
 """
 from __future__ import annotations
 

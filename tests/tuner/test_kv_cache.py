@@ -52,7 +52,7 @@ def test_six_bit_packs_four_codes_in_three_bytes() -> None:
 
 
 def _bound(x: torch.Tensor, dim: int, bits: int, symmetric: bool, clip: float) -> torch.Tensor:
-    """The module docstring's bound, from the data alone (plus float32 arithmetic slack)."""
+    """docs/internals.md's bound (The KV codec), from the data alone (plus float32 arithmetic slack)."""
     x = x.double()
     if symmetric:
         a = x.abs().amax(dim, keepdim=True)

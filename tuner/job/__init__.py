@@ -15,13 +15,8 @@ Imported by the job, never by the sidecar. A training job (any ``nn.Module`` and
             optimizer.step(); optimizer.zero_grad()
     session.close()
 
-A serving job attaches a ``ServeSession`` (``attach_serving``) with its own ``apply``
-callback. Either session puts a config in force through ``Actuator``s, one per knob prefix
-(``session.actuators``): ``precision``, ``threads``, ``micro_batch`` and the job's own knobs
-(``KnobHandle``) in training, the job's callback in serving.
-
-Public names load their module on first use (``collectors.lazy_exports``), so a serving stack
-that is not PyTorch imports the serving session without torch.
+A serving job attaches a ``ServeSession`` (``attach_serving``) with its own ``apply`` callback;
+it imports without torch. docs/lease-protocol.md, 'The in-job package' says more.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The in-job side of the knob lease for a serving job: apply the sidecar's config between
 decode steps, ack it, and say which version is in force.
 
-A serving job has no optimizer, no precision groups and no checkpoints; its knobs are the KV
-cache's bit widths, the prefix cache, the router and the restart-scope sharding (see
-``SERVING_KNOBS``). The job owns the objects those knobs act on, so it hands ``attach_serving``
-an ``apply`` callback; the session calls it with the whole config at a batch boundary::
+The job hands ``attach_serving`` an ``apply`` callback, called with the whole config at a batch
+boundary; if it raises, the previous values are re-applied and the version is acked as failed.
+Torch-free, so a serving stack that is not PyTorch can use it too::
 
     session = tuner.job.attach_serving(
         job="serve", sidecar="http://127.0.0.1:4318", apply=engine.apply_knobs,
@@ -15,19 +14,7 @@ an ``apply`` callback; the session calls it with the whole config at a batch bou
         engine.step()
     session.close()
 
-What ``boundary()`` does: the newest config a background thread received by long-polling the
-sidecar (``tuner.job._lease_client``, shared with the training session) is applied through
-``apply``, the job's ``CallbackActuator`` (``session.actuators``); if ``apply`` raises, the
-previous values are re-applied and the version is acked as failed. The version becomes
-``session.version``, which the job's instrumentation reads as its
-``seedance.config.version``. One-shot actions (snapshot, rollback) restore training state; a
-serving job has none, so it acks them as failed with the reason. A config that comes with a W3C
-``traceparent`` is applied inside a ``job.apply`` span that joins the change's trace (through
-``tracer``, the global one by default).
-
-Fail open: when the lease cannot be renewed for its TTL the job goes back to the last baseline
-it was sent at its next boundary. With ``sidecar=None`` the session is a null object. Torch-free,
-so a serving stack that is not PyTorch can use it too.
+docs/lease-protocol.md, 'The serving session' explains boundaries, actions, traces and fail-open.
 """
 
 from __future__ import annotations

@@ -1,50 +1,14 @@
 """The training job's session: apply the sidecar's config at step boundaries, ack it.
 
 Imported by the training job (it needs torch), never by the sidecar; the package docstring
-(``tuner.job``) shows a loop. What happens at the start of each ``session.step()`` (a step
-boundary): the newest config a background thread received by long-polling the sidecar is
-applied (the hot path never waits on HTTP): one-shot actions first (snapshot; full or local
-rollback: ``tuner.job._actions``), then the knobs that changed, each through the ``Actuator``
-of its prefix (``session.actuators``, ``tuner.job._training_knobs``). The version is acked
-with the step number and becomes the ``seedance.config.version`` of every metric point from
-then on (the session owns the ``TrainingInstrumentation`` and, unless given a meter, the OTLP
-export to the sidecar). Every 50th step (and the first) a ``ModuleGroupProfiler`` times each
-precision group's share of the forward, the input of the sidecar's compute priors.
+(``tuner.job``) shows a loop. At each ``session.step()`` the newest config a background thread
+long-polled from the sidecar is applied (one-shot actions first, then the changed knobs through
+their ``Actuator``s) and acked; its version tags every metric point from then on. Only rank 0
+talks to the sidecar. Fail open: a lease not renewed for ``lease_ttl_s`` sends the job back to
+its baseline; ``sidecar=None`` gives a null session. A trial never kills the job: an untried
+config runs a shadow step first, and a step that raises under a trial is skipped.
 
-Traces: a config that comes with a W3C ``traceparent`` (one sent for a change) is applied inside
-a span ``job.apply`` (version, step, rank) that is a child of it, so the change's trace shows
-the job switching. Unless given a meter, the session exports its spans to the sidecar over OTLP
-(``/v1/traces``) through its own TracerProvider; with a meter, the global one (a no-op unless
-the process installed one). Multi-rank (``tuner.job._ranks``): only rank 0 talks to the
-sidecar, and every rank switches at the same step.
-
-Fail open: if the lease cannot be renewed for ``lease_ttl_s`` (sidecar gone), the job goes back
-to the last baseline it was sent at the next boundary, logs it once, trains on, and re-attaches
-when the sidecar answers again. With ``sidecar=None`` the session is a null object: knobs keep
-their defaults and nothing talks to the network.
-
-A trial never kills the job:
-
-- Shadow step (``tuner.job._shadow``): a config not run before in this process is first tried
-  on the last batch the model saw, with nothing kept. A config that raises there is acked
-  ``failed`` with the error, the config in force stays, and the session refuses it for the
-  rest of the process (acked ``failed`` again, not tried again); restart-scope knobs do not
-  make a config new. Before the first forward a config takes effect untried.
-- An exception inside ``with session.step()`` under an experimental config (its live knobs
-  differ from the baseline the sidecar last sent) is treated like an inf step under a
-  GradScaler: the baseline is put back in force, the step is skipped (gradients set to None, the
-  grad scaler's record of an ``unscale_`` dropped), the exception is logged and swallowed
-  (``skipped_steps`` counts them), the config is refused from then on and the failure is acked
-  to the sidecar (a ``failed`` ack of the version in force, after its ``applied`` one). Unless
-  the same batch fails under the baseline too: then the shadow step of the last batch under
-  the baseline raises as well, the experimental config stays in force and the original
-  exception propagates. Exceptions under the baseline, and ``KeyboardInterrupt`` /
-  ``SystemExit`` anywhere, propagate as before. An exception raised outside the model (the
-  user's own code) is judged the same way, so a bug of the job that happens to strike first
-  under a trial costs that trial and surfaces one step later. Multi-rank: the shadow verdict
-  is agreed by all ranks; a step skip is taken by each rank that raised, which keeps the ranks
-  in step when the config fails the same way on all of them (the usual case) and cannot when
-  one rank fails alone (its peers wait in a collective).
+docs/lease-protocol.md, 'The training session' explains boundaries, traces, fail-open and failures.
 """
 
 from __future__ import annotations
