@@ -58,21 +58,15 @@ DEFAULT_MODULE_GROUPS: Mapping[str, tuple[str, ...]] = {
     "norm": ("*ln_*", "*norm*"),
     "embedding": ("*wte*", "*wpe*", "*embed*", "*tok_emb*", "*pos_emb*"),
     "head": ("lm_head.*", "*.lm_head.*", "head.*", "*.head.*", "*classifier*", "output.*"),
-    "attention": (
-        "*attn*", "*attention*", "*qkv*", "*q_proj*", "*k_proj*", "*v_proj*", "*o_proj*",
-        "*.query.*", "*.key.*", "*.value.*",
-    ),
-    "ffn": (
-        "*mlp*", "*ffn*", "*feed_forward*", "*feedforward*", "*fc1*", "*fc2*", "*up_proj*",
-        "*down_proj*", "*gate_proj*", "*intermediate*",
-    ),
+    "attention": ("*attn*", "*attention*", "*qkv*", "*q_proj*", "*k_proj*", "*v_proj*",
+                  "*o_proj*", "*.query.*", "*.key.*", "*.value.*"),
+    "ffn": ("*mlp*", "*ffn*", "*feed_forward*", "*feedforward*", "*fc1*", "*fc2*", "*up_proj*",
+            "*down_proj*", "*gate_proj*", "*intermediate*"),
 }
 """Groups by common naming (GPT-2/nanoGPT, Llama, BERT); see ``assign_groups`` for fallback."""
 
-_STEP_BUCKETS_S = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-    2.5, 5.0, 10.0, 30.0,
-)
+_STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                   0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -81,9 +75,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, wrappers) else model
 
 
-def assign_groups(
-    names: Sequence[str], module_groups: Mapping[str, Sequence[str]] | None = None
-) -> list[str]:
+def assign_groups(names: Sequence[str],
+                  module_groups: Mapping[str, Sequence[str]] | None = None) -> list[str]:
     """The group of each parameter name: the first group with a matching fnmatch pattern.
 
     Unmatched names go to ``other``. With the default groups, a model whose names match none of
