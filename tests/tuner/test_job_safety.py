@@ -266,12 +266,14 @@ def test_a_step_raising_after_unscale_is_skipped_and_the_grad_scaler_goes_on(
         trained = len(job.losses)
         for _ in range(5):
             job.step()  # unscale_ again: the skipped step's record of it is gone
+        stepped = len(job.losses) - trained  # before acks_until, which steps while it waits
         applied, failed = job.acks_until(trial, 2)
     finally:
         job.session.close()
     assert (applied.status, failed.status) == ("applied", "failed")
     assert "non-finite" in str(failed.error)
-    assert len(job.losses) == trained + 5 and all(math.isfinite(v) for v in job.losses)
+    assert stepped == 5 and all(math.isfinite(v) for v in job.losses)
+    assert job.session.skipped_steps == 1
 
 
 def test_an_exception_the_baseline_raises_too_propagates(server: LeaseServer) -> None:
