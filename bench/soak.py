@@ -28,11 +28,19 @@ each and the allocation sites that grew most between them, and every 10 s Python
 and SQLite's own allocations (``memory_parts``). Tracing slows the sidecar and adds
 its own memory: compare its RSS only with another traced run.
 
+With ``--native-memory`` (``pip install -e '.[bench]'``) memray tracks every ``malloc`` and
+``mmap`` of the sidecar from the first quarter to near the end while it keeps running
+(``bench/_memray_sidecar.py``); the result adds what was allocated in that window and still held
+at its end, by the Python stack that allocated it: the growth, wherever it lives (pymalloc's
+arenas, protobuf's, SQLite's). With ``--no-tuning`` the job attaches with ``tune = false``: the
+other arm of a tuning on/off A/B.
+
 With ``--allocator jemalloc`` the sidecar (only) runs with jemalloc preloaded (``LD_PRELOAD``,
 Debian's ``libjemalloc2``): if RSS then stays flat where glibc's grows, the growth was glibc's
 arenas fragmenting, not memory something holds.
 
 Run: python bench/soak.py [--minutes 30] [--trace-memory --out bench/results/soak_traced.json]
+     python bench/soak.py --minutes 12 --native-memory --out bench/results/soak_native.json
      python bench/soak.py --minutes 15 --allocator jemalloc --out bench/results/soak_jemalloc.json
 Results: bench/results/soak.json
 """
@@ -170,6 +178,27 @@ def heap_growth(snapshots: list[Path], top: int = 15) -> dict[str, Any]:
     }
 
 
+def native_growth(path: Path, window_s: tuple[float, float], top: int = 20) -> dict[str, Any]:
+    """What memray saw allocated inside the window and still held at its end, by the Python
+    stack that allocated it (repository frames kept, the innermost last)."""
+    if not path.exists():
+        return {"error": f"memray's file was not written: {path}"}
+    from memray import FileReader
+
+    by_stack: dict[tuple[str, ...], list[int]] = {}
+    for record in FileReader(str(path)).get_leaked_allocation_records(merge_threads=True):
+        frames = tuple(f"{file.removeprefix(str(ROOT) + '/')}:{line} {function}"
+                       for function, file, line in reversed(record.stack_trace()))[-6:]
+        held = by_stack.setdefault(frames, [0, 0])
+        held[0] += record.size
+        held[1] += record.n_allocations
+    ranked = sorted(by_stack.items(), key=lambda item: -item[1][0])
+    return {"window_s": list(window_s),
+            "held_mib": round(sum(v[0] for v in by_stack.values()) / 2**20, 2),
+            "top": [{"kib": round(size / 1024, 1), "allocations": count, "stack": list(stack)}
+                    for stack, (size, count) in ranked[:top]]}
+
+
 def jemalloc_library() -> Path:
     """Debian's libjemalloc2, wherever the architecture put it."""
     found = sorted(Path("/usr/lib").glob("*/libjemalloc.so.2")) + sorted(
@@ -188,6 +217,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="the sidecar's malloc (jemalloc: preloaded from libjemalloc2)")
     p.add_argument("--trace-memory", action="store_true",
                    help="run the sidecar under tracemalloc and report the sites that grew")
+    p.add_argument("--native-memory", action="store_true",
+                   help="track the sidecar's every malloc and mmap with memray from the first "
+                        "quarter to near the end, and report what was allocated and kept")
+    p.add_argument("--no-tuning", action="store_true",
+                   help="attach the job with tune = false: the A arm of a tuning on/off A/B")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="seedance-soak-"))
     exporter = Exporter()
@@ -199,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         f'listen = "127.0.0.1:{port}"', f'store = "{store}"',
         f'state_db = "sqlite:///{work / "state.db"}"', f'token_file = "{work / "token"}"',
         'nvml = "off"', "", "[approval]", 'mode = "auto"', "",
-        '[jobs.train]', "tune = true", "", "[[scrape]]", f'url = "{exporter.url}"',
+        '[jobs.train]', f"tune = {'false' if args.no_tuning else 'true'}", "", "[[scrape]]", f'url = "{exporter.url}"',
         'kind = "dcgm"', ""]))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN}
     sidecar_env = dict(env)
@@ -211,6 +245,10 @@ def main(argv: list[str] | None = None) -> None:
         launcher = [str(ROOT / "bench" / "_traced_sidecar.py")]
         sidecar_env.update(SOAK_SNAPSHOT_AT=",".join(f"{t:.0f}" for t in snapshot_at),
                            SOAK_SNAPSHOT_DIR=str(work))
+    elif args.native_memory:
+        launcher = [str(ROOT / "bench" / "_memray_sidecar.py")]
+        sidecar_env.update(SOAK_MEMRAY_WINDOW=",".join(f"{t:.0f}" for t in snapshot_at),
+                           SOAK_MEMRAY_FILE=str(work / "memray.bin"))
     logs = {n: (work / f"{n}.log").open("wb") for n in ("sidecar", "train")}
     sidecar = subprocess.Popen([sys.executable, *launcher, "--config",
                                 str(work / "sidecar.toml")], stdout=logs["sidecar"],
@@ -307,7 +345,9 @@ def main(argv: list[str] | None = None) -> None:
         "protocol": {"minutes": args.minutes, "ranks": RANKS, "series_per_rank":
                      SERIES_PER_RANK, "export_every_s": 1.0, "readers": READERS,
                      "reader_every_s": 0.5, "scrape": "dcgm capture every 5 s",
-                     "tuning": "workloads.train_family mlp, 1 thread, mode auto, tune true",
+                     "tuning": ("off: the job attached with tune = false" if args.no_tuning
+                                else "workloads.train_family mlp, 1 thread, mode auto, "
+                                     "tune true"),
                      "sidecar_allocator": args.allocator,
                      "simulated": "the 8 ranks are SIMULATED (threads posting OTLP); the "
                                   "training job, scrapes and readers are real"},
@@ -335,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
         memory = work / "memory.jsonl"
         result["memory_parts"] = ([json.loads(line) for line in memory.read_text().splitlines()]
                                   if memory.exists() else [])
+    if args.native_memory:
+        result["native_growth"] = native_growth(work / "memray.bin", snapshot_at)
     for log in logs.values():
         log.close()
     exporter.shutdown()

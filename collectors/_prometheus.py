@@ -85,18 +85,26 @@ class LatestValueCollector(Collector):
     Thread-safe: :meth:`update` and :meth:`expire` may run on receiver threads while a scrape
     runs :meth:`collect`. Delta sums and histograms are added up into running totals, since
     Prometheus only understands cumulative counters. No timestamps are exposed, so Prometheus
-    stamps samples at scrape time; series that stop arriving are removed by :meth:`expire`.
-    ``clock`` (seconds, monotonic) is injectable for tests.
+    stamps samples at scrape time; series that stop arriving are removed by :meth:`expire`,
+    which :meth:`update` runs itself every ``idle_s / 4`` when ``idle_s`` is given (each config
+    version starts new series: without it, every trial's series would stay on /metrics, and in
+    memory, for good). ``clock`` (seconds, monotonic) is injectable for tests.
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, idle_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}
+        self.idle_s = idle_s
+        self._swept_s = clock()
 
     def update(self, decoded: DecodedMetrics) -> None:
         """Take the points of one decoded request; points of undescribed names are ignored."""
         now = self._clock()
+        if self.idle_s is not None and now - self._swept_s >= self.idle_s / 4:
+            self._swept_s = now
+            self.expire(self.idle_s)
         with self._lock:
             for point in decoded.points:
                 named = _role(point.name, decoded.metrics)

@@ -117,9 +117,11 @@ class TimeSeriesStore:
         """One row per metric name: series count, points written, first and last timestamp."""
         return self._queries.metrics()
 
-    def series(self, name: str) -> list[dict[str, str]]:
-        """The attribute sets of every series of ``name``, in creation order."""
-        return self._queries.series(name)
+    def series(self, name: str, *, active_since_ns: int | None = None
+               ) -> list[dict[str, str]]:
+        """The attribute sets of the series of ``name``, in creation order: every one, or
+        those with a point at or after ``active_since_ns``."""
+        return self._queries.series(name, active_since_ns=active_since_ns)
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -105,10 +105,12 @@ class StoreQueries:
         lo = np.iinfo(np.int64).min if since_ns is None else int(since_ns)
         hi = np.iinfo(np.int64).max if until_ns is None else int(until_ns)
         with self._snapshot() as conn:
+            # Only series with points in the range: each config version starts new series,
+            # so a window's cost would otherwise grow with every trial the job ever ran.
             found = [(sid, attrs, first, last) for sid, attrs, first, last in (
                 (r[0], json.loads(r[1]), r[2], r[3]) for r in conn.execute(
                     "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
-                    "ORDER BY id", (name,)))
+                    "AND last_ns >= ? AND first_ns <= ? ORDER BY id", (name, lo, hi)))
                 if all(attrs.get(k) == v for k, v in wanted.items())]
             chosen = (_pick_resolution(found, since_ns, until_ns) if resolution == "auto"
                       else resolution)
@@ -167,11 +169,15 @@ class StoreQueries:
             "first": pd.to_datetime([r[3] for r in rows], unit="ns", utc=True),
             "last": pd.to_datetime([r[4] for r in rows], unit="ns", utc=True)})
 
-    def series(self, name: str) -> list[dict[str, str]]:
-        """The attribute sets of every series of ``name``, in creation order."""
+    def series(self, name: str, *, active_since_ns: int | None = None
+               ) -> list[dict[str, str]]:
+        """The attribute sets of the series of ``name``, in creation order: every one, or
+        those with a point at or after ``active_since_ns``."""
+        since = None if active_since_ns is None else int(active_since_ns)
         with self._snapshot() as conn:
             return [json.loads(r[0]) for r in conn.execute(
-                "SELECT attrs FROM series WHERE name = ? ORDER BY id", (name,))]
+                "SELECT attrs FROM series WHERE name = ? AND (? IS NULL OR last_ns >= ?) "
+                "ORDER BY id", (name, since, since))]
 
 
 def _pick_resolution(found: list[tuple[int, dict[str, str], int | None, int | None]],

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from collectors import _store_codec as codec
+from collectors._generations import GenerationalMap
 from collectors._points import Point
 from collectors._store_file import (
     StoreError,
@@ -49,6 +50,7 @@ from collectors._store_rollups import (
 log = logging.getLogger(__name__)
 
 _MAINTENANCE_EVERY_S = 60.0
+_SERIES_IDLE_S = 600.0
 _FOLD_EVERY_S = 60.0
 _FOLD_AT_ROWS = 120  # or sooner, when flushes come faster than one a second
 
@@ -106,8 +108,10 @@ class StoreWriter:
         self._lock = threading.Lock()  # guards the pending buffer
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._buffered = 0
-        self._attr_keys: dict[tuple[str, tuple[tuple[object, object], ...]], str] = {}
-        self._series_ids: dict[tuple[str, str], int] = {}
+        # per-series caches forget series idle for _SERIES_IDLE_S: each trial starts new ones
+        self._attr_keys: GenerationalMap[tuple[str, tuple[tuple[object, object], ...]], str] = \
+            GenerationalMap(_SERIES_IDLE_S)
+        self._series_ids: GenerationalMap[tuple[str, str], int] = GenerationalMap(_SERIES_IDLE_S)
         self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
         self._last_maintenance = 0.0
         self._last_fold = time.monotonic()
@@ -123,6 +127,7 @@ class StoreWriter:
         """Buffer points; they are committed by the next flush."""
         groups: dict[tuple[str, str], tuple[list[object], list[float]]] = {}
         attr_keys = self._attr_keys
+        attr_keys.expire()
         for p in points:
             cache_key = (p.name, tuple(p.attributes.items()))
             akey = attr_keys.get(cache_key)
@@ -196,6 +201,7 @@ class StoreWriter:
                 batch, self._pending, self._buffered = self._pending, {}, 0
             if batch:
                 try:
+                    self._series_ids.expire()
                     self._file.retry(lambda: self._commit(batch))
                 except BaseException as e:
                     self._series_ids.clear()

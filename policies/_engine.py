@@ -144,7 +144,7 @@ class PolicyEngine:
             with self._lock:
                 tracked = {job for _, job, _ in self._tracks}
             try:
-                jobs = set(self.source.jobs()) | tracked
+                jobs = set(self.source.jobs(active_since_ns=since)) | tracked
             except Exception as e:  # a store that cannot be read: no detector can run
                 self._failed("*", "*", "jobs", e, report)
                 return report

@@ -29,8 +29,10 @@ class ListableStore(StoreReader, Protocol):
         """One row per metric name (name, series, points, first, last)."""
         ...
 
-    def series(self, name: str) -> list[dict[str, str]]:
-        """The attribute sets of every series of ``name``."""
+    def series(self, name: str, *, active_since_ns: int | None = None
+               ) -> list[dict[str, str]]:
+        """The attribute sets of the series of ``name``: every one, or those with a point at
+        or after ``active_since_ns``."""
         ...
 
 
@@ -139,11 +141,15 @@ class FrameStore:
             "last": [f["time"].max() for f in self._frames.values()],
         })
 
-    def series(self, name: str) -> list[dict[str, str]]:
-        """The distinct attribute sets of ``name``."""
+    def series(self, name: str, *, active_since_ns: int | None = None
+               ) -> list[dict[str, str]]:
+        """The distinct attribute sets of ``name`` (of its points at or after
+        ``active_since_ns`` when given)."""
         frame = self._frames.get(name)
         if frame is None:
             return []
+        if active_since_ns is not None:
+            frame = frame[frame["time"].to_numpy(dtype=np.int64) >= active_since_ns]
         attrs = frame.drop(columns=["time", "value"]).drop_duplicates()
         return [{k: v for k, v in row.items() if isinstance(v, str)}
                 for row in attrs.to_dict("records")]
@@ -162,13 +168,14 @@ class WindowSource:
         self._jobs = None if jobs is None else sorted(set(jobs))
         self.job_attribute = job_attribute
 
-    def jobs(self) -> list[str]:
-        """The jobs to evaluate, sorted."""
+    def jobs(self, *, active_since_ns: int | None = None) -> list[str]:
+        """The jobs to evaluate, sorted: those with a series that has a point at or after
+        ``active_since_ns`` (every job the store knows when None)."""
         if self._jobs is not None:
             return list(self._jobs)
         found = {attrs[self.job_attribute]
                  for name in self.store.metrics()["name"]
-                 for attrs in self.store.series(str(name))
+                 for attrs in self.store.series(str(name), active_since_ns=active_since_ns)
                  if self.job_attribute in attrs}
         return sorted(found)
 

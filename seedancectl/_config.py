@@ -161,6 +161,7 @@ class SidecarConfig(_Section):
     max_body_bytes: int = Field(default=8 * 2**20, gt=0)
     max_series_per_metric: int = Field(default=2000, ge=1)
     max_series_per_job: int = Field(default=20_000, ge=1)
+    series_idle_s: float = Field(default=600.0, gt=0)
     scrape: tuple[ScrapeConfig, ...] = ()
     token_file: Path | None = None
     ingest_token_file: Path | None = None

@@ -109,12 +109,13 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, *, environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.registry = CollectorRegistry()
-        self.latest = LatestValueCollector()
+        self.latest = LatestValueCollector(idle_s=config.series_idle_s)
         self.registry.register(self.latest)
         self.store: TimeSeriesStore | None = None
         self.stats = ReceiverStats()
         self.limiter = SeriesLimiter(CardinalityLimit(
-            max_per_metric=config.max_series_per_metric, max_per_job=config.max_series_per_job))
+            max_per_metric=config.max_series_per_metric, max_per_job=config.max_series_per_job,
+            idle_s=config.series_idle_s))
         self.jobs = JobRegistry(lease_ttl_s=config.lease_ttl_s)
         self.engine: PolicyEngine | None = None
         self.controller: RolloutController | None = None

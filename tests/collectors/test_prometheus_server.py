@@ -199,6 +199,25 @@ def test_expire_drops_only_stale_series() -> None:
     assert collector.expire(max_age_s=30) == 0
 
 
+def test_with_idle_s_updates_drop_series_that_stopped_arriving() -> None:
+    """A tuned job's old config versions leave /metrics by themselves."""
+    clock = FakeClock()
+    collector = LatestValueCollector(idle_s=40.0, clock=clock)
+
+    def tokens(version: str) -> DecodedMetrics:
+        return sdk_decoded(lambda m: m.create_gauge(
+            "seedance.train.tokens_per_second", unit="{token}/s").set(1.0, {
+                "seedance.config.version": version}))
+
+    for version in ("1", "2", "3"):
+        collector.update(tokens(version))
+        clock.now_s += 30
+    versions = [labels["seedance_config_version"] for labels, _ in samples(
+        exposition(collector)["seedance_train_tokens_per_second"],
+        "seedance_train_tokens_per_second")]
+    assert versions == ["2", "3"]  # "1" was idle 60 s > 40 s at the last update's sweep
+
+
 def test_points_the_request_did_not_describe_are_ignored() -> None:
     decoded = sdk_decoded(training)
     decoded.metrics.pop("seedance.train.tokens_per_second")

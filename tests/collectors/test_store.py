@@ -106,6 +106,28 @@ def test_write_points_equals_write_series(tmp_path: Path) -> None:
         assert a.series("m") == [{"k": "v"}]
 
 
+def test_a_window_reads_only_the_series_with_points_in_it(tmp_path: Path) -> None:
+    """Each config version of a tuned job starts new series: a window's query and the list of
+    active series must not cost more with every trial the job ever ran."""
+    with _store(tmp_path / "m.db") as store:
+        for version in range(30):  # 30 trials, 10 s each, one after the other
+            t = T0 + (version * 10 + np.arange(10)) * NS
+            store.write_series("m", {"seedance.config.version": str(version)}, t,
+                               np.full(10, float(version)))
+        store.flush()
+        chunk_reads: list[str] = []
+        store._file.conn.set_trace_callback(
+            lambda sql: chunk_reads.append(sql) if "FROM chunks" in sql else None)
+        window = store.query("m", since_ns=T0 + 285 * NS, until_ns=T0 + 299 * NS,
+                             resolution="raw")
+        store._file.conn.set_trace_callback(None)
+        assert window["seedance.config.version"].tolist() == ["28"] * 5 + ["29"] * 10
+        assert len(chunk_reads) == 2  # the two versions in the window, not all 30
+        assert store.series("m", active_since_ns=T0 + 285 * NS) == [
+            {"seedance.config.version": "28"}, {"seedance.config.version": "29"}]
+        assert len(store.series("m")) == 30
+
+
 def _expected_rollup(t: np.ndarray, v: np.ndarray, step_s: int) -> pd.DataFrame:
     frame = pd.DataFrame({"bucket": t // (step_s * NS) * (step_s * NS), "t": t, "v": v})
     frame = frame.sort_values(["bucket", "t"], kind="stable")

@@ -71,6 +71,31 @@ def test_window_source_discovers_jobs(store: object) -> None:
     assert (window.job, window.since_ns, window.until_ns) == ("train-b", T0, T0 + S)
 
 
+@pytest.mark.parametrize("kind", ["frames", "sqlite"])
+def test_window_source_lists_only_jobs_active_since_the_window_start(
+        kind: str, tmp_path: Path) -> None:
+    """A job gone quiet long ago is not evaluated again and again, and listing jobs does not
+    cost more with every series a store ever held."""
+    points = [*_points(), Point("seedance.train.loss", 1.0, T0 - 100 * S,
+                                {"service.name": "gone", "seedance.rank": "0"})]
+    if kind == "frames":
+        store: object = FrameStore.from_points(points)
+    else:
+        from collectors._store import TimeSeriesStore
+
+        store = TimeSeriesStore(tmp_path / "ts.db", raw_retention_s=None)
+        store.write(points)  # type: ignore[attr-defined]
+        store.flush()  # type: ignore[attr-defined]
+    source = WindowSource(store)  # type: ignore[arg-type]
+    assert source.jobs() == ["gone", "train-a", "train-b"]
+    assert source.jobs(active_since_ns=T0) == ["train-a", "train-b"]
+    assert store.series("seedance.train.loss", active_since_ns=T0 + 9 * S) == [  # type: ignore[attr-defined]
+        {"service.name": "train-a", "seedance.rank": "0"},
+        {"service.name": "train-b", "seedance.rank": "0"}]
+    if kind == "sqlite":
+        store.close()  # type: ignore[attr-defined]
+
+
 def test_frame_store_accepts_datetime_frames_and_rejects_bad_ones() -> None:
     frame = pd.DataFrame({"time": pd.to_datetime([T0, T0 + S], unit="ns", utc=True),
                           "value": [1, 2], "gpu.index": ["0", "1"]})

@@ -30,6 +30,24 @@ def test_the_series_limit_keeps_known_series_and_counts_the_rest() -> None:
     assert len(limiter.admit(_points("b", 3, metric="other"))) == 3  # another job: its own room
 
 
+def test_series_that_went_idle_free_their_room_and_active_ones_keep_theirs() -> None:
+    """Each config version of a tuned job starts new series: the limit counts active ones,
+    or after enough trials the next trial's telemetry would be refused."""
+    now = [0.0]
+    limiter = SeriesLimiter(CardinalityLimit(max_per_metric=3, max_per_job=100, idle_s=60.0),
+                            clock=lambda: now[0])
+    assert len(limiter.admit(_points("a", 3))) == 3  # version 1's series fill the room
+    assert limiter.admit(_points("a", 1, start=3)) == []  # version 2: refused, room is full
+    kept = _points("a", 1)  # series 0 goes on (a baseline that stays); 1 and 2 stop
+    for _ in range(4):  # two whole generations pass with series 0 arriving every 30 s
+        now[0] += 30.0
+        assert limiter.admit(kept) == kept
+    assert limiter.series() == 1
+    assert len(limiter.admit(_points("a", 2, start=3))) == 2  # the idle ones' room is free
+    assert limiter.admit(_points("a", 1, start=5)) == []  # and the limit still holds
+    assert limiter.series() == 3
+
+
 def test_a_job_over_half_the_buffer_waits_and_the_others_go_on(tmp_path: Path) -> None:
     sidecar = Sidecar(SidecarConfig(store=tmp_path / "m.db", nvml="off"))
     with TimeSeriesStore(tmp_path / "m.db", max_buffered_points=1000,
