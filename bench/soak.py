@@ -29,7 +29,8 @@ and SQLite's own allocations (``memory_parts``). Tracing slows the sidecar and a
 its own memory: compare its RSS only with another traced run.
 
 With ``--native-memory`` (``pip install -e '.[bench]'``) memray tracks every ``malloc`` and
-``mmap`` of the sidecar from the first quarter to near the end while it keeps running
+``mmap`` of the sidecar (with ``PYTHONMALLOC=malloc``, so each Python object is one) from the
+first quarter to near the end while it keeps running
 (``bench/_memray_sidecar.py``); the result adds what was allocated in that window and still held
 at its end, by the Python stack that allocated it: the growth, wherever it lives (pymalloc's
 arenas, protobuf's, SQLite's). With ``--no-tuning`` the job attaches with ``tune = false``: the
@@ -247,8 +248,9 @@ def main(argv: list[str] | None = None) -> None:
                            SOAK_SNAPSHOT_DIR=str(work))
     elif args.native_memory:
         launcher = [str(ROOT / "bench" / "_memray_sidecar.py")]
+        # every Python object its own malloc: memray then names what holds pymalloc's arenas
         sidecar_env.update(SOAK_MEMRAY_WINDOW=",".join(f"{t:.0f}" for t in snapshot_at),
-                           SOAK_MEMRAY_FILE=str(work / "memray.bin"))
+                           SOAK_MEMRAY_FILE=str(work / "memray.bin"), PYTHONMALLOC="malloc")
     logs = {n: (work / f"{n}.log").open("wb") for n in ("sidecar", "train")}
     sidecar = subprocess.Popen([sys.executable, *launcher, "--config",
                                 str(work / "sidecar.toml")], stdout=logs["sidecar"],

@@ -9,8 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.servers import PROMETHEUS
+
+# No per-example deadline: it is an absolute time, and on a shared, loaded 2-core box an
+# example can take seconds (tests/policies/test_cost_models.py failed on one this way).
+settings.register_profile("seedance", deadline=None)
+settings.load_profile("seedance")
 
 
 @pytest.fixture(scope="session")
