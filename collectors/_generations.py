@@ -20,7 +20,8 @@ V = TypeVar("V")
 
 
 class GenerationalMap(Generic[K, V]):
-    """Not thread-safe: its owner holds its own lock around it."""
+    """No lock of its own. The limiter holds its lock around it; the store writer's caches
+    need none, as their values follow from the key: a race at most recomputes one."""
 
     def __init__(self, idle_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         if idle_s <= 0:
