@@ -4,44 +4,15 @@ Only the state DB moves, from the fleet's PostgreSQL to a SQLite file (SEEDANCE_
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from tests.deploy.files import NODE_SCRIPT
+from tests.deploy.slurm_node import READY_TIMEOUT_S, NodeSidecar, node, slurm_env
 from tests.servers import free_port
-
-READY_TIMEOUT_S = 90
-
-
-@dataclass(frozen=True)
-class NodeSidecar:
-    port: int
-    job: str
-    token: str
-    env: dict[str, str]
-
-
-def slurm_env(tmp: Path, *, job_id: str = "90210", node: str = "gpu-017",
-              **more: str) -> dict[str, str]:
-    """A Slurm step's environment on one node; this process's SEEDANCE_* left out (they would
-    override the sidecar's settings), this Python's scripts first on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEEDANCE_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NAME="gpt-train", SLURMD_NODENAME=node,
-               TMPDIR=str(tmp), **more)
-    return env
-
-
-def node(command: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(NODE_SCRIPT), command, *args], env=env,
-                          capture_output=True, text=True, timeout=READY_TIMEOUT_S + 30)
 
 
 @pytest.fixture(scope="package")

@@ -16,7 +16,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from sqlalchemy.engine import make_url
 
-from tests.deploy.conftest import NodeSidecar
 from tests.deploy.files import (
     DEPLOY,
     DOCKERFILE,
@@ -31,9 +30,9 @@ from tests.deploy.files import (
     probe_urls,
     retarget,
     settings,
-    the,
     trainer,
 )
+from tests.deploy.slurm_node import NodeSidecar
 from tests.servers import free_port
 
 NATIVE_SIDECARS_SINCE = "1.29.0"  # restartPolicy on an init container, on by default

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.deploy.conftest import NodeSidecar, node, slurm_env
 from tests.deploy.files import NODE_SCRIPT, SBATCH, settings
+from tests.deploy.slurm_node import NodeSidecar, node, slurm_env
 from tests.servers import free_port
 
 KNOBS = [{"name": "threads", "default": 2, "low": 1, "high": 8, "integer": True}]
