@@ -120,9 +120,9 @@ class FleetMember:
         row = self._insert().values(job=job, **values)
         upsert = row.on_conflict_do_update(  # the fingerprint is another part's: left alone
             index_elements=[jobs.c.job], set_=values,
-            where=jobs.c.sidecar_id.not_in(live_others))
+            where=jobs.c.sidecar_id.not_in(live_others)).returning(jobs.c.sidecar_id)
         with self._engine.begin() as conn:
-            if conn.execute(upsert).rowcount == 1:
+            if conn.execute(upsert).first() is not None:  # a row back: inserted or taken over
                 with self._lock:
                     self._owners[job] = self.sidecar_id
                     self._lost.discard(job)

@@ -1,10 +1,10 @@
-"""A fleet: THREE real sidecar processes on one shared state database, and three jobs, each
-holding its lease through the real in-job lease client (``tuner.job``'s, torch-free) and acking
-every config it is sent. The real CLI (``seedancectl fleet status``, a subprocess) lists the
-jobs with their owners; an approval made on sidecar A's fleet page (Chromium) for a job held by
-B lands on B, with the operator in B's audit trail; a second sidecar claiming a live job is
-refused with a 409 naming the owner; once B is killed, A says so instead of approving, and B's
-job is claimed by C after B's heartbeat goes stale.
+"""A fleet: THREE real sidecar processes on one shared state database (a SQLite file, then a
+real PostgreSQL), and three jobs, each holding its lease through the real in-job lease client
+(``tuner.job``'s, torch-free) and acking every config it is sent. The real CLI (``seedancectl
+fleet status``, a subprocess) lists the jobs with their owners; an approval made on sidecar A's
+fleet page (Chromium) for a job held by B lands on B, with the operator in B's audit trail; a
+second sidecar claiming a live job is refused with a 409 naming the owner; once B is killed, A
+says so instead of approving, and B's job is claimed by C after B's heartbeat goes stale.
 
 Each sidecar has its own API token: the operator holds B's, and A passes it through untouched.
 The jobs' throughput is never measured here (no metrics are sent): changes wait in
@@ -136,9 +136,12 @@ class Fleet:
             sidecar.stop()
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    made = Fleet(tmp_path, f"sqlite:///{tmp_path / 'shared-state.db'}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
+    """Three sidecars on one state database: a SQLite file, or a real PostgreSQL's."""
+    state_db = (str(request.getfixturevalue("postgres_url")) if request.param == "postgresql"
+                else f"sqlite:///{tmp_path / 'shared-state.db'}")
+    made = Fleet(tmp_path, state_db)
     try:
         yield made
     finally:
@@ -229,6 +232,7 @@ def test_three_sidecars_one_state_db_one_view_approvals_routed_to_the_owner(
 
     # Its job is claimed by C once B's heartbeat is stale (the job client retries the attach).
     fleet.attach("c", "job-b")
-    after = {j["job"]: j for j in fleet.status()["jobs"]}
+    final = fleet.status()
+    after = {j["job"]: j for j in final["jobs"]}
     assert after["job-b"]["owner"]["url"] == c.url and after["job-b"]["owner"]["alive"]
-    assert not next(s for s in fleet.status()["sidecars"] if s["url"] == b.url)["alive"]
+    assert not next(s for s in final["sidecars"] if s["url"] == b.url)["alive"]

@@ -1,6 +1,7 @@
-"""The fleet registry on a real SQLite state database shared by several members: claims, the
-409 a live owner causes, stale owners, heartbeats and what the directory reads back. Time is
-a clock the test moves (heartbeat ages are compared with it, never with the wall clock)."""
+"""The fleet registry on a real state database (a SQLite file, and a real PostgreSQL) shared by
+several members: claims, the 409 a live owner causes, stale owners, heartbeats and what the
+directory reads back. Time is a clock the test moves (heartbeat ages are compared with it,
+never with the wall clock)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """One state database the members share: a SQLite file, or a real PostgreSQL's."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("postgres_url"))
     return sqlite_url(tmp_path / "state.db")
 
 
