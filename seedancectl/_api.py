@@ -97,7 +97,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
+def api_errors() -> Iterator[None]:
     """Project errors to one-line HTTP errors."""
     try:
         yield
@@ -110,16 +110,26 @@ def change_json(change: Change) -> dict[str, Any]:
     return json.loads(change.to_json())  # type: ignore[no-any-return]
 
 
+def bearer_token(credentials: Credentials) -> str:
+    """The caller's bearer token; 401 without one."""
+    if credentials is None or not credentials.credentials:
+        raise HTTPException(401, "a bearer token is required (seedancectl --token-file)",
+                            headers={"WWW-Authenticate": "Bearer"})
+    return credentials.credentials
+
+
+def check_token(sidecar: Sidecar, credentials: Credentials) -> None:
+    """401 without a bearer token, 403 with one that is not ``sidecar``'s."""
+    token = sidecar.token
+    if token is None or not hmac.compare_digest(bearer_token(credentials).encode(),
+                                                token.encode()):
+        raise HTTPException(403, "the bearer token is not this sidecar's")
+
+
 def api_router(sidecar: Sidecar) -> APIRouter:
     """Every endpoint of the operator API, bound to ``sidecar``'s parts."""
     def authorised(credentials: Credentials) -> None:
-        if credentials is None or not credentials.credentials:
-            raise HTTPException(401, "a bearer token is required (seedancectl --token-file)",
-                                headers={"WWW-Authenticate": "Bearer"})
-        token = sidecar.token
-        if token is None or not hmac.compare_digest(credentials.credentials.encode(),
-                                                    token.encode()):
-            raise HTTPException(403, "the bearer token is not this sidecar's")
+        check_token(sidecar, credentials)
 
     def searches() -> JobSearches:
         controller()
@@ -209,7 +219,7 @@ def api_router(sidecar: Sidecar) -> APIRouter:
 
     @read.get("/jobs/{job}/knobs")
     def knobs(job: str) -> dict[str, Any]:
-        with _errors():
+        with api_errors():
             s = sidecar.jobs.status(job)
         return {"job": job, "knobs": [k.to_json() for k in s.knobs.knobs.values()],
                 "baseline": s.baseline.to_json(), "desired": s.desired.to_json(),
@@ -220,7 +230,7 @@ def api_router(sidecar: Sidecar) -> APIRouter:
     def acks(job: str) -> list[dict[str, Any]]:
         """What the job reported at each boundary, one-shot actions (snapshot, rollback)
         with their outcome included: whether a rollback really ran in the job."""
-        with _errors():
+        with api_errors():
             found = sidecar.jobs.acks(job)
         return [{"version": a.version, "step": a.step, "status": a.status, "error": a.error,
                  "actions": [dict(x) for x in a.actions], "time_s": a.time_s} for a in found]
@@ -228,29 +238,29 @@ def api_router(sidecar: Sidecar) -> APIRouter:
     @write.post("/changes/{change_id}/approve")
     def approve(change_id: str, body: ApproveBody) -> dict[str, Any]:
         get_change(change_id)
-        with _errors():
+        with api_errors():
             return change_json(controller().approve(change_id, body.by, body.comment))
 
     @write.post("/changes/{change_id}/reject")
     def reject(change_id: str, body: ReasonBody) -> dict[str, Any]:
         get_change(change_id)
-        with _errors():
+        with api_errors():
             return change_json(controller().reject(change_id, body.by, body.reason))
 
     @write.post("/jobs/{job}/rollback")
     def rollback(job: str, body: RollbackBody) -> dict[str, Any]:
-        with _errors():
+        with api_errors():
             return change_json(controller().rollback(job, body.by, body.reason,
                                                      change_id=body.change))
 
     @write.post("/jobs/{job}/tuning")
     def tuning(job: str, body: TuningBody) -> dict[str, Any]:
-        with _errors():
+        with api_errors():
             return {"job": job, "tuning": searches().set_tuning(job, body.action, by=body.by)}
 
     @write.post("/jobs/{job}/changes", status_code=201)
     def propose(job: str, body: ProposeBody) -> dict[str, Any]:
-        with _errors():
+        with api_errors():
             change = controller().propose(
                 job, body.values, reason=body.reason, source="operator", by=body.by)
         sidecar.notify_waiting()  # now, before anyone can approve it unannounced

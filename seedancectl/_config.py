@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -179,6 +180,12 @@ class SidecarConfig(_Section):
     tuning_start_after_s: float = Field(default=15.0, ge=0)
     tuning_revisit_after_s: float | None = Field(default=300.0, gt=0)
     lease_ttl_s: float = Field(default=10.0, gt=0)
+    advertise_url: str | None = None
+    """The URL other sidecars and the CLI reach this sidecar's API at (the fleet registry
+    shares it); default: from ``listen`` and TLS, this host's name for a wildcard address."""
+    fleet_heartbeat_s: float = Field(default=2.0, gt=0)
+    """How often the sidecar tells the fleet it is alive; after 3 periods of silence its jobs
+    may be claimed by another sidecar. Every sidecar of a fleet should use the same."""
     nice: int = Field(default=10, ge=0, le=19)
     """How far the sidecar lowers its own CPU priority (Unix niceness, added to what it started
     with): it shares cores with the job it watches, and its bursts (a policy pass, a flush)
@@ -188,9 +195,9 @@ class SidecarConfig(_Section):
     jobs: dict[str, JobConfig] = Field(default_factory=dict)
     serving_slo: ServingSLOConfig = ServingSLOConfig()
 
-    @field_validator("webhook_url")
+    @field_validator("webhook_url", "advertise_url")
     @classmethod
-    def _check_webhook(cls, value: str | None) -> str | None:
+    def _check_http_url(cls, value: str | None) -> str | None:
         if value is not None and urlsplit(value).scheme not in ("http", "https"):
             raise ConfigError(f"expected an http(s) URL, got {value!r}")
         return value
@@ -247,6 +254,18 @@ class SidecarConfig(_Section):
     def state_dir(self) -> Path:
         """Where the sidecar keeps its own files (the generated token): the store's folder."""
         return self.store.parent
+
+    @property
+    def advertised_url(self) -> str:
+        """``advertise_url``, else ``listen`` as a URL (https with TLS); a wildcard address
+        (0.0.0.0, ::) is named by this host's name, which the others can resolve."""
+        if self.advertise_url is not None:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        scheme = "https" if self.tls_cert_file is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def host(self) -> str:

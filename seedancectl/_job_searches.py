@@ -47,6 +47,12 @@ def auto_bounds(config: SidecarConfig) -> dict[str, Any]:
     return {k: b.for_controller() for k, b in config.approval.bounds.items()}
 
 
+def study_name(config: SidecarConfig, job: str) -> str | None:
+    """The Optuna study that tunes ``job`` here; None when the configuration does not tune it."""
+    job_config = config.job_config(job)
+    return (job_config.study or f"seedance:{job}") if job_config.tune else None
+
+
 class JobSearches:
     """The searches of the jobs the sidecar tunes, set up as each job attaches."""
 
@@ -178,12 +184,13 @@ class JobSearches:
                         "not searched", job, ", ".join(unknown))
         bounded = within_bounds(status.knobs, auto_bounds(self.config))
         names = [n for n in wanted if n in bounded.knobs and n in searchable]
-        if not names:
+        study = study_name(self.config, job)
+        if not names or study is None:
             log.warning("job %s: no knobs to search; tuning stays off", job)
             return None
         return _PausableSearch(
             bounded, storage_url=self.config.state_db, knobs=names,
-            config=SearchConfig(study_name=job_config.study or f"seedance:{job}",
+            config=SearchConfig(study_name=study,
                                 seed=job_config.seed,
                                 revisit_after_s=self.config.tuning_revisit_after_s),
             ceilings=lambda: observed_ceilings(store, job),

@@ -53,18 +53,20 @@ from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
+from seedancectl._fleet_api import fleet_router
 from seedancectl._health import (
     RollbackFailedCheck,
     UnwritableCheck,
     readiness,
     register_health_metrics,
 )
-from seedancectl._job_searches import JobSearches, auto_bounds
+from seedancectl._job_searches import JobSearches, auto_bounds, study_name
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
 from tuner import (
     Change,
+    FleetMember,
     GradientCollapseFindings,
     Guardrail,
     JobRegistry,
@@ -117,6 +119,10 @@ class Sidecar:
             max_per_metric=config.max_series_per_metric, max_per_job=config.max_series_per_job,
             idle_s=config.series_idle_s))
         self.jobs = JobRegistry(lease_ttl_s=config.lease_ttl_s)
+        self.fleet = FleetMember(config.state_db, self.jobs, url=config.advertised_url,
+                                 heartbeat_s=config.fleet_heartbeat_s,
+                                 study_of=lambda job: study_name(config, job))
+        """This sidecar in the fleet sharing its state DB: it claims each job that attaches."""
         self.engine: PolicyEngine | None = None
         self.controller: RolloutController | None = None
         self.tuning: TuningLoop | None = None
@@ -190,6 +196,7 @@ class Sidecar:
                 self._metrics_server = serve_metrics(self.registry, config.prometheus_port)
             self._ledger = VersionLedger(config.state_db)
             self.jobs.keep_versions_in(self._ledger)
+            self.fleet.start()  # before the controller recovers: it recovers only its jobs
             self.jobs.start()
             self._start_tuning()
             self._started = True
@@ -229,7 +236,7 @@ class Sidecar:
                     tokens_per_step=rollout.tokens_per_step, confidence=rollout.confidence,
                     loss_tolerance=rollout.loss_tolerance,
                     min_token_agreement=config.serving_slo.min_token_agreement)),
-            tracing=self.traces.tracing)
+            tracing=self.traces.tracing, owns=self.fleet.owns)
         self.controller.recover()
         for job, job_config in config.jobs.items():
             if job_config.mode is not None and self.controller.mode(job) != job_config.mode:
@@ -260,6 +267,7 @@ class Sidecar:
                 self.controller.close()
             self.traces.shutdown(timeout_s)
             self.jobs.shutdown(timeout_s)
+            self.fleet.shutdown(timeout_s)
             if self._ledger is not None:
                 self._ledger.close()
             for scraper in self._scrapers:
@@ -361,6 +369,7 @@ class Sidecar:
         app.include_router(lease_router(self.jobs, self.may_hold_lease))
         app.include_router(api_router(self))
         app.include_router(web_router(self))
+        app.include_router(fleet_router(self))
 
         @app.get("/healthz")
         def healthz() -> dict[str, str]:

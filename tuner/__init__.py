@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from tuner._change import RolloutError as RolloutError
     from tuner._change import Trip as Trip
     from tuner._compare import compare as compare
+    from tuner._fleet import FleetMember as FleetMember
+    from tuner._fleet_directory import DEFAULT_HEARTBEAT_S as DEFAULT_HEARTBEAT_S
+    from tuner._fleet_directory import FleetDirectory as FleetDirectory
+    from tuner._fleet_directory import FleetJob as FleetJob
+    from tuner._fleet_directory import FleetSidecar as FleetSidecar
+    from tuner._fleet_directory import stale_after_s as stale_after_s
     from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings
     from tuner._guardrails import Guardrail as Guardrail
     from tuner._guardrails import NonFiniteValues as NonFiniteValues
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
     from tuner._lease_http import Credentials as Credentials
     from tuner._lease_http import lease_router as lease_router
     from tuner._lease_messages import Ack as Ack
+    from tuner._lease_messages import JobClaimedError as JobClaimedError
     from tuner._lease_messages import JobStatus as JobStatus
     from tuner._lease_messages import Lease as Lease
     from tuner._lease_messages import LeaseError as LeaseError

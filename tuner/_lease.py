@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 MAX_ACKS_KEPT = 1000
 
 LapseCallback = Callable[[JobStatus], None]
+ClaimCallback = Callable[[str, JobKind], None]
+"""(job, kind) before an attach starts a session; what it raises refuses the attach."""
 
 
 @dataclass(kw_only=True)
@@ -87,6 +89,7 @@ class JobRegistry:
         self._cond = threading.Condition()
         self._on_lapse: list[LapseCallback] = []
         self._on_attach: list[Callable[[AttachEvent], None]] = []
+        self._claims: list[ClaimCallback] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -133,6 +136,10 @@ class JobRegistry:
             raise InvalidRequestError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
         space = KnobSpace.of(knobs)
         proposed = space.validate(baseline)
+        with self._cond:
+            claims = list(self._claims)
+        for claim in claims:  # outside the lock: a claim may wait on the state database
+            claim(job, kind)
         session = secrets.token_hex(8)
         with self._cond:
             now = self._clock()
@@ -288,6 +295,13 @@ class JobRegistry:
         with self._cond:
             self._on_attach.append(callback)
 
+    def claim_with(self, claim: ClaimCallback) -> None:
+        """Call ``claim(job, kind)`` before each attach starts a session (from the caller's
+        thread); a `LeaseError` it raises refuses the attach and leaves the registry as it was.
+        The fleet's ownership of a job is such a claim (``tuner._fleet``)."""
+        with self._cond:
+            self._claims.append(claim)
+
     def on_lapse(self, callback: LapseCallback) -> None:
         """Call `callback(status)` once each time a job's lease lapses (from the reaper thread;
         exceptions are logged). By then the registry has reset the desired config to the
@@ -398,4 +412,4 @@ def _fits(space: KnobSpace, config: Config) -> bool:
         return False
 
 
-__all__ = ["JobRegistry", "LapseCallback"]
+__all__ = ["ClaimCallback", "JobRegistry", "LapseCallback"]

@@ -35,6 +35,11 @@ class SessionError(LeaseError):
     """The session is not the job's current one, or its lease lapsed (HTTP 409)."""
 
 
+class JobClaimedError(SessionError):
+    """Another live sidecar of the fleet holds the job (HTTP 409): the job tries again later,
+    and gets it once that sidecar's heartbeat is stale (``tuner._fleet``)."""
+
+
 class InvalidRequestError(LeaseError):
     """A well-formed request with values the registry refuses (HTTP 422)."""
 
@@ -159,6 +164,6 @@ def validate_action(action: Mapping[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "Ack", "AttachEvent", "InvalidRequestError", "JobStatus", "Lease", "LeaseError",
+    "Ack", "AttachEvent", "InvalidRequestError", "JobClaimedError", "JobStatus", "Lease", "LeaseError",
     "SessionError", "UnknownJobError", "validate_action",
 ]

@@ -54,8 +54,13 @@ class RolloutController(ChangeSteps):
 
     def __init__(self, registry: JobRegistry, reader: StoreReader, *, db_url: str,
                  guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
-                 config: RolloutConfig | None = None, tracing: Tracing | None = None) -> None:
+                 config: RolloutConfig | None = None, tracing: Tracing | None = None,
+                 owns: Callable[[str], bool] = lambda job: True) -> None:
+        """``owns(job)``: whether this controller drives the job's changes. Sidecars sharing
+        one state database see each other's changes in the journal; each moves only those of
+        the jobs it holds (``tuner._fleet``), so none fails another's change as unattached."""
         self.registry = registry
+        self._owns = owns
         self.trace = ChangeTrace(tracing or null_tracing("seedance-rollout"), clock,
                                  scope=__name__)
         self.reader = reader
@@ -162,6 +167,8 @@ class RolloutController(ChangeSteps):
     def tick(self) -> None:
         """Advance every active change one step; one failing change never stops the others."""
         for change in self.changes(states=sorted(ACTIVE)):
+            if not self._owns(change.job):
+                continue
             try:
                 with self._lock:
                     self._advance(self.get(change.id))
@@ -436,9 +443,11 @@ class RolloutController(ChangeSteps):
         controller (or only its journal) to read changes undoes nothing."""
         for change in self.changes(states=["rolled_back"]):
             restore = Restore.from_plan(change.plan)
-            if restore is not None and not restore.confirmed:
+            if restore is not None and not restore.confirmed and self._owns(change.job):
                 self._restoring.add(change.id)
         for change in self.changes(states=sorted(IN_FLIGHT)):
+            if not self._owns(change.job):
+                continue
             try:
                 self._roll_back(change, Trip(kind="config", reason=(
                     f"controller restarted with the change in {change.state}")), by="recovery")

@@ -1,10 +1,13 @@
-"""The on-call page: pending changes with their evidence, approve / reject, findings, history.
+"""The on-call page: pending changes with their evidence, approve / reject, findings, history;
+and the fleet page (``fleet.html``): every job of the sidecars sharing the state database.
 
-A static page (HTML, one ES module, CSS; no CDN, no build step) that calls the sidecar's JSON
-API from the browser. The router serves it under ``/ui/`` and adds the one endpoint the page
-needs that the API does not hold: ``GET /v1/changes/{id}/series``, the triggering metric's
-points for the evidence plot. It reads the store and the rollout controller through whatever
-object it is handed (the Sidecar), so it never imports the application shell.
+Static pages (HTML, ES modules, CSS; no CDN, no build step) that call the sidecar's JSON
+API from the browser. The router serves them under ``/ui/`` and adds the one endpoint the
+on-call page needs that the API does not hold: ``GET /v1/changes/{id}/series``, the
+triggering metric's points for the evidence plot. It reads the store and the rollout controller
+through whatever object it is handed (the Sidecar), so it never imports the application shell.
+The fleet page reads ``GET /v1/fleet`` and decides through ``/v1/fleet/changes/{id}/...``,
+which the application shell serves (they call other sidecars).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from tuner import RolloutController, RolloutError
 STATIC: dict[str, str] = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "fleet.html": "text/html; charset=utf-8",
+    "fleet.js": "text/javascript; charset=utf-8",
+    "common.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 """The page's files (package data next to this module) and their media types."""

@@ -1,10 +1,12 @@
 // The on-call page: reads the sidecar's JSON API, draws each pending change's evidence plot as
-// inline SVG, and sends approve / reject with the token kept in this tab's sessionStorage.
-// Every text from the API goes in through textContent (never innerHTML).
+// inline SVG, and sends approve / reject (common.js) with the token kept in this tab's
+// sessionStorage. Every text from the API goes in through textContent (never innerHTML).
 
-const TOKEN_KEY = "seedance.token";
-const ACTOR_KEY = "seedance.actor";
-const REFRESH_MS = 5000;
+import {
+  $, REFRESH_MS, api, decide, describe, fmt, h, listOf, pct, setUpToken, startRefreshing, table,
+  when,
+} from "./common.js";
+
 const FINAL = new Set(["kept", "rolled_back", "rejected", "expired", "failed",
   "manual_intervention_required"]);
 const IN_FLIGHT = new Set(["approved", "applying", "observing"]);
@@ -12,24 +14,9 @@ const SVG = "http://www.w3.org/2000/svg";
 const PLOT = { width: 420, height: 140, left: 56, right: 8, top: 10, bottom: 22 };
 const COLOURS = ["#1f5fa8", "#b35900", "#2e7d32", "#7b1fa2", "#c62828", "#00838f"];
 
-const $ = (id) => document.getElementById(id);
 const pendingCards = new Map();  // change id -> card element, kept so typing survives refresh
 
 // ---- small DOM helpers ---------------------------------------------------------------------
-
-function h(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-    else node.setAttribute(key, value === true ? "" : String(value));
-  }
-  for (const child of children.flat()) {
-    if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
-}
 
 function s(tag, attrs = {}, ...children) {
   const node = document.createElementNS(SVG, tag);
@@ -38,79 +25,6 @@ function s(tag, attrs = {}, ...children) {
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
-}
-
-function fmt(value) {
-  if (value === null || value === undefined) return "–";
-  if (typeof value === "string") return value;
-  if (typeof value === "boolean") return value ? "true" : "false";
-  if (typeof value !== "number") return JSON.stringify(value);
-  if (!Number.isFinite(value)) return String(value);
-  const abs = Math.abs(value);
-  if (abs !== 0 && (abs >= 1e6 || abs < 1e-3)) return value.toExponential(3);
-  return Number(value.toPrecision(4)).toString();
-}
-
-const pct = (x) => (typeof x === "number" && Number.isFinite(x)
-  ? `${x >= 0 ? "+" : ""}${(100 * x).toFixed(2)}%` : "–");
-
-function when(seconds) {
-  if (typeof seconds !== "number") return "–";
-  return new Date(seconds * 1000).toLocaleString(undefined, { hour12: false });
-}
-
-function listOf(body, key) {
-  if (Array.isArray(body)) return body;
-  if (body && Array.isArray(body[key])) return body[key];
-  return [];
-}
-
-// ---- the API -------------------------------------------------------------------------------
-
-class ApiError extends Error {
-  constructor(status, message) { super(message); this.status = status; }
-}
-
-function explain(status, detail) {
-  if (status === 401) return "Token missing: enter the API token above and try again.";
-  if (status === 403) return "Token wrong: the sidecar refused this token. Check it and retry.";
-  if (status === 404) return `Not found: ${detail || "the change no longer exists"}.`;
-  if (status === 409) return `Refused: ${detail || "the change moved on meanwhile"}.`;
-  if (status === 422) return `Refused as invalid: ${detail}`;
-  if (status === 503) return `The sidecar is not ready: ${detail || "try again shortly"}.`;
-  return `The sidecar answered ${status}: ${detail || "no detail"}.`;
-}
-
-async function api(path, { method = "GET", body, auth = false } = {}) {
-  const headers = { Accept: "application/json" };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  if (auth) {
-    const token = sessionStorage.getItem(TOKEN_KEY);
-    if (token) headers.Authorization = `Bearer ${token}`;
-  }
-  let reply;
-  try {
-    reply = await fetch(path, { method, headers, cache: "no-store",
-                                body: body === undefined ? undefined : JSON.stringify(body) });
-  } catch (err) {
-    throw new ApiError(0, `Could not reach the sidecar (${err.message}).`);
-  }
-  const text = await reply.text();
-  let data = null;
-  try { data = text ? JSON.parse(text) : null; } catch { data = text; }
-  if (!reply.ok) {
-    let detail = data && typeof data === "object" ? data.detail : data;
-    if (Array.isArray(detail)) detail = detail.map((d) => d.msg || JSON.stringify(d)).join("; ");
-    throw new ApiError(reply.status, explain(reply.status, detail));
-  }
-  return data;
-}
-
-// ---- status text ---------------------------------------------------------------------------
-
-function say(target, message, kind = "info") {
-  target.textContent = message;
-  target.dataset.kind = kind;
 }
 
 // ---- the evidence plot ---------------------------------------------------------------------
@@ -252,46 +166,6 @@ function effect(change) {
     + ` (${pct(c.loss_excess)})`;
 }
 
-function describe(change) {
-  return Object.entries(change.values || {})
-    .map(([k, v]) => `${k}: ${fmt((change.baseline || {})[k])} → ${fmt(v)}`).join(", ");
-}
-
-// ---- approve / reject ----------------------------------------------------------------------
-
-async function decide(change, verb, card) {
-  const status = card.querySelector(".card-status");
-  const actor = ($("actor").value || "").trim();
-  const note = card.querySelector(`textarea[name="note"]`).value.trim();
-  if (!actor) {
-    say(status, "Enter your name under “Who approves” first.", "error");
-    $("actor").focus();
-    return;
-  }
-  if (verb === "reject" && !note) {
-    say(status, "Give a reason in the comment box to reject.", "error");
-    card.querySelector("textarea").focus();
-    return;
-  }
-  const body = verb === "approve" ? { by: actor, comment: note } : { by: actor, reason: note };
-  for (const b of card.querySelectorAll("button")) b.disabled = true;
-  say(status, `Sending ${verb}…`);
-  try {
-    const moved = await api(`/v1/changes/${encodeURIComponent(change.id)}/${verb}`,
-                            { method: "POST", body, auth: true });
-    const state = (moved && (moved.state || (moved.change && moved.change.state))) || "updated";
-    const message = `Change ${change.id} ${verb === "approve" ? "approved" : "rejected"} `
-      + `by ${actor}; it is now ${state}.`;
-    say(status, message, "ok");
-    say($("status"), message, "ok");
-    await refresh();
-  } catch (err) {
-    say(status, err.message, "error");
-    say($("status"), `Change ${change.id}: ${err.message}`, "error");
-    for (const b of card.querySelectorAll("button")) b.disabled = false;
-  }
-}
-
 function pendingCard(change, findings) {
   const plot = h("div", { class: "plot-holder" }, h("p", { class: "muted" }, "Loading plot…"));
   // The finding the proposer named, else (as the webhook message does) those open on the job.
@@ -322,10 +196,12 @@ function pendingCard(change, findings) {
     h("div", { class: "row" },
       h("button", { type: "button", class: "approve",
                     "aria-label": `Approve change ${change.id} of job ${change.job}`,
-                    onclick: () => decide(change, "approve", card) }, "Approve"),
+                    onclick: () => decide(change, "approve", card, { after: refresh }) },
+        "Approve"),
       h("button", { type: "button", class: "reject",
                     "aria-label": `Reject change ${change.id} of job ${change.job}`,
-                    onclick: () => decide(change, "reject", card) }, "Reject")),
+                    onclick: () => decide(change, "reject", card, { after: refresh }) },
+        "Reject")),
     h("p", { class: "card-status status", role: "status", "aria-live": "polite" }));
   loadPlot(change, plot);
   return card;
@@ -355,13 +231,6 @@ function renderPending(pending, findings) {
     }
     holder.append(card);  // moves existing cards into order without rebuilding them
   }
-}
-
-function table(caption, heads, rows, empty) {
-  if (rows.length === 0) return h("p", { class: "muted" }, empty);
-  return h("table", {}, h("caption", { class: "sr-only" }, caption),
-           h("thead", {}, h("tr", {}, heads.map((x) => h("th", { scope: "col" }, x)))),
-           h("tbody", {}, rows));
 }
 
 function stateCell(change) {
@@ -506,36 +375,5 @@ async function refresh() {
   return refreshing;
 }
 
-function setUpToken() {
-  const token = $("token");
-  const actor = $("actor");
-  token.value = sessionStorage.getItem(TOKEN_KEY) || "";
-  actor.value = sessionStorage.getItem(ACTOR_KEY) || "";
-  $("token-form").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const value = token.value.trim();
-    if (value) sessionStorage.setItem(TOKEN_KEY, value);
-    else sessionStorage.removeItem(TOKEN_KEY);
-    if (actor.value.trim()) sessionStorage.setItem(ACTOR_KEY, actor.value.trim());
-    say($("status"), value ? "Token saved for this tab." : "No token: approve and reject will "
-        + "be refused.", value ? "ok" : "error");
-  });
-  // Typing is enough: a token typed but not submitted is still the one used.
-  token.addEventListener("input", () => {
-    const value = token.value.trim();
-    if (value) sessionStorage.setItem(TOKEN_KEY, value);
-    else sessionStorage.removeItem(TOKEN_KEY);
-  });
-  actor.addEventListener("input", () => sessionStorage.setItem(ACTOR_KEY, actor.value.trim()));
-  $("token-forget").addEventListener("click", () => {
-    sessionStorage.removeItem(TOKEN_KEY);
-    token.value = "";
-    say($("status"), "Token forgotten.", "info");
-    token.focus();
-  });
-}
-
 setUpToken();
-$("refresh").addEventListener("click", () => refresh());
-refresh();
-setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
+startRefreshing(refresh);

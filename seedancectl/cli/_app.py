@@ -59,6 +59,9 @@ precision_app = typer.Typer(help="Layer-wise precision of the job's module group
 app.add_typer(precision_app, name="precision")
 kv_app = typer.Typer(help="The serving job's quantised KV cache.", no_args_is_help=True)
 app.add_typer(kv_app, name="kv")
+fleet_app = typer.Typer(help="Every job of the sidecars that share one state database.",
+                        no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
 
 
 ConfigOption = Annotated[

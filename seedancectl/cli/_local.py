@@ -165,22 +165,36 @@ StateDbOption = Annotated[
 ]
 
 
-@contextmanager
-def _finding_store(config: Path | None, state_db: str | None) -> Iterator[Any]:
-    """The findings of the state database; a bad URL or file is a UsageError of one line."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from policies import FindingStore
-
+def state_db_url(config: Path | None, state_db: str | None) -> str:
+    """``--state-db``, else the configuration's; a SQLite file that is not there is a
+    UsageError (opening it would create an empty one)."""
     url = state_db or load_config(config).state_db
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         raise UsageError(f"{url}: no state database here (is the sidecar running for this job?)")
+    return url
+
+
+@contextmanager
+def state_db_errors(url: str) -> Iterator[None]:
+    """A database error inside the block (bad URL, not a state database, server down) as a
+    UsageError of one line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
-        with FindingStore(url) as store:
-            yield store
+        yield
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise UsageError(f"{url}: not a usable state database ({reason})") from None
+
+
+@contextmanager
+def _finding_store(config: Path | None, state_db: str | None) -> Iterator[Any]:
+    """The findings of the state database; a bad URL or file is a UsageError of one line."""
+    from policies import FindingStore
+
+    url = state_db_url(config, state_db)
+    with state_db_errors(url), FindingStore(url) as store:
+        yield store
 
 
 @app.command()

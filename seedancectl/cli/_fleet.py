@@ -1,0 +1,80 @@
+"""Commands on the fleet: the sidecars that share one state database and their jobs, read from
+that database (no sidecar needs to answer, so a dead one shows as dead, not as an error)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Column, Table
+
+from seedancectl._config import load_config
+from seedancectl.cli._app import ConfigOption, JsonFlag, fleet_app, print_json, stdout
+from seedancectl.cli._local import StateDbOption, state_db_errors, state_db_url
+
+if TYPE_CHECKING:
+    from dashboards import FleetJobView
+
+
+@fleet_app.command("status")
+def fleet_status(config: ConfigOption = None, state_db: StateDbOption = None,
+                 json_out: JsonFlag = False) -> None:
+    """Every job across the sidecars: owner and whether it is alive, kind, kept config, the
+    gain kept since the first baseline, open findings, changes waiting for a person."""
+    from dashboards import fleet_view
+
+    url = state_db_url(config, state_db)
+    heartbeat_s = load_config(config).fleet_heartbeat_s
+    with state_db_errors(url):
+        view = fleet_view(url, heartbeat_s=heartbeat_s)
+    if json_out:
+        print_json(view.to_json())
+        return
+    if not view.jobs:
+        stdout.print(f"no jobs in the fleet of {url}")
+        return
+    table = Table("job", "kind", Column("owner", overflow="fold"), "alive",
+                  Column("kept config", overflow="fold"), "gain kept", "open findings",
+                  Column("waiting for a person", overflow="fold"))
+    for job in view.jobs:
+        table.add_row(job.fleet.job, job.fleet.kind, _owner(job), _alive(job, view.at_s),
+                      _kept(job), _gain(job), _findings(job),
+                      "\n".join(f"{c.id} {_values(c.values)}" for c in job.waiting) or "-")
+    stdout.print(table)
+    alive = sum(s.alive for s in view.sidecars)
+    stdout.print(f"{len(view.jobs)} jobs on {len(view.sidecars)} sidecars ({alive} alive; a "
+                 f"sidecar silent for {view.stale_after_s:g} s counts as down)")
+
+
+def _owner(job: FleetJobView) -> str:
+    owner = job.fleet.owner
+    return job.fleet.owner_id + ("" if owner is None else f"\n{owner.url}")
+
+
+def _alive(job: FleetJobView, now_s: float) -> str:
+    owner = job.fleet.owner
+    if owner is None:
+        return "[red]gone[/]"
+    if job.owner_alive:
+        return "[green]yes[/]"
+    return f"[red]down[/] ({now_s - owner.heartbeat_at:.0f} s)"
+
+
+def _kept(job: FleetJobView) -> str:
+    baseline = job.fleet.baseline
+    if baseline is None:
+        return "-"
+    return f"v{baseline.version}: {_values(baseline.values)}"
+
+
+def _gain(job: FleetJobView) -> str:
+    if job.kept_gain is None:
+        return "-"
+    return f"{job.kept_gain:+.1%} ({len(job.kept)} kept)"
+
+
+def _findings(job: FleetJobView) -> str:
+    return "\n".join(f"{f.detector} ({f.severity})" for f in job.findings) or "-"
+
+
+def _values(values: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
