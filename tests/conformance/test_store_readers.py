@@ -27,6 +27,7 @@ from collectors import (
     MetricInfo,
     MetricKind,
     Point,
+    PrometheusSource,
     Resolution,
     SeedanceError,
     StoreReader,
@@ -34,7 +35,6 @@ from collectors import (
     TimeSeriesStore,
     serve_metrics,
 )
-from dashboards.report import PrometheusSource
 from tests.servers import free_port, start_prometheus, wait_for
 
 NS = 1_000_000_000

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors import LatestValueCollector, MetricInfo, Point, Temporality
+from collectors import LatestValueCollector, MetricInfo, Point, PrometheusSource, Temporality
 from collectors._otlp_decode import DecodedMetrics
 from collectors._points import CONFIG_VERSION_ATTR, MetricKind
 from collectors._prometheus import serve_metrics
 from collectors._store import TimeSeriesStore
-from dashboards.report import PrometheusSource, ReportPaths, build_report
+from dashboards.report import ReportPaths, build_report
 from policies import FindingStore
 from tests.dashboards.week_fixture import RecordedWeek, build_week
 from tests.servers import free_port, start_prometheus, wait_for
