@@ -81,10 +81,10 @@ def build_report(*, store_path: str | os.PathLike[str], state_db_url: str, since
     if prometheus_url is not None:
         from collectors import PrometheusSource
 
-        source = PrometheusSource(prometheus_url)
-        data = gather(source=source, source_name=f"Prometheus at {prometheus_url}",
-                      state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns, job=job,
-                      price_per_gpu_hour=price_per_gpu_hour)
+        with PrometheusSource(prometheus_url) as source:
+            data = gather(source=source, source_name=f"Prometheus at {prometheus_url}",
+                          state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns,
+                          job=job, price_per_gpu_hour=price_per_gpu_hour)
         return write_report(data, out_dir)
     from collectors import StoreError, TimeSeriesStore
 

@@ -3,8 +3,9 @@
 A static page (HTML, one ES module, CSS; no CDN, no build step) that calls the sidecar's JSON
 API from the browser. The router serves it under ``/ui/`` and adds the one endpoint the page
 needs that the API does not hold: ``GET /v1/changes/{id}/series``, the triggering metric's
-points for the evidence plot. It reads the store and the rollout controller through whatever
-object it is handed (the Sidecar), so it never imports the application shell.
+points for the evidence plot. It reads the sidecar's reader (its store or Prometheus) and the
+rollout controller through whatever object it is handed (the Sidecar), so it never imports the
+application shell.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 
-from collectors import TimeSeriesStore
+from collectors import StoreReader
 from dashboards.web._series import LOOKBACK_S, MAX_POINTS, change_series, triggering_metric
 from tuner import RolloutController, RolloutError
 
@@ -42,8 +43,8 @@ class SidecarParts(Protocol):
     """What the page's router reads: the Sidecar satisfies it (both None until started)."""
 
     @property
-    def store(self) -> TimeSeriesStore | None:
-        """The metric store a change's series are read from."""
+    def reader(self) -> StoreReader | None:
+        """Where a change's series are read from (the store or Prometheus)."""
 
     @property
     def controller(self) -> RolloutController | None:
@@ -73,14 +74,14 @@ def web_router(sidecar: SidecarParts, *, clock: Callable[[], float] = time.time)
                lookback_s: float = Query(default=LOOKBACK_S, gt=0, le=7 * 86400),
                max_points: int = Query(default=MAX_POINTS, ge=2, le=2000)) -> dict[str, Any]:
         """The triggering metric of the change around its life (see dashboards/web/README.md)."""
-        store, controller = sidecar.store, sidecar.controller
-        if store is None or controller is None:
+        reader, controller = sidecar.reader, sidecar.controller
+        if reader is None or controller is None:
             raise HTTPException(status_code=503, detail="the sidecar is not started")
         try:
             change = controller.get(change_id)
         except RolloutError as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
-        return change_series(change, store, now_s=clock(), lookback_s=lookback_s,
+        return change_series(change, reader, now_s=clock(), lookback_s=lookback_s,
                              max_points=max_points)
 
     return router

@@ -98,8 +98,9 @@ def _prometheus(binary: str, directory: Path) -> Iterator[Fed]:
             wait_for(api, promql, proc, time.monotonic() + 30, directory / "prometheus.log")
         time.sleep(3.5)  # a few more scrapes: points on both sides of inside_ns
         until_ns = time.time_ns()
-        yield Fed(PrometheusSource(api, timeout_s=10), since_ns=since_ns,
-                  inside_ns=until_ns - 3 * NS // 2, until_ns=until_ns)
+        with PrometheusSource(api, timeout_s=10) as reader:
+            yield Fed(reader, since_ns=since_ns, inside_ns=until_ns - 3 * NS // 2,
+                      until_ns=until_ns)
     finally:
         proc.terminate()
         proc.wait(10)
