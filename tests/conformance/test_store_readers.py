@@ -179,6 +179,16 @@ def test_only_the_time_range_asked_for(fed: Fed) -> None:
     assert before.empty
 
 
+def test_an_open_range_reads_everything_the_reader_holds(fed: Fed) -> None:
+    """No bounds: the store reads all it holds, Prometheus its lookback up to now; either way
+    every point of the bounded range, and only the metric and attributes asked for."""
+    bounded = _query(fed, TOKENS, where={JOB: "job-a"})
+    unbounded = fed.reader.query(TOKENS, where={JOB: "job-a"}, resolution="raw")
+    _assert_frame_shape(unbounded, RAW_COLUMNS)
+    assert set(_times_ns(bounded)) <= set(_times_ns(unbounded))
+    assert set(unbounded["value"]) == {100.0} and set(unbounded[JOB]) == {"job-a"}
+
+
 @pytest.mark.parametrize("resolution", ["raw", "1m", "1h", "auto"])
 def test_a_metric_without_points_is_an_empty_frame_with_the_columns(
         fed: Fed, resolution: Resolution) -> None:
