@@ -118,7 +118,7 @@ class PrometheusSource:
             return max(prometheus_duration_s(t["scrapeInterval"]) for t in targets)
         except KeyError:
             raise PrometheusError(f"Prometheus at {self.url} does not say its targets' scrape "
-                                  "interval (it needs version 2.35 or later)") from None
+                                  "interval (a release too old for this sidecar)") from None
 
     def _series(self, name: str) -> tuple[str, PromMetric, dict[str, str], bool]:
         """(series name, its metric, label -> attribute, whether it is a gauge)."""
@@ -128,11 +128,10 @@ class PrometheusSource:
         if base not in BY_NAME or role not in ("", "bucket", "sum", "count"):
             raise PrometheusNameError(f"{name!r} is not in the metric catalogue")
         metric = prom_metric(base)
-        series = {"": lambda: metric.gauge if metric.spec.kind is MetricKind.GAUGE
-                  else metric.total, "bucket": lambda: metric.bucket,
-                  "sum": lambda: metric.sum, "count": lambda: metric.count}[role]()
+        gauge = metric.spec.kind is MetricKind.GAUGE and not role
+        series = getattr(metric, role) if role else metric.gauge if gauge else metric.total
         to_attr = {label: attr for attr, label in metric.labels.items()}
-        return series, metric, to_attr, metric.spec.kind is MetricKind.GAUGE and not role
+        return str(series), metric, to_attr, gauge
 
     def query(self, name: str, *, where: Mapping[str, str] | None = None,
               since_ns: int | None = None, until_ns: int | None = None,
@@ -155,17 +154,15 @@ class PrometheusSource:
                               "raw")
         # Prometheus takes times to the ms: round inwards, never outside [since_ns, until_ns]
         start_ms, end_ms = -(-since_ns // _MS), until_ns // _MS
+        if start_ms > end_ms:
+            return _frame([], to_attr, shift_ns=0, rollup=resolution != "raw")
         if resolution == "raw":
-            if start_ms > end_ms:
-                return _frame([], to_attr, shift_ns=0, rollup=False)
             # one ms more than the span: a range is left-open from Prometheus 3 on
             result = self._get("/api/v1/query", {
                 "query": f"{selector}[{end_ms - start_ms + 1}ms]",
                 "time": f"{end_ms / 1000:.3f}"})["result"]
             return _frame(result, to_attr, shift_ns=0, rollup=False, since_ns=since_ns)
         step_s = max(_STEP_S[resolution], math.ceil(span_s / _MAX_POINTS))
-        if start_ms > end_ms:
-            return _frame([], to_attr, shift_ns=0, rollup=True)
         expr = f"avg_over_time({selector}[{step_s}s])" if gauge else selector
         result = self._get("/api/v1/query_range", {
             "query": expr, "start": f"{start_ms / 1000:.3f}", "end": f"{end_ms / 1000:.3f}",
