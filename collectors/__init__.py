@@ -62,6 +62,11 @@ if TYPE_CHECKING:
     from collectors._prometheus import MetricsServer as MetricsServer
     from collectors._prometheus import MetricsServerError as MetricsServerError
     from collectors._prometheus import serve_metrics as serve_metrics
+    from collectors._prometheus_names import PrometheusNameError as PrometheusNameError
+    from collectors._prometheus_names import PromMetric as PromMetric
+    from collectors._prometheus_names import prom_metric as prom_metric
+    from collectors._prometheus_source import PrometheusError as PrometheusError
+    from collectors._prometheus_source import PrometheusSource as PrometheusSource
     from collectors._scrape import Scraper as Scraper
     from collectors._scrape import ScrapeResult as ScrapeResult
     from collectors._scrape import ScrapeSource as ScrapeSource

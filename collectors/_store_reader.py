@@ -22,7 +22,8 @@ class StoreReader(Protocol):
     ``min``, ``max``, ``count``, ``last``, then one str column per attribute key; sorted by
     time. Only points of ``name`` whose attributes include ``where``, in [since_ns, until_ns];
     a metric without points is an empty frame with the same leading columns. A reader may
-    need both bounds (Prometheus does) and may refuse a name it cannot translate.
+    bound an open range (Prometheus reads an open start as its lookback, and nothing from its
+    last scrape interval) and may refuse a name it cannot translate.
     """
 
     def query(self, name: str, *, where: Mapping[str, str] | None = None,

@@ -159,12 +159,15 @@ class WindowSource:
     """Hands the engine the jobs a store knows and a window per job.
 
     ``jobs`` fixes the job list; otherwise jobs are discovered from the ``job_attribute`` values
-    of every series in the store.
+    of every series in the store. Windows read ``reader`` (default: the store itself): a
+    sidecar that reads a fleet's Prometheus still judges only the jobs that report to it, which
+    its own store lists (Prometheus lists every sidecar's jobs).
     """
 
     def __init__(self, store: ListableStore, *, jobs: Iterable[str] | None = None,
-                 job_attribute: str = JOB_ATTRIBUTE) -> None:
+                 job_attribute: str = JOB_ATTRIBUTE, reader: StoreReader | None = None) -> None:
         self.store = store
+        self.reader: StoreReader = store if reader is None else reader
         self._jobs = None if jobs is None else sorted(set(jobs))
         self.job_attribute = job_attribute
 
@@ -180,6 +183,6 @@ class WindowSource:
         return sorted(found)
 
     def window(self, job: str, since_ns: int, until_ns: int) -> StoreWindow:
-        """A window of ``job`` over [since_ns, until_ns]."""
-        return StoreWindow(self.store, job=job, since_ns=since_ns, until_ns=until_ns,
+        """A window of ``job`` over [since_ns, until_ns], read from ``reader``."""
+        return StoreWindow(self.reader, job=job, since_ns=since_ns, until_ns=until_ns,
                            job_attribute=self.job_attribute)

@@ -156,6 +156,11 @@ class SidecarConfig(_Section):
     state_db: str = "sqlite:///seedance-data/state.db"
     upstream_otlp_endpoint: str | None = None
     prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_source: str = "store"
+    """Where the policy engine, the rollout's measurement and guardrails, the searches and the
+    report read series: ``store`` (the embedded one) or ``prometheus:http(s)://HOST:PORT`` (a
+    Prometheus that scrapes the sidecars' /metrics). The store receives and serves /metrics
+    either way."""
     nvml: Literal["auto", "off"] | str = "auto"
     nvml_interval_s: float = Field(default=1.0, gt=0)
     export_interval_s: float = Field(default=1.0, gt=0)
@@ -201,6 +206,21 @@ class SidecarConfig(_Section):
         if value is not None and urlsplit(value).scheme not in ("http", "https"):
             raise ConfigError(f"expected an http(s) URL, got {value!r}")
         return value
+
+    @field_validator("metrics_source")
+    @classmethod
+    def _check_metrics_source(cls, value: str) -> str:
+        url = value.removeprefix("prometheus:")
+        if value != "store" and (url == value or not _prometheus_url(url)):
+            raise ConfigError(f"expected 'store' or 'prometheus:http(s)://HOST:PORT', "
+                              f"got {value!r}")
+        return value
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """The Prometheus that ``metrics_source`` names, or None for the embedded store."""
+        return None if self.metrics_source == "store" \
+            else self.metrics_source.removeprefix("prometheus:")
 
     @field_validator("listen")
     @classmethod
@@ -274,6 +294,17 @@ class SidecarConfig(_Section):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+
+def _prometheus_url(url: str) -> bool:
+    """An http(s) URL with a host, a port in range if any, no query and no fragment."""
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port out of range or not a number
+        return False
+    return (parts.scheme in ("http", "https") and bool(parts.hostname) and port_ok
+            and not parts.query and not parts.fragment)
 
 
 def _one_line(error: ValidationError, where: str) -> str:

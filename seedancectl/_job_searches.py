@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from collectors import SeedanceError, TimeSeriesStore
+from collectors import SeedanceError, StoreReader
 from policies import PolicyEngine, StoreWindow
 from policies.detectors import ComputePriorsDetector
 from seedancectl._config import SidecarConfig
@@ -34,7 +34,7 @@ TuningState = Literal["off", "running", "paused"]
 TUNING_EVENT = "tuning"
 
 PRIORS_EVERY_S = 5.0
-"""How often the sidecar reads a tuned job's compute priors from the store."""
+"""How often the sidecar reads a tuned job's compute priors (from its reader)."""
 
 
 class TuningOffError(SeedanceError):
@@ -56,14 +56,14 @@ def study_name(config: SidecarConfig, job: str) -> str | None:
 class JobSearches:
     """The searches of the jobs the sidecar tunes, set up as each job attaches."""
 
-    def __init__(self, config: SidecarConfig, *, jobs: JobRegistry, store: TimeSeriesStore,
+    def __init__(self, config: SidecarConfig, *, jobs: JobRegistry, reader: StoreReader,
                  engine: PolicyEngine, controller: RolloutController,
                  also: Callable[[], None]) -> None:
         """``also`` runs after each round's set-up, on the tuning thread (the sidecar
-        announces waiting proposals there)."""
+        announces waiting proposals there). Priors and ceilings are read from ``reader``."""
         self.config = config
         self._jobs = jobs
-        self._store = store
+        self._reader = reader
         self._engine = engine
         self._controller = controller
         self._searches: dict[str, SearchDriver | None] = {}
@@ -145,7 +145,7 @@ class JobSearches:
                 log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
 
     def _add_compute_priors(self, status: JobStatus, driver: SearchDriver) -> None:
-        """The compute priors of the job's profile, read straight from the store every
+        """The compute priors of the job's profile, read straight from the reader every
         ``PRIORS_EVERY_S`` (the engine opens them as findings too, but only after its
         hysteresis, and the first trials should already follow them)."""
         job, now = status.job, time.monotonic()
@@ -153,7 +153,7 @@ class JobSearches:
             return
         self._priors_at_s[job] = now
         until_ns = time.time_ns()
-        window = StoreWindow(self._store, job=job, since_ns=until_ns - int(
+        window = StoreWindow(self._reader, job=job, since_ns=until_ns - int(
             self.config.policy_window_s * 1e9), until_ns=until_ns)
         moves = suggestions(self._priors.evaluate(window), status.baseline.values, status.knobs)
         if moves:
@@ -173,7 +173,7 @@ class JobSearches:
 
     def _new_search(self, status: JobStatus) -> SearchDriver | None:
         job, job_config = status.job, self.config.job_config(status.job)
-        store = self._store
+        reader = self._reader
         space = status.knobs.knobs
         searchable = status.knobs.searchable().knobs
         wanted = (list(job_config.knobs) if job_config.knobs is not None
@@ -193,7 +193,7 @@ class JobSearches:
             config=SearchConfig(study_name=study,
                                 seed=job_config.seed,
                                 revisit_after_s=self.config.tuning_revisit_after_s),
-            ceilings=lambda: observed_ceilings(store, job),
+            ceilings=lambda: observed_ceilings(reader, job),
             paused=lambda: self.tuning_state(job) == "paused" or not self._settled(job))
 
 

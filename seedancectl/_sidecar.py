@@ -4,7 +4,8 @@ controller and tuning loop behind one loopback server.
 It composes the packages; it decides nothing itself. Every source hands decoded metrics to
 one sink that writes the store and refreshes the Prometheus view, so a point is stored and
 exported the same way whether it came from a job over OTLP, from NVML or from a scrape. The
-policy engine reads the store; the controller's guardrails read the engine's findings; the
+policy engine, the measurement and the searches read one reader: the store, or the Prometheus
+that ``metrics_source`` names; the controller's guardrails read the engine's findings; the
 tuning loop (one thread) ticks the controller, runs one Optuna search per job the config tunes,
 and tells a person, through the webhook, about every proposal that waits for them.
 """
@@ -41,6 +42,7 @@ from collectors import (
     Scraper,
     SeedanceError,
     SeriesLimiter,
+    StoreReader,
     Telemetry,
     TelemetryConfig,
     TimeSeriesStore,
@@ -61,6 +63,7 @@ from seedancectl._health import (
     register_health_metrics,
 )
 from seedancectl._job_searches import JobSearches, auto_bounds, study_name
+from seedancectl._metrics_source import prometheus_reader
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
@@ -103,8 +106,9 @@ class IngestBackpressure(SeedanceError):
 class Sidecar:
     """Owns the sidecar's parts and their lifecycle; start() and shutdown() are idempotent.
 
-    After start(): ``store``, ``engine`` (PolicyEngine), ``controller`` (RolloutController),
-    ``tuning`` (the loop thread) and ``notifier`` are set; the API reads them. ``token`` is the
+    After start(): ``store``, ``reader`` (what series are read from: the store or
+    Prometheus), ``engine`` (PolicyEngine), ``controller`` (RolloutController), ``tuning`` (the
+    loop thread) and ``notifier`` are set; the API reads them. ``token`` is the
     bearer token mutating API calls need (``token_path`` its file, if any).
     """
 
@@ -114,6 +118,7 @@ class Sidecar:
         self.latest = LatestValueCollector(idle_s=config.series_idle_s)
         self.registry.register(self.latest)
         self.store: TimeSeriesStore | None = None
+        self.reader: StoreReader | None = None
         self.stats = ReceiverStats()
         self.limiter = SeriesLimiter(CardinalityLimit(
             max_per_metric=config.max_series_per_metric, max_per_job=config.max_series_per_job,
@@ -144,6 +149,7 @@ class Sidecar:
         # Built here, not in start(), so a bad trace or scrape URL fails before serving.
         self._gpu_sampler = build_gpu_sampler(config)
         self._scrapers = build_scrapers(config, sink=self.sink)
+        self._prometheus = prometheus_reader(config)  # its scrape interval fits the windows
         self._metrics_server: MetricsServer | None = None
         self._notified: set[str] = set()
         self._notify_lock = threading.Lock()
@@ -178,6 +184,7 @@ class Sidecar:
             config.store.parent.mkdir(parents=True, exist_ok=True)
             self.store = TimeSeriesStore(config.store, max_bytes=(
                 None if config.store_max_mib is None else int(config.store_max_mib * 2**20)))
+            self.reader = self.store if self._prometheus is None else self._prometheus
             self.traces.start()
             self._telemetry = setup_telemetry(
                 TelemetryConfig(job=f"{config.job}-sidecar",
@@ -202,11 +209,13 @@ class Sidecar:
             self._started = True
 
     def _start_tuning(self) -> None:
-        """Engine -> controller (guardrails fed by the engine) -> notifier -> tuning loop."""
-        config, store = self.config, self.store
-        assert store is not None and self._telemetry is not None
+        """Engine -> controller (guardrails fed by the engine) -> notifier -> tuning loop; all
+        read series from ``reader``, and the engine judges the jobs the store lists (those that
+        report to this sidecar)."""
+        config, store, reader = self.config, self.store, self.reader
+        assert store is not None and reader is not None and self._telemetry is not None
         self.engine = PolicyEngine(
-            all_detectors(), WindowSource(store), db_url=config.state_db,
+            all_detectors(), WindowSource(store, reader=reader), db_url=config.state_db,
             config=EngineConfig(interval_s=config.policy_interval_s,
                                 window_s=config.policy_window_s,
                                 open_after=config.policy_open_after,
@@ -219,7 +228,7 @@ class Sidecar:
             **config.serving_slo.model_dump())))
         rollout = config.rollout
         self.controller = RolloutController(
-            self.jobs, store, db_url=config.state_db, guardrails=guardrails,
+            self.jobs, reader, db_url=config.state_db, guardrails=guardrails,
             config=RolloutConfig(
                 min_pairs=rollout.min_pairs, max_pairs=rollout.max_pairs,
                 trial_budget_s=rollout.trial_budget_s, min_gain=rollout.min_gain,
@@ -248,7 +257,7 @@ class Sidecar:
                          if config.webhook_url else Notifier())
         self.notifier.start()
         self.engine.start()
-        self.searches = JobSearches(config, jobs=self.jobs, store=store, engine=self.engine,
+        self.searches = JobSearches(config, jobs=self.jobs, reader=reader, engine=self.engine,
                                     controller=self.controller, also=self.notify_waiting)
         self.tuning = self.searches.loop
         self.tuning.start()
@@ -281,6 +290,8 @@ class Sidecar:
                 self._metrics_server.stop()
             if self.store is not None:
                 self.store.close()
+            if self._prometheus is not None:
+                self._prometheus.close()
 
     # ---- people -------------------------------------------------------------------------------
 

@@ -30,13 +30,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_prometheus(binary: str, workdir: Path, target: str) -> tuple[subprocess.Popen[bytes],
-                                                                        str]:
+def start_prometheus(binary: str, workdir: Path, *targets: str, scrape_extra: str = ""
+                     ) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus scraping ``targets`` (HOST:PORT) every second; ``scrape_extra`` is YAML
+    added to the scrape job (e.g. ``metric_relabel_configs``), indented by four spaces."""
     config = workdir / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: seedance-sidecar\n"
-        f"    static_configs:\n      - targets: ['{target}']\n")
+        f"    static_configs:\n      - targets: [{', '.join(repr(t) for t in targets)}]\n"
+        + scrape_extra)
     port = free_port()
     log = (workdir / "prometheus.log").open("wb")
     proc = subprocess.Popen(

@@ -1,8 +1,6 @@
 """Grafana dashboards generated from the metric catalogue, and their provisioning files."""
 
 from dashboards.grafana._dashboards import DASHBOARDS
-from dashboards.grafana._names import DashboardNameError, PromMetric, prom
 from dashboards.grafana._write import DATASOURCE_UID, dashboard_json, write_grafana
 
-__all__ = ["DASHBOARDS", "DATASOURCE_UID", "DashboardNameError", "PromMetric", "dashboard_json",
-           "prom", "write_grafana"]
+__all__ = ["DASHBOARDS", "DATASOURCE_UID", "dashboard_json", "write_grafana"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from collectors import prom_metric
 from collectors.names import (
     ATTR_GPU_INDEX,
     ATTR_HOST_NAME,
@@ -77,7 +78,6 @@ from dashboards.grafana._model import (
     labels_of,
     legend,
 )
-from dashboards.grafana._names import prom
 
 JOB_VAR = "job"
 GPU_VAR = "gpu"
@@ -86,7 +86,7 @@ RANK_VAR = "rank"
 
 def _label_values(name: str, attribute: str, scope: Scope | None = None) -> str:
     """A variable query listing the values of ``attribute`` on metric ``name``."""
-    metric = prom(name)
+    metric = prom_metric(name)
     series = scope.series(metric, metric.series) if scope else metric.series
     return f"label_values({series}, {metric.label(attribute)})"
 
@@ -117,7 +117,7 @@ def gpu_dashboard() -> DashboardSpec:
     up = HW_GPU_UP
     throttle = GPU_THROTTLE_REASONS
     throttle_by = (ATTR_SERVICE_NAME, ATTR_HOST_NAME, ATTR_GPU_INDEX)
-    reason = prom(throttle).label("reason")
+    reason = prom_metric(throttle).label("reason")
     # No reason active gives no series at all; show that as reason="none" = 0 per GPU.
     throttle_expr = (
         f"{by(throttle, (*throttle_by, 'reason'), 'sum', scope.gauge(throttle))} "

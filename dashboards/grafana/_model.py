@@ -24,8 +24,7 @@ from grafana_foundation_sdk.builders.common import (
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
-from collectors import ConfigError
-from dashboards.grafana._names import PromMetric, prom
+from collectors import ConfigError, PromMetric, prom_metric
 
 DATASOURCE_VAR = "datasource"
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VAR}}}")
@@ -55,27 +54,27 @@ class Scope:
         return f"{name}{{{', '.join([*matchers, *extra])}}}"
 
     def gauge(self, name: str, *extra: str) -> str:
-        metric = prom(name)
+        metric = prom_metric(name)
         return self.series(metric, metric.gauge, *extra)
 
     def rate(self, name: str, window: str = RATE_WINDOW) -> str:
         """Per-second rate of a counter."""
-        metric = prom(name)
+        metric = prom_metric(name)
         return f"rate({self.series(metric, metric.total)}[{window}])"
 
     def increase(self, name: str, window: str = RANGE_WINDOW) -> str:
         """Increase of a counter over ``window`` (default: the dashboard's time range)."""
-        metric = prom(name)
+        metric = prom_metric(name)
         return f"increase({self.series(metric, metric.total)}[{window}])"
 
     def seconds_per_second(self, name: str) -> str:
         """Rate of a histogram's ``_sum``: for a duration, the share of wall time it took."""
-        metric = prom(name)
+        metric = prom_metric(name)
         return f"rate({self.series(metric, metric.sum)}[{RATE_WINDOW}])"
 
     def quantile(self, q: float, name: str, by: Sequence[str]) -> str:
         """``histogram_quantile`` over the rate of the buckets, kept apart by attributes ``by``."""
-        metric = prom(name)
+        metric = prom_metric(name)
         labels = ", ".join(["le", *labels_of(name, by)])
         return (f"histogram_quantile({q:g}, sum by ({labels}) "
                 f"(rate({self.series(metric, metric.bucket)}[{RATE_WINDOW}])))")
@@ -83,7 +82,7 @@ class Scope:
 
 def labels_of(name: str, attributes: Sequence[str]) -> list[str]:
     """Label names of ``attributes`` of catalogue metric ``name``."""
-    metric = prom(name)
+    metric = prom_metric(name)
     return [metric.label(attr) for attr in attributes]
 
 
@@ -94,7 +93,7 @@ def by(name: str, attributes: Sequence[str], agg: str, expr: str) -> str:
 
 def legend(name: str, *parts: str) -> str:
     """A legend template; a part that is a catalogue attribute of ``name`` becomes its label."""
-    metric = prom(name)
+    metric = prom_metric(name)
     return " ".join(f"{{{{{metric.label(p)}}}}}" if p in metric.spec.attributes else p
                     for p in parts)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from dashboards.report._data import gather
 from dashboards.report._panels import PANELS
-from dashboards.report._prometheus import PrometheusSource
 from dashboards.report._values import (
     ChangeRow,
     FindingRow,
@@ -29,8 +28,8 @@ from dashboards.report._values import (
 )
 
 __all__ = ["PANELS", "ChangeRow", "FindingRow", "JobReport", "Marker", "Panel", "Payback",
-           "PrometheusSource", "ReportData", "ReportError", "ReportPaths",
-           "Savings", "build_report", "gather", "write_report"]
+           "ReportData", "ReportError", "ReportPaths", "Savings", "build_report", "gather",
+           "write_report"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,10 +79,12 @@ def build_report(*, store_path: str | os.PathLike[str], state_db_url: str, since
     """Gather [since_ns, until_ns] and write the report; series come from Prometheus when
     ``prometheus_url`` is given, else from the embedded store (opened read-only)."""
     if prometheus_url is not None:
-        source = PrometheusSource(prometheus_url)
-        data = gather(source=source, source_name=f"Prometheus at {prometheus_url}",
-                      state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns, job=job,
-                      price_per_gpu_hour=price_per_gpu_hour)
+        from collectors import PrometheusSource
+
+        with PrometheusSource(prometheus_url) as source:
+            data = gather(source=source, source_name=f"Prometheus at {prometheus_url}",
+                          state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns,
+                          job=job, price_per_gpu_hour=price_per_gpu_hour)
         return write_report(data, out_dir)
     from collectors import StoreError, TimeSeriesStore
 

@@ -4,10 +4,11 @@ and the fleet page (``fleet.html``): every job of the sidecars sharing the state
 Static pages (HTML, ES modules, CSS; no CDN, no build step) that call the sidecar's JSON
 API from the browser. The router serves them under ``/ui/`` and adds the one endpoint the
 on-call page needs that the API does not hold: ``GET /v1/changes/{id}/series``, the
-triggering metric's points for the evidence plot. It reads the store and the rollout controller
-through whatever object it is handed (the Sidecar), so it never imports the application shell.
-The fleet page reads ``GET /v1/fleet`` and decides through ``/v1/fleet/changes/{id}/...``,
-which the application shell serves (they call other sidecars).
+triggering metric's points for the evidence plot. It reads the sidecar's reader (its store or
+Prometheus) and the rollout controller through whatever object it is handed (the Sidecar), so
+it never imports the application shell. The fleet page reads ``GET /v1/fleet`` and decides
+through ``/v1/fleet/changes/{id}/...``, which the application shell serves (they call other
+sidecars).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 
-from collectors import TimeSeriesStore
+from collectors import StoreReader
 from dashboards.web._series import LOOKBACK_S, MAX_POINTS, change_series, triggering_metric
 from tuner import RolloutController, RolloutError
 
@@ -48,8 +49,8 @@ class SidecarParts(Protocol):
     """What the page's router reads: the Sidecar satisfies it (both None until started)."""
 
     @property
-    def store(self) -> TimeSeriesStore | None:
-        """The metric store a change's series are read from."""
+    def reader(self) -> StoreReader | None:
+        """Where a change's series are read from (the store or Prometheus)."""
 
     @property
     def controller(self) -> RolloutController | None:
@@ -79,14 +80,14 @@ def web_router(sidecar: SidecarParts, *, clock: Callable[[], float] = time.time)
                lookback_s: float = Query(default=LOOKBACK_S, gt=0, le=7 * 86400),
                max_points: int = Query(default=MAX_POINTS, ge=2, le=2000)) -> dict[str, Any]:
         """The triggering metric of the change around its life (see dashboards/web/README.md)."""
-        store, controller = sidecar.store, sidecar.controller
-        if store is None or controller is None:
+        reader, controller = sidecar.reader, sidecar.controller
+        if reader is None or controller is None:
             raise HTTPException(status_code=503, detail="the sidecar is not started")
         try:
             change = controller.get(change_id)
         except RolloutError as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
-        return change_series(change, store, now_s=clock(), lookback_s=lookback_s,
+        return change_series(change, reader, now_s=clock(), lookback_s=lookback_s,
                              max_points=max_points)
 
     return router

@@ -335,7 +335,8 @@ def report(
     price_per_gpu_hour: Annotated[
         float, typer.Option(help="Price of one GPU-hour, for the cost saved.")] = 2.5,
     prometheus: Annotated[
-        str | None, typer.Option(help="Read series from this Prometheus URL, not the store.")
+        str | None, typer.Option(help="Read series from this Prometheus URL, not the store "
+                                 "(default: metrics_source of the configuration).")
     ] = None,
     store: StoreOption = Path("seedance-data/metrics.db"),
     config: ConfigOption = None,
@@ -357,6 +358,7 @@ def report(
         until_ns = parse_instant_ns(until) if until else parse_instant_ns("0s")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
+    prometheus = prometheus or load_config(config).prometheus_url
     if prometheus is None and not store.exists():
         raise UsageError(f"{store}: no store here (give --store or --prometheus)")
     with _finding_store(config, state_db) as findings_db:

@@ -27,6 +27,7 @@ from collectors import (
     MetricInfo,
     MetricKind,
     Point,
+    PrometheusSource,
     Resolution,
     SeedanceError,
     StoreReader,
@@ -34,7 +35,6 @@ from collectors import (
     TimeSeriesStore,
     serve_metrics,
 )
-from dashboards.report import PrometheusSource
 from tests.servers import free_port, start_prometheus, wait_for
 
 NS = 1_000_000_000
@@ -98,8 +98,9 @@ def _prometheus(binary: str, directory: Path) -> Iterator[Fed]:
             wait_for(api, promql, proc, time.monotonic() + 30, directory / "prometheus.log")
         time.sleep(3.5)  # a few more scrapes: points on both sides of inside_ns
         until_ns = time.time_ns()
-        yield Fed(PrometheusSource(api, timeout_s=10), since_ns=since_ns,
-                  inside_ns=until_ns - 3 * NS // 2, until_ns=until_ns)
+        with PrometheusSource(api, timeout_s=10) as reader:
+            yield Fed(reader, since_ns=since_ns, inside_ns=until_ns - 3 * NS // 2,
+                      until_ns=until_ns)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -176,6 +177,16 @@ def test_only_the_time_range_asked_for(fed: Fed) -> None:
     before = fed.reader.query(TOKENS, since_ns=fed.since_ns - 600 * NS,
                               until_ns=fed.since_ns - 300 * NS, resolution="raw")
     assert before.empty
+
+
+def test_an_open_range_reads_everything_the_reader_holds(fed: Fed) -> None:
+    """No bounds: the store reads all it holds, Prometheus its lookback up to now; either way
+    every point of the bounded range, and only the metric and attributes asked for."""
+    bounded = _query(fed, TOKENS, where={JOB: "job-a"})
+    unbounded = fed.reader.query(TOKENS, where={JOB: "job-a"}, resolution="raw")
+    _assert_frame_shape(unbounded, RAW_COLUMNS)
+    assert set(_times_ns(bounded)) <= set(_times_ns(unbounded))
+    assert set(unbounded["value"]) == {100.0} and set(unbounded[JOB]) == {"job-a"}
 
 
 @pytest.mark.parametrize("resolution", ["raw", "1m", "1h", "auto"])

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from collectors import CATALOGUE
-from dashboards.grafana import DashboardNameError, dashboard_json, prom, write_grafana
+from collectors import CATALOGUE, prom_metric
+from dashboards.grafana import dashboard_json, write_grafana
 from tests.servers import free_port, query, start_prometheus, wait_for
 
 BOARDS = dashboard_json()
@@ -115,17 +115,8 @@ def test_write_grafana_writes_dashboards_and_provisioning_that_point_at_them(
         [p.read_bytes() for p in written if p.suffix == ".json"]
 
 
-def test_a_name_the_catalogue_lacks_or_the_wrong_kind_fails_generation() -> None:
-    with pytest.raises(DashboardNameError, match="not in the metric catalogue"):
-        prom("seedance.train.step.seconds")
-    with pytest.raises(DashboardNameError, match="not a sum"):
-        _ = prom("hw.power").total
-    with pytest.raises(DashboardNameError, match="no attribute 'reason'"):
-        prom("hw.power").label("reason")
-
-
 def test_every_series_an_expression_names_is_one_the_sidecar_exposes() -> None:
-    exposed = {sample for spec in CATALOGUE for sample in prom(spec.name).samples}
+    exposed = {sample for spec in CATALOGUE for sample in prom_metric(spec.name).samples}
     named = set()
     for board in BOARDS.values():
         for _, target in _targets(board):

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collectors import LatestValueCollector, MetricInfo, Point, Temporality
+from collectors import LatestValueCollector, MetricInfo, Point, PrometheusSource, Temporality
 from collectors._otlp_decode import DecodedMetrics
 from collectors._points import CONFIG_VERSION_ATTR, MetricKind
 from collectors._prometheus import serve_metrics
 from collectors._store import TimeSeriesStore
-from dashboards.report import PrometheusSource, ReportPaths, build_report
+from dashboards.report import ReportPaths, build_report
 from policies import FindingStore
 from tests.dashboards.week_fixture import RecordedWeek, build_week
 from tests.servers import free_port, start_prometheus, wait_for
@@ -252,20 +252,21 @@ def test_prometheus_source_reads_what_a_real_prometheus_scraped(
         wait_for(api, 'seedance_train_tokens_per_second{service_name="job-a"}', proc,
                  time.monotonic() + 30, prometheus_dir / "prometheus.log")
         time.sleep(2.5)
-        source = PrometheusSource(api, timeout_s=10)
-        until_ns = time.time_ns()
-        raw = source.query(info.name, where={"service.name": "job-a"}, since_ns=since_ns - NS,
-                           until_ns=until_ns, resolution="raw")
-        assert len(raw) >= 2 and (raw["value"] == 1234.5).all()
-        assert set(raw["service.name"]) == {"job-a"} and set(raw[CONFIG_VERSION_ATTR]) == {"7"}
-        assert "instance" not in raw.columns and "job" not in raw.columns
-        other = source.query(info.name, where={"service.name": "job-b"}, since_ns=since_ns,
-                             until_ns=until_ns, resolution="raw")
-        assert other.empty
-        rolled = source.query(info.name, where={"service.name": "job-a"},
-                              since_ns=since_ns - NS, until_ns=until_ns, resolution="1m")
-        assert {"min", "max", "count", "last"} <= set(rolled.columns)
-        assert (rolled["value"] == 1234.5).all()
+        with PrometheusSource(api, timeout_s=10) as source:
+            until_ns = time.time_ns()
+            raw = source.query(info.name, where={"service.name": "job-a"},
+                               since_ns=since_ns - NS, until_ns=until_ns, resolution="raw")
+            assert len(raw) >= 2 and (raw["value"] == 1234.5).all()
+            assert set(raw["service.name"]) == {"job-a"}
+            assert set(raw[CONFIG_VERSION_ATTR]) == {"7"}
+            assert "instance" not in raw.columns and "job" not in raw.columns
+            other = source.query(info.name, where={"service.name": "job-b"}, since_ns=since_ns,
+                                 until_ns=until_ns, resolution="raw")
+            assert other.empty
+            rolled = source.query(info.name, where={"service.name": "job-a"},
+                                  since_ns=since_ns - NS, until_ns=until_ns, resolution="1m")
+            assert {"min", "max", "count", "last"} <= set(rolled.columns)
+            assert (rolled["value"] == 1234.5).all()
     finally:
         proc.terminate()
         proc.wait(10)

@@ -118,9 +118,9 @@ def test_a_finished_change_ends_after_its_last_window(store: TimeSeriesStore) ->
 
 
 class Parts:
-    def __init__(self, store: TimeSeriesStore | None,
+    def __init__(self, reader: TimeSeriesStore | None,
                  controller: RolloutController | None) -> None:
-        self.store, self.controller = store, controller
+        self.reader, self.controller = reader, controller
 
 
 def test_router_serves_the_page_and_the_series(store: TimeSeriesStore, tmp_path: Path) -> None:

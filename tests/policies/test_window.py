@@ -71,6 +71,20 @@ def test_window_source_discovers_jobs(store: object) -> None:
     assert (window.job, window.since_ns, window.until_ns) == ("train-b", T0, T0 + S)
 
 
+def test_window_source_lists_jobs_from_its_store_and_reads_windows_from_its_reader(
+        store: object) -> None:
+    """A sidecar reading a fleet's Prometheus judges the jobs that report to it (its store
+    lists them) on the series the reader holds; a job only the reader knows is not judged."""
+    elsewhere = FrameStore.from_points([
+        Point("seedance.train.loss", 7.0, T0 + i * S, {"service.name": job, "seedance.rank": "0"})
+        for i in range(3) for job in ("train-a", "other-sidecars-job")])
+    source = WindowSource(store, reader=elsewhere)  # type: ignore[arg-type]
+    assert source.jobs() == ["train-a", "train-b"]
+    window = source.window("train-a", T0, T0 + 9 * S)
+    assert set(window.query("seedance.train.loss")["value"]) == {7.0}
+    assert source.window("train-b", T0, T0 + 9 * S).query("seedance.train.loss").empty
+
+
 @pytest.mark.parametrize("kind", ["frames", "sqlite"])
 def test_window_source_lists_only_jobs_active_since_the_window_start(
         kind: str, tmp_path: Path) -> None:

@@ -128,12 +128,12 @@ class Webhook:
 def live_sidecar(tmp_path: Path, **overrides: Any) -> Iterator[Live]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    port = free_port()
     config = SidecarConfig.model_validate({
-        "job": "test", "listen": f"127.0.0.1:{port}", "store": tmp_path / "metrics.db",
+        "job": "test", "listen": f"127.0.0.1:{free_port()}", "store": tmp_path / "metrics.db",
         "state_db": f"sqlite:///{tmp_path / 'state.db'}", "nvml": "off",
         "token_file": token_file, "policy_interval_s": 60, "tuning_interval_s": 0.05,
         **overrides})
+    port = config.port
     sidecar = Sidecar(config, environ={})
     server = uvicorn.Server(uvicorn.Config(sidecar.app(), host="127.0.0.1", port=port,
                                            log_level="warning"))

@@ -23,6 +23,15 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
     assert config.prometheus_port == 9500
 
 
+def test_metrics_source_is_the_store_or_a_prometheus_url() -> None:
+    assert load_config(environ={}).prometheus_url is None
+    env = {"SEEDANCE_METRICS_SOURCE": "prometheus:https://prometheus.example:9090/"}
+    assert load_config(environ=env).prometheus_url == "https://prometheus.example:9090/"
+    assert load_config(environ={}, overrides={
+        "metrics_source": "prometheus:http://127.0.0.1:9090"}).prometheus_url == \
+        "http://127.0.0.1:9090"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -31,6 +40,11 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
         ('nvml = "sometimes"', "nvml"),
         ("unknown_knob = 1", "unknown_knob"),
         ("[[sidecar.scrape]]\nkind = 'dcgm'", "scrape.0.url"),
+        ('metrics_source = "prometheus"', "metrics_source"),
+        ('metrics_source = "http://127.0.0.1:9090"', "metrics_source"),
+        ('metrics_source = "prometheus:ftp://127.0.0.1:9090"', "metrics_source"),
+        ('metrics_source = "prometheus:http://127.0.0.1:99999"', "metrics_source"),
+        ('metrics_source = "prometheus:http://:9090"', "metrics_source"),
     ],
 )
 def test_bad_field_is_named_in_one_line(tmp_path: Path, text: str, expected: str) -> None:

@@ -1,10 +1,11 @@
 """Catalogue names as the sidecar's /metrics spells them, found by asking the sidecar's code.
 
 Each catalogue entry is fed, as one decoded OTLP request, to a real
-:class:`collectors.LatestValueCollector` (the object behind the sidecar's /metrics), and the
-sample and label names it exposes are read back. A panel therefore names a series only if the
-exposition would really contain it: a renamed metric, a changed unit or a new translation rule
-changes the generated PromQL or fails generation, never silently breaks a panel.
+:class:`LatestValueCollector` (the object behind the sidecar's /metrics), and the sample and
+label names it exposes are read back. Whoever names a series in Prometheus (the Grafana panels,
+:class:`collectors.PrometheusSource`) therefore names it only if the exposition would really
+contain it: a renamed metric, a changed unit or a new translation rule changes the PromQL or
+fails at once, never silently reads nothing.
 """
 
 from __future__ import annotations
@@ -14,25 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from collectors import (
-    BY_NAME,
-    RESOURCE_ATTRS,
-    DecodedMetrics,
-    LatestValueCollector,
-    MetricInfo,
-    MetricKind,
-    MetricSpec,
-    Point,
-    SeedanceError,
-    Temporality,
-)
+from collectors._catalogue import BY_NAME, MetricSpec
+from collectors._errors import SeedanceError
+from collectors._otel_internals import sanitize_attribute
+from collectors._otlp_decode import RESOURCE_ATTRS, DecodedMetrics, MetricInfo, Temporality
+from collectors._points import MetricKind, Point
+from collectors._prometheus import LatestValueCollector
 
 _OTLP_TYPE = {MetricKind.GAUGE: "gauge", MetricKind.SUM: "sum",
               MetricKind.HISTOGRAM: "histogram"}
 
 
-class DashboardNameError(SeedanceError):
-    """A panel asked for a metric, sample or attribute the sidecar would not expose."""
+class PrometheusNameError(SeedanceError):
+    """A metric, sample or attribute the sidecar's /metrics would not expose."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,11 +41,11 @@ class PromMetric:
 
     def _sample(self, wanted: MetricKind, suffix: str) -> str:
         if self.spec.kind is not wanted:
-            raise DashboardNameError(
+            raise PrometheusNameError(
                 f"{self.spec.name} is a {self.spec.kind.value}, not a {wanted.value}")
         names = [s for s in self.samples if s.endswith(suffix)]
         if len(names) != 1:
-            raise DashboardNameError(f"{self.spec.name} exposes no single *{suffix} sample: "
+            raise PrometheusNameError(f"{self.spec.name} exposes no single *{suffix} sample: "
                                      f"{sorted(self.samples)}")
         return names[0]
 
@@ -91,9 +86,14 @@ class PromMetric:
         try:
             return self.labels[attribute]
         except KeyError:
-            raise DashboardNameError(
+            raise PrometheusNameError(
                 f"{self.spec.name} has no attribute {attribute!r}; it has "
                 f"{sorted(self.labels)}") from None
+
+    def label_of(self, attribute: str) -> str:
+        """The label any attribute key becomes: this metric's own, else the exporter's
+        sanitising (a key the catalogue does not list can still be on a point)."""
+        return self.labels.get(attribute) or sanitize_attribute(attribute)
 
 
 def _points(spec: MetricSpec, attributes: dict[str, str]) -> list[Point]:
@@ -105,11 +105,11 @@ def _points(spec: MetricSpec, attributes: dict[str, str]) -> list[Point]:
 
 
 @functools.cache
-def prom(name: str) -> PromMetric:
+def prom_metric(name: str) -> PromMetric:
     """The Prometheus names of catalogue metric ``name``, as the sidecar would expose them."""
     spec = BY_NAME.get(name)
     if spec is None:
-        raise DashboardNameError(f"{name!r} is not in the metric catalogue")
+        raise PrometheusNameError(f"{name!r} is not in the metric catalogue")
     # Each attribute's value is its own key, so the exposed label values say which is which.
     # The receiver copies the sender's resource attributes (service.name, ...) onto every point.
     attributes = {key: key for key in (*spec.attributes, *RESOURCE_ATTRS)}
