@@ -102,7 +102,11 @@ class PolicyEngine:
         logger_provider: LoggerProvider | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         self_checks: Sequence[SelfCheck] = (),
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
+        """``owns(job)``: whether this engine judges ``job`` (default: every job). Sidecars
+        sharing one state DB see each other's open findings there; each opens, refreshes and
+        closes only those of the jobs it owns, its own self checks included."""
         names = [d.name for d in detectors] + [c.name for c in self_checks]
         if len(set(names)) != len(names):
             raise ValueError(f"detectors and self checks: names must be unique, got {names}")
@@ -111,6 +115,7 @@ class PolicyEngine:
         self.source = source
         self.config = config or EngineConfig()
         self.findings = FindingStore(db_url)
+        self._owns = owns or (lambda _job: True)
         self._clock_ns = clock_ns
         self._lock = threading.Lock()  # the tracks: held briefly, never across a detector
         self._evaluating = threading.Lock()  # one evaluation at a time
@@ -142,9 +147,10 @@ class PolicyEngine:
             for check in self.self_checks:  # first: they report what may break the rest
                 self._check_self(check, now, report)
             with self._lock:
-                tracked = {job for _, job, _ in self._tracks}
+                tracked = {job for _, job, _ in self._tracks if self._owns(job)}
             try:
-                jobs = set(self.source.jobs(active_since_ns=since)) | tracked
+                jobs = {j for j in self.source.jobs(active_since_ns=since)
+                        if self._owns(j)} | tracked
             except Exception as e:  # a store that cannot be read: no detector can run
                 self._failed("*", "*", "jobs", e, report)
                 return report
@@ -171,7 +177,8 @@ class PolicyEngine:
             self._failed(check.name, "*", "evaluate", e, report)
             return
         with self._lock:
-            jobs = {f.job for f in found} | {j for d, j, _ in self._tracks if d == check.name}
+            jobs = {f.job for f in found} | {j for d, j, _ in self._tracks
+                                             if d == check.name and self._owns(j)}
         for job in sorted(jobs):
             try:
                 with self._lock:
@@ -253,7 +260,8 @@ class PolicyEngine:
     def active(self) -> list[Finding]:
         """The findings open now, as the engine holds them."""
         with self._lock:
-            return [t.finding for t in self._tracks.values() if t.finding is not None]
+            return [t.finding for t in self._tracks.values()
+                    if t.finding is not None and self._owns(t.finding.job)]
 
     def _observe_active(self, _options: CallbackOptions) -> Iterable[Observation]:
         counts = {d.name: 0 for d in self.detectors}

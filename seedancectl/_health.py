@@ -30,7 +30,13 @@ if TYPE_CHECKING:
 STATE_DB_ERROR_TTL_S = 60.0
 """A state-DB write failure keeps the sidecar unready this long after it was last seen."""
 SIDECAR = "(sidecar)"
-"""The ``job`` of findings about the sidecar itself (no job can be named so by a client)."""
+"""The ``job`` of findings about a sidecar itself (no job can be named so by a client),
+followed by the sidecar's advertised URL: sidecars sharing a state DB each hold their own."""
+
+
+def sidecar_job(sidecar: Sidecar) -> str:
+    """The ``job`` of this sidecar's self-check findings."""
+    return f"{SIDECAR} {sidecar.config.advertised_url}"
 UNWRITABLE = "sidecar_unwritable"
 ROLLBACK_FAILED = "rollback_failed"
 
@@ -71,7 +77,7 @@ class UnwritableCheck(SelfCheck):
     def findings(self) -> list[Finding]:
         buffered = 0 if self.sidecar.store is None else self.sidecar.store.buffered
         return [Finding(
-            detector=UNWRITABLE, job=SIDECAR, resource={"part": part}, severity="critical",
+            detector=UNWRITABLE, job=sidecar_job(self.sidecar), resource={"part": part}, severity="critical",
             evidence=Evidence(
                 summary=f"{reason}; {_CONSEQUENCE[part]}",
                 model="the part's last write failed (sidecar readiness, /readyz)",

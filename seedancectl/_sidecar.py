@@ -57,10 +57,12 @@ from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
 from seedancectl._fleet_api import fleet_router
 from seedancectl._health import (
+    SIDECAR,
     RollbackFailedCheck,
     UnwritableCheck,
     readiness,
     register_health_metrics,
+    sidecar_job,
 )
 from seedancectl._job_searches import JobSearches, auto_bounds, study_name
 from seedancectl._metrics_source import prometheus_reader
@@ -208,6 +210,13 @@ class Sidecar:
             self._start_tuning()
             self._started = True
 
+    def _judges(self, job: str) -> bool:
+        """Whether this sidecar's engine judges ``job``: its own self checks, and the jobs it
+        owns in the fleet (not another sidecar's self checks, which no fleet row names)."""
+        if job.startswith(SIDECAR):
+            return job == sidecar_job(self)
+        return self.fleet.owns(job)
+
     def _start_tuning(self) -> None:
         """Engine -> controller (guardrails fed by the engine) -> notifier -> tuning loop; all
         read series from ``reader``, and the engine judges the jobs the store lists (those that
@@ -221,7 +230,7 @@ class Sidecar:
                                 open_after=config.policy_open_after,
                                 close_after=config.policy_close_after),
             meter_provider=self._telemetry.provider,
-            self_checks=[UnwritableCheck(self), RollbackFailedCheck(self)])
+            self_checks=[UnwritableCheck(self), RollbackFailedCheck(self)], owns=self._judges)
         guardrails: list[Guardrail] = [NonFiniteValues(),
                                        GradientCollapseFindings(self.engine.active)]
         guardrails.append(ServingSLOGuardrail(ServingGuardrailConfig(

@@ -36,6 +36,10 @@ DECADE = 10  # seconds per data segment; windows cover exactly one segment
 
 def _store(pattern: str, job: str = "train-a") -> FrameStore:
     """One point a second per GPU; segment k of GPU 0 is bad ("b") or good ("g")."""
+    return FrameStore({UTILISATION: _frame(pattern, job)})
+
+
+def _frame(pattern: str, job: str) -> pd.DataFrame:
     rows = []
     for k, verdict in enumerate(pattern):
         for i in range(DECADE):
@@ -43,7 +47,7 @@ def _store(pattern: str, job: str = "train-a") -> FrameStore:
             rows.append({"time": t, "value": 0.2 if verdict == "b" else 0.9,
                          "gpu.index": "0", "service.name": job})
             rows.append({"time": t, "value": 0.9, "gpu.index": "1", "service.name": job})
-    return FrameStore({UTILISATION: pd.DataFrame(rows)})
+    return pd.DataFrame(rows)
 
 
 def _segment_end(k: int) -> int:
@@ -288,3 +292,27 @@ def test_background_loop_opens_and_shuts_down(tmp_path: Path, telemetry: Telemet
     engine.shutdown(timeout_s=5)
     engine.shutdown()  # idempotent
     assert [f.resource for f in engine.active()] == [{"gpu": "0"}]
+
+
+def test_engines_sharing_a_state_db_judge_only_the_jobs_they_own(
+        tmp_path: Path, telemetry: Telemetry) -> None:
+    """Two sidecars on one state DB: B loads A's open finding from it, and neither closes
+    nor lists it, though B's own store has no bad data for that job."""
+    db = sqlite_url(tmp_path / "state.db")
+    config = EngineConfig(interval_s=1.0, window_s=DECADE - 1, open_after=1, close_after=1)
+    a = PolicyEngine([LowUtilisationDetector()], WindowSource(_store("bbb", job="job-a")),
+                     db_url=db, config=config, meter_provider=telemetry.meters,
+                     owns=lambda job: job == "job-a")
+    (opened,) = a.evaluate_once(_segment_end(0)).opened
+    assert opened.job == "job-a"
+    healthy = {UTILISATION: pd.concat([_frame("ggg", "job-a"), _frame("bbb", "job-b")])}
+    b = PolicyEngine([LowUtilisationDetector()], WindowSource(FrameStore(healthy)), db_url=db,
+                     config=config, meter_provider=telemetry.meters,
+                     owns=lambda job: job == "job-b")
+    for k in range(3):
+        report = b.evaluate_once(_segment_end(k))
+        assert all(f.job == "job-b" for f in report.opened + report.closed)
+    assert {f.job for f in b.active()} == {"job-b"}
+    assert {f.job for f in a.findings.active()} == {"job-a", "job-b"}  # A's is still open
+    a.shutdown()
+    b.shutdown()
