@@ -4,12 +4,13 @@
 #   prometheus       real Prometheus server for tests/collectors/test_prometheus_server.py
 #   chromium         headless browser for the web-UI tests
 #   chromium-driver  its WebDriver
+#   postgresql       real PostgreSQL server (initdb, pg_ctl) for the shared-state tests
 #
 # Idempotent: installs nothing when everything is present. Runs `apt-get update` once, and only
 # when something is missing. As a non-root user it only lists what is missing and exits 0.
 set -euo pipefail
 
-PACKAGES=(prometheus chromium chromium-driver)
+PACKAGES=(prometheus chromium chromium-driver postgresql)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from sqlalchemy.engine import make_url
 
+from tests.postgres import PostgresServer, PostgresUnavailable, postgres_bindir
 from tests.servers import PROMETHEUS
 
 # No per-example deadline: it is an absolute time, and on a shared, loaded 2-core box an
@@ -37,3 +39,26 @@ def prometheus_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL for the session (initdb + pg_ctl on a free loopback port)."""
+    try:
+        postgres_bindir()
+    except PostgresUnavailable as missing:
+        if os.getuid() == 0:  # CI runs as root and can install it: these tests must run there
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """SQLAlchemy URL of a fresh, empty database on the session's PostgreSQL, dropped after."""
+    url = postgres_server.create_database()
+    yield url
+    postgres_server.drop_database(str(make_url(url).database))
