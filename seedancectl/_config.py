@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from collectors import ConfigError
+from collectors import ConfigError, state_url
 
 ENV_PREFIX = "SEEDANCE_"
 ApprovalMode = Literal["auto", "suggest", "off"]
@@ -193,6 +193,15 @@ class SidecarConfig(_Section):
     def _check_webhook(cls, value: str | None) -> str | None:
         if value is not None and urlsplit(value).scheme not in ("http", "https"):
             raise ConfigError(f"expected an http(s) URL, got {value!r}")
+        return value
+
+    @field_validator("state_db")
+    @classmethod
+    def _check_state_db(cls, value: str) -> str:
+        try:
+            state_url(value)
+        except ConfigError as exc:  # pydantic names the field already
+            raise ConfigError(str(exc).removeprefix("state_db: ")) from None
         return value
 
     @field_validator("listen")

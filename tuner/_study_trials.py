@@ -25,6 +25,7 @@ import optuna
 from optuna.samplers import BaseSampler, TPESampler
 from optuna.trial import Trial, TrialState
 
+from collectors import state_engine_options
 from tuner._knobs import KnobSpace
 from tuner._sampler import NeighbourhoodSampler, seen_keys, unsafe_keys
 from tuner._search_config import Proposal, SearchConfig
@@ -56,7 +57,8 @@ class StudyTrials:
         self.config = config
         self.distributions = search_space(space, knobs)
         self._clock = clock
-        self._storage = optuna.storages.RDBStorage(storage_url)
+        self._storage = optuna.storages.RDBStorage(
+            storage_url, engine_kwargs=state_engine_options(storage_url))
         self.study = optuna.create_study(
             study_name=config.study_name, storage=self._storage, load_if_exists=True,
             direction=config.direction,
