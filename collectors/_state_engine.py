@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from collectors._errors import ConfigError, SeedanceError
 
@@ -102,3 +102,16 @@ def state_db_error(url: str, exc: BaseException) -> StateDbError:
     cause = getattr(exc, "orig", None) or exc
     why = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip())
     return StateDbError(f"state_db {where}: {why or type(cause).__name__}")
+
+
+def ping_state_db(url: str) -> None:
+    """Connect once and run ``SELECT 1``; a ``StateDbError`` line when the database cannot be
+    reached or refuses us (within ``CONNECT_TIMEOUT_S`` on PostgreSQL)."""
+    engine = state_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        raise state_db_error(url, exc) from None
+    finally:
+        engine.dispose()

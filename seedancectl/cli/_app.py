@@ -59,6 +59,8 @@ precision_app = typer.Typer(help="Layer-wise precision of the job's module group
 app.add_typer(precision_app, name="precision")
 kv_app = typer.Typer(help="The serving job's quantised KV cache.", no_args_is_help=True)
 app.add_typer(kv_app, name="kv")
+db_app = typer.Typer(help="The state database's schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 
 ConfigOption = Annotated[
