@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import queue
 import threading
 from dataclasses import replace
 from typing import Any
@@ -31,7 +32,7 @@ TUNED = ("micro_batch", "prefetch", "precision")  # 4 x 8 x 2 = 64 configs
 BASELINE = {"micro_batch": 8, "prefetch": 2, "precision": "fp32"}
 STUDY = "shared"
 WORKERS = 4
-ROUNDS = 6
+ROUNDS = 4
 CHANGES = 15
 OWNER_ATTR = "test:owner"
 FAIL_REASON = "seedance:fail_reason"
@@ -103,7 +104,13 @@ def run_workers(target: Any, url: str) -> list[dict[str, Any]]:
                  for w in range(WORKERS)]
     for process in processes:
         process.start()
-    found = [results.get(timeout=300) for _ in processes]
+    found: list[dict[str, Any]] = []
+    while len(found) < len(processes):
+        try:
+            found.append(results.get(timeout=1))
+        except queue.Empty:
+            died = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+            assert not died, f"a sidecar process died (exit codes {died}); see its traceback"
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
@@ -182,7 +189,7 @@ def test_a_trial_another_sidecar_enqueued_is_left_to_it(postgres_url: str) -> No
         waiter = threading.Thread(target=lambda: got.update(a=a.next_move(BASELINE, SPACE)))
         waiter.start()
         with engine.connect() as conn:  # until A is queued on the lock
-            while not conn.execute(sa.text("SELECT count(*) FROM pg_locks WHERE "
+            while waiter.is_alive() and not conn.execute(sa.text("SELECT count(*) FROM pg_locks WHERE "
                                            "locktype = 'advisory' AND NOT granted")).scalar():
                 conn.rollback()
         mine = b.study.ask(b.distributions)
