@@ -76,8 +76,15 @@ if TYPE_CHECKING:
     from collectors._scrape_rules import SOURCE_ATTR as SOURCE_ATTR
     from collectors._span_store import SpanStore as SpanStore
     from collectors._span_store import spans_table as spans_table
+    from collectors._state_engine import StateDbError as StateDbError
+    from collectors._state_engine import ping_state_db as ping_state_db
     from collectors._state_engine import sqlite_url as sqlite_url
+    from collectors._state_engine import state_db_error as state_db_error
     from collectors._state_engine import state_engine as state_engine
+    from collectors._state_engine import state_engine_options as state_engine_options
+    from collectors._state_engine import state_url as state_url
+    from collectors._state_locks import StateLocks as StateLocks
+    from collectors._state_locks import lock_transaction as lock_transaction
     from collectors._store import TimeSeriesStore as TimeSeriesStore
     from collectors._store_file import StoreConfig as StoreConfig
     from collectors._store_file import StoreError as StoreError

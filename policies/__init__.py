@@ -73,7 +73,7 @@ from policies._saturation import (
     pressure_for_marginal_cost_ratio,
     saturation_marginal_cost_ratio,
 )
-from policies._state_db import DuplicateFindingError, FindingStore, sqlite_url
+from policies._state_db import DuplicateFindingError, FindingStore, findings_table, sqlite_url
 from policies._window import JOB_ATTRIBUTE, FrameStore, ListableStore, StoreWindow, WindowSource
 
 __all__ = [
@@ -118,6 +118,7 @@ __all__ = [
     "critical_saturation",
     "dequantize",
     "equivalent_scale_out_nodes",
+    "findings_table",
     "gpu_spec",
     "hbm_row_accesses",
     "histogram_quantile",

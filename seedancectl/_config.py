@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from collectors import ConfigError
+from collectors import ConfigError, state_url
 
 ENV_PREFIX = "SEEDANCE_"
 ApprovalMode = Literal["auto", "suggest", "off"]
@@ -221,6 +221,15 @@ class SidecarConfig(_Section):
         """The Prometheus that ``metrics_source`` names, or None for the embedded store."""
         return None if self.metrics_source == "store" \
             else self.metrics_source.removeprefix("prometheus:")
+
+    @field_validator("state_db")
+    @classmethod
+    def _check_state_db(cls, value: str) -> str:
+        try:
+            state_url(value)
+        except ConfigError as exc:  # pydantic names the field already
+            raise ConfigError(str(exc).removeprefix("state_db: ")) from None
+        return value
 
     @field_validator("listen")
     @classmethod

@@ -1,6 +1,6 @@
 """What the sidecar needs before it starts, checked before its banner and by `config check`:
-the files it will write are writable, the token files it will read are there and not empty,
-TLS files are readable. Each failure is one line naming the setting (ConfigError), never a
+the files it will write are writable, a PostgreSQL state database answers, the token files it
+will read are there and not empty, TLS files are readable. Each failure is one line naming the setting (ConfigError), never a
 traceback after "listening on"."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from collectors import ping_state_db
 from seedancectl._config import ConfigError, SidecarConfig
 from tuner import TokenError, read_token
 
@@ -20,6 +21,8 @@ def preflight(config: SidecarConfig) -> None:
     state = make_url(config.state_db)
     if state.get_backend_name() == "sqlite" and state.database not in (None, "", ":memory:"):
         _writable_file(Path(state.database), "state_db")
+    elif state.get_backend_name() == "postgresql":
+        ping_state_db(config.state_db)
     tokens = {"token_file": config.token_file, "ingest_token_file": config.ingest_token_file,
               **{f"jobs.{name}.token_file": job.token_file
                  for name, job in config.jobs.items()}}

@@ -67,6 +67,7 @@ from seedancectl._health import (
 from seedancectl._job_searches import JobSearches, auto_bounds, study_name
 from seedancectl._metrics_source import prometheus_reader
 from seedancectl._sources import build_gpu_sampler, build_scrapers
+from seedancectl._state_schema import migrate
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
 from tuner import (
@@ -183,6 +184,7 @@ class Sidecar:
             self._job_tokens = {name: read_token(job.token_file)
                                 for name, job in config.jobs.items()
                                 if job.token_file is not None}
+            migrate(config.state_db)  # before any store opens its tables
             config.store.parent.mkdir(parents=True, exist_ok=True)
             self.store = TimeSeriesStore(config.store, max_bytes=(
                 None if config.store_max_mib is None else int(config.store_max_mib * 2**20)))

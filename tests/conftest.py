@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 from sqlalchemy.engine import make_url
 
+from collectors import sqlite_url
 from tests.postgres import PostgresServer, PostgresUnavailable, postgres_bindir
 from tests.servers import PROMETHEUS
 
@@ -62,3 +63,12 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     url = postgres_server.create_database()
     yield url
     postgres_server.drop_database(str(make_url(url).database))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh state database, once as a SQLite file and once on the session's PostgreSQL, so
+    a state test proves both."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "state.db")
+    return str(request.getfixturevalue("postgres_url"))

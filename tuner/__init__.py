@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from tuner._search_config import SearchConfig as SearchConfig
     from tuner._space import suggestions as suggestions
     from tuner._space import within_bounds as within_bounds
+    from tuner._state_tables import STATE_TABLES as STATE_TABLES
     from tuner._token import DEFAULT_TOKEN_FILE as DEFAULT_TOKEN_FILE
     from tuner._token import TOKEN_ENV as TOKEN_ENV
     from tuner._token import TOKEN_FILE_ENV as TOKEN_FILE_ENV

@@ -5,6 +5,11 @@ Opening a journal creates its tables and does nothing else, so any reader (the r
 CLI, a second sidecar) may open one; recovering the changes a crash left in flight is the
 controller's explicit ``recover()``. Each write is one transaction: a change and the event that
 explains it are committed together or not at all.
+
+Several sidecars may share the journal (one PostgreSQL): a move or a save changes a change only
+in the state its writer read (compare-and-set; else ``IllegalTransition``), so an approval
+racing the controller, or two controllers, never both win; a new change's place in the order
+is read and written under a lock (``lock_transaction``); a mode is one upsert.
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from collectors import state_engine
+from collectors import lock_transaction, state_engine
 from tuner._change import Change, IllegalTransition, Mode, RolloutError
 from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
+
+ORDER_LOCK = "seedance:changes:order"
+"""Held while a new change reads the newest ``created_at_ns`` and writes its own above it."""
 
 
 class ChangeJournal:
@@ -47,7 +56,8 @@ class ChangeJournal:
         """Insert a new change with its ``proposed`` event."""
         with self._engine.begin() as conn:
             # Strictly increasing, so "oldest first" is the order of proposal even when the
-            # clock does not move between two proposals.
+            # clock does not move between two proposals, nor between two sidecars' proposals.
+            lock_transaction(conn, ORDER_LOCK)
             last = conn.execute(select(func.max(changes_table.c.created_at_ns))).scalar()
             created_ns = max(_ns(change.created_at_s), (last or 0) + 1)
             conn.execute(insert(changes_table).values(
@@ -72,10 +82,14 @@ class ChangeJournal:
                         detail=detail or {})
 
     def save(self, change: Change, *, event: tuple[str, str, int | None] | None = None) -> None:
-        """Persist a change's fields within its state; ``event``: (kind, reason, version)."""
+        """Persist a change's fields within its state, only if nobody moved it meanwhile;
+        ``event``: (kind, reason, version)."""
         with self._engine.begin() as conn:
-            conn.execute(update(changes_table).where(changes_table.c.id == change.id).values(
+            result = conn.execute(update(changes_table).where(
+                changes_table.c.id == change.id, changes_table.c.state == change.state).values(
                 updated_at_ns=_ns(self._clock()), body=change.to_json()))
+            if result.rowcount != 1:
+                raise IllegalTransition(f"change {change.id} moved under us (was {change.state})")
             if event is not None:
                 kind, reason, version = event
                 self._event(conn, change.id, change.job, kind, "controller", reason,
@@ -93,11 +107,11 @@ class ChangeJournal:
 
     def set_mode(self, job: str, mode: Mode, *, actor: str, reason: str, old: Mode) -> None:
         """Set the job's approval mode, with the event that says who and why."""
+        dialect = postgresql if self._engine.dialect.name == "postgresql" else sqlite
+        upsert = dialect.insert(modes_table).values(job=job, mode=mode)
         with self._engine.begin() as conn:
-            updated = conn.execute(update(modes_table).where(modes_table.c.job == job)
-                                   .values(mode=mode)).rowcount
-            if not updated:
-                conn.execute(insert(modes_table).values(job=job, mode=mode))
+            conn.execute(upsert.on_conflict_do_update(index_elements=[modes_table.c.job],
+                                                      set_={"mode": mode}))
             self._event(conn, None, job, "mode", actor, reason or f"{old} -> {mode}",
                         detail={"from": old, "to": mode})
 

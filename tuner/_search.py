@@ -106,17 +106,19 @@ class SearchDriver(StudyTrials):
                   low_risk_only: bool = False) -> Proposal | None:
         """The first single move from ``baseline`` not measured, running or unsafe (with
         ``low_risk_only``, not a high-risk one either), as a leased trial; None when every
-        single move from it was tried."""
-        self.reap()
+        single move from it was tried. Under the study's lock: chosen and started by one
+        sidecar at a time."""
         params = {k: baseline[k] for k in self.distributions}
-        seen = seen_keys(self.study, self.records)
         moves = [m for m in self._moves(params)
                  if not (low_risk_only and knobs.risk_of(m.values) == "high")]
-        for move in moves:
-            config = {**params, **move.values}
-            if config_key(config) not in seen:
-                return self._start(config, move.why)
-        return self._revisit(params, moves)
+        with self._locks.held(self._lock_name):
+            self.reap()
+            seen = seen_keys(self.study, self.records)
+            for move in moves:
+                config = {**params, **move.values}
+                if config_key(config) not in seen:
+                    return self._start(config, move.why)
+            return self._revisit(params, moves)
 
     def _moves(self, params: Mapping[str, Any]) -> list[Move]:
         """``single_moves`` less those above a ceiling the job's telemetry shows."""
@@ -165,7 +167,9 @@ class SearchDriver(StudyTrials):
                                    f"(objective {value:.4g})")
 
     def _start(self, config: dict[str, Any], why: str) -> Proposal:
-        """A leased trial of ``config`` (enqueued, so its params are exactly these)."""
+        """A leased trial of ``config`` (enqueued, so its params are exactly these); the caller
+        holds the study's lock, so a WAITING trial other than ours was left by a sidecar that
+        died between its enqueue and its ask."""
         self.study.enqueue_trial(config, user_attrs={ORIGIN_ATTR: why},
                                  skip_if_exists=False)
         while True:

@@ -10,6 +10,12 @@
 Optuna's heartbeat does not cover ask-and-tell, so trials hold our own lease (a trial system
 attribute, renewed by ``heartbeat``): ``reap`` fails (TrialState.FAIL) every RUNNING trial whose
 lease expired, so a trial whose sidecar died is never left RUNNING.
+
+Several sidecars may share a study (one PostgreSQL). Optuna's ``ask`` takes the oldest WAITING
+trial, whoever enqueued it, and choosing a config (is it measured or running yet?) then starting
+it spans many statements; so both run under the study's lock (``StateLocks``), one sidecar at a
+time: an enqueued trial is asked by the sidecar that enqueued it, and two sidecars never start
+the same config.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import optuna
 from optuna.samplers import BaseSampler, TPESampler
 from optuna.trial import Trial, TrialState
 
+from collectors import StateLocks, state_engine_options
 from tuner._knobs import KnobSpace
 from tuner._sampler import NeighbourhoodSampler, seen_keys, unsafe_keys
 from tuner._search_config import Proposal, SearchConfig
@@ -56,7 +63,8 @@ class StudyTrials:
         self.config = config
         self.distributions = search_space(space, knobs)
         self._clock = clock
-        self._storage = optuna.storages.RDBStorage(storage_url)
+        self._storage = optuna.storages.RDBStorage(
+            storage_url, engine_kwargs=state_engine_options(storage_url))
         self.study = optuna.create_study(
             study_name=config.study_name, storage=self._storage, load_if_exists=True,
             direction=config.direction,
@@ -68,12 +76,27 @@ class StudyTrials:
                 n_startup_trials=config.pruner_startup_trials, n_warmup_steps=3))
         self.records = StudyRecords(self._storage, config.study_name)
         self._mine: dict[int, Trial] = {}
+        self._locks = StateLocks(storage_url)
+        self._lock_name = f"seedance:study:{config.study_name}"
+
+    @property
+    def lock_waits(self) -> int:
+        """How many times this driver waited for another holding the study's lock."""
+        return self._locks.waits
+
+    def close(self) -> None:
+        """Release the lock's connections; a second call is harmless."""
+        self._locks.close()
 
     # ---- ask / tell ----------------------------------------------------------------------------
 
     def ask(self) -> Proposal | None:
         """The next config to measure, never one measured, running or unsafe; None when the
         space is exhausted. Repeats the sampler offers are answered from the study's cache."""
+        with self._locks.held(self._lock_name):
+            return self._ask()
+
+    def _ask(self) -> Proposal | None:
         self.reap()
         if grid(self.distributions) is not None and not self._untried():
             return None  # a finite space, every config measured, running or unsafe

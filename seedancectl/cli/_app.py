@@ -62,6 +62,8 @@ app.add_typer(kv_app, name="kv")
 fleet_app = typer.Typer(help="Every job of the sidecars that share one state database.",
                         no_args_is_help=True)
 app.add_typer(fleet_app, name="fleet")
+db_app = typer.Typer(help="The state database's schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 
 ConfigOption = Annotated[

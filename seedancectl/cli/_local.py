@@ -22,6 +22,7 @@ from seedancectl.cli._app import (
     app,
     config_app,
     dashboards_app,
+    db_app,
     err,
     metrics_app,
     print_json,
@@ -195,6 +196,18 @@ def _finding_store(config: Path | None, state_db: str | None) -> Iterator[Any]:
     url = state_db_url(config, state_db)
     with state_db_errors(url), FindingStore(url) as store:
         yield store
+
+
+@db_app.command("upgrade")
+def db_upgrade(config: ConfigOption = None, state_db: StateDbOption = None) -> None:
+    """Create or upgrade the state database's tables (the sidecar does it when it starts)."""
+    from seedancectl._state_schema import current, migrate
+
+    url = load_config(config, overrides={"state_db": state_db}).state_db
+    before = current(url)
+    after = migrate(url)
+    stdout.print(f"state database at revision {after}"
+                 + ("" if before == after else f" (was {before or 'empty'})"))
 
 
 @app.command()

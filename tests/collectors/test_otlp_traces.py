@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from collectors._otlp_decode import DecodedMetrics
 from collectors._otlp_receiver import ReceiverStats, otlp_router
+from collectors._otlp_traces import SpanRecord
 from collectors._span_store import SpanStore
 from policies._state_db import sqlite_url
 from tests.collectors.test_otlp_receiver import serve
@@ -118,3 +119,15 @@ def test_no_span_sink_no_traces_endpoint(tmp_path: Path) -> None:
         reply = httpx.post(url + "/v1/traces", content=b"{}",
                            headers={"Content-Type": "application/json"})
     assert reply.status_code == 404
+
+
+def test_the_span_store_keeps_a_span_once_on_sqlite_and_postgresql(state_db_url: str) -> None:
+    store = SpanStore(state_db_url)
+    root = SpanRecord(trace_id="ab" * 16, span_id="01" * 8, parent_span_id="", name="root",
+                      start_ns=1, end_ns=9, attributes={"n": 1}, resource={"host.name": "h"})
+    child = SpanRecord(trace_id="ab" * 16, span_id="02" * 8, parent_span_id="01" * 8,
+                       name="child", start_ns=2, end_ns=3, status="error", status_message="x")
+    assert store.write([root]) == 1
+    assert store.write([child, root, child]) == 1  # a retry and a repeat within one batch
+    assert store.spans_for_trace("AB" * 16) == [root, child]
+    store.close()

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from collectors import sqlite_url
 from tuner import Change, ChangeJournal, IllegalTransition, RolloutError
 
 
@@ -18,8 +16,8 @@ def a_change(change_id: str = "c1", *, at_s: float = 100.0) -> Change:
                   baseline={"micro_batch": 8}, created_at_s=at_s, expires_at_s=at_s + 60)
 
 
-def test_a_reader_of_a_missing_journal_sees_nothing_and_creates_nothing(tmp_path: Path) -> None:
-    url = sqlite_url(tmp_path / "state.db")
+def test_a_reader_of_a_missing_journal_sees_nothing_and_creates_nothing(state_db_url: str) -> None:
+    url = state_db_url
     journal = ChangeJournal(url, create=False)
     assert journal.changes() == [] and journal.events() == []
     assert journal.mode("train") is None
@@ -31,8 +29,8 @@ def test_a_reader_of_a_missing_journal_sees_nothing_and_creates_nothing(tmp_path
     engine.dispose()
 
 
-def test_a_reader_sees_what_a_writer_journaled_later(tmp_path: Path) -> None:
-    url = sqlite_url(tmp_path / "state.db")
+def test_a_reader_sees_what_a_writer_journaled_later(state_db_url: str) -> None:
+    url = state_db_url
     reader = ChangeJournal(url, create=False)
     assert reader.changes() == []
     writer = ChangeJournal(url, clock=lambda: 100.0)
@@ -45,15 +43,15 @@ def test_a_reader_sees_what_a_writer_journaled_later(tmp_path: Path) -> None:
     assert event["detail"] == {"values": {"micro_batch": 4}}
 
 
-def test_changes_are_oldest_first_even_when_the_clock_stands_still(tmp_path: Path) -> None:
-    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"), clock=lambda: 100.0)
+def test_changes_are_oldest_first_even_when_the_clock_stands_still(state_db_url: str) -> None:
+    journal = ChangeJournal(state_db_url, clock=lambda: 100.0)
     for change_id in ("b", "a", "c"):  # ids out of order, one timestamp
         journal.add(a_change(change_id), actor="t", reason="r", version_before=None, detail={})
     assert [c.id for c in journal.changes()] == ["b", "a", "c"]
 
 
-def test_a_move_is_refused_when_someone_moved_the_change_first(tmp_path: Path) -> None:
-    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"))
+def test_a_move_is_refused_when_someone_moved_the_change_first(state_db_url: str) -> None:
+    journal = ChangeJournal(state_db_url)
     change = a_change()
     journal.add(change, actor="t", reason="r", version_before=None, detail={})
     approved = replace(change, state="approved")
@@ -64,13 +62,26 @@ def test_a_move_is_refused_when_someone_moved_the_change_first(tmp_path: Path) -
     assert [e["kind"] for e in journal.events()] == ["proposed", "approved"]  # no stray event
 
 
-def test_modes_and_free_events_are_in_the_audit_log(tmp_path: Path) -> None:
-    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"))
-    journal.set_mode("train", "auto", actor="ops", reason="", old="suggest")
+def test_a_save_is_refused_when_someone_moved_the_change_first(state_db_url: str) -> None:
+    """A controller saving a change's plan must not write back a state it no longer has."""
+    journal = ChangeJournal(state_db_url)
+    change = a_change()
+    journal.add(change, actor="t", reason="r", version_before=None, detail={})
+    journal.move(change, replace(change, state="rejected"), actor="bob", reason="no")
+    with pytest.raises(IllegalTransition, match="moved under us"):
+        journal.save(replace(change, plan={"index": 1}), event=("ack", "late", 2))
+    assert journal.get("c1").state == "rejected" and journal.get("c1").plan == {}
+    assert [e["kind"] for e in journal.events()] == ["proposed", "rejected"]
+
+
+def test_modes_and_free_events_are_in_the_audit_log(state_db_url: str) -> None:
+    journal = ChangeJournal(state_db_url)
+    journal.set_mode("train", "suggest", actor="ops", reason="", old="auto")
+    journal.set_mode("train", "auto", actor="ops", reason="", old="suggest")  # an upsert
     journal.record("train", "notified", "webhook", "delivered", change_id="c9",
                    detail={"delivered": True, "score": float("nan")})
     assert journal.mode("train") == "auto"
-    mode, notified = journal.events(job="train")
+    _, mode, notified = journal.events(job="train")
     assert (mode["kind"], mode["reason"], mode["detail"]) == (
         "mode", "suggest -> auto", {"from": "suggest", "to": "auto"})
     assert notified["change_id"] == "c9" and notified["detail"]["score"] == "nan"

@@ -11,7 +11,6 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from collectors._state_engine import sqlite_url
 from seedancectl._config import SidecarConfig
 from seedancectl._sidecar import Sidecar
 from tuner._knobs import Knob, KnobError
@@ -61,8 +60,8 @@ def test_attach_gives_the_baseline_and_versions_continue_above_the_job(
     assert status.acked_version is None and status.last_step is None
 
 
-def test_versions_never_repeat_across_a_restart(tmp_path: Path, clock: FakeClock) -> None:
-    url = sqlite_url(tmp_path / "state.db")
+def test_versions_never_repeat_across_a_restart(state_db_url: str, clock: FakeClock) -> None:
+    url = state_db_url
     before = JobRegistry(lease_ttl_s=10.0, clock=clock, ledger=VersionLedger(url))
     attach(before)
     issued = [before.set_desired("gpt", {"lr_scale": x}).version for x in (2.0, 3.0)]

@@ -12,7 +12,6 @@ import pytest
 from collectors import StoreReader
 from collectors._store import TimeSeriesStore
 from policies._findings import Evidence, Finding
-from policies._state_db import sqlite_url
 from policies.detectors import NON_FINITE
 from tests.tuner._simjob import SimJob
 from tuner._change import TRANSITIONS, Change, IllegalTransition, RolloutError, Trip
@@ -35,12 +34,13 @@ class Clock:
 
 
 @pytest.fixture
-def parts(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def parts(tmp_path: Path, state_db_url: str) -> Iterator[dict[str, Any]]:
+    """A registry, a store and a state DB (SQLite, then PostgreSQL)."""
     clock = Clock()
     registry = JobRegistry(lease_ttl_s=30.0, clock=clock)
     store = TimeSeriesStore(tmp_path / "metrics.db")
     yield {"clock": clock, "registry": registry, "store": store,
-           "url": sqlite_url(tmp_path / "state.db"), "tmp": tmp_path}
+           "url": state_db_url, "tmp": tmp_path}
     store.close()
 
 

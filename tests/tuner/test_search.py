@@ -41,9 +41,11 @@ def quiet_optuna() -> Iterator[None]:
     optuna.logging.set_verbosity(level)
 
 
-def driver(tmp_path: Path, clock: Clock | None = None, **kwargs: Any) -> SearchDriver:
+def driver(url: str, clock: Clock | None = None, **kwargs: Any) -> SearchDriver:
+    """A driver on the study "s" in the state DB at ``url`` (tests that take ``state_db_url``
+    run on SQLite and on PostgreSQL)."""
     config = SearchConfig(study_name="s", seed=3, trial_lease_s=60.0, **kwargs)
-    return SearchDriver(SPACE, storage_url=sqlite_url(tmp_path / "state.db"), config=config,
+    return SearchDriver(SPACE, storage_url=url, config=config,
                         knobs=TUNED, clock=clock or Clock())
 
 
@@ -63,8 +65,8 @@ def test_search_space_and_neighbours_follow_the_knobs() -> None:
     assert len(near) == 4  # prefetch 0 is outside the domain
 
 
-def test_never_repeats_a_config_and_stops_when_exhausted(tmp_path: Path) -> None:
-    search = driver(tmp_path)
+def test_never_repeats_a_config_and_stops_when_exhausted(state_db_url: str) -> None:
+    search = driver(state_db_url)
     seen = []
     while (proposal := search.ask()) is not None:
         seen.append(config_key(proposal.values))
@@ -75,8 +77,8 @@ def test_never_repeats_a_config_and_stops_when_exhausted(tmp_path: Path) -> None
     assert best is not None and best[0] == {"micro_batch": 4, "precision": "bf16"}
 
 
-def test_repeats_are_answered_from_the_cache(tmp_path: Path) -> None:
-    search = driver(tmp_path)
+def test_repeats_are_answered_from_the_cache(state_db_url: str) -> None:
+    search = driver(state_db_url)
     first = search.ask()
     assert first is not None
     search.tell(first.number, 123.0)
@@ -87,8 +89,8 @@ def test_repeats_are_answered_from_the_cache(tmp_path: Path) -> None:
     assert len(cached) == 1 and cached[0].value == 123.0
 
 
-def test_priors_come_first_by_expected_gain_then_one_knob_moves(tmp_path: Path) -> None:
-    search = driver(tmp_path)
+def test_priors_come_first_by_expected_gain_then_one_knob_moves(state_db_url: str) -> None:
+    search = driver(state_db_url)
     baseline = {"micro_batch": 8, "precision": "fp32"}
     assert search.add_priors([Move(values={"micro_batch": 4}, expected_gain=0.1),
                         Move(values={"precision": "bf16"}, expected_gain=0.4),
@@ -140,9 +142,9 @@ def test_a_high_risk_move_is_skipped_when_only_low_risk_ones_may_run(tmp_path: P
     assert space.risk_of({"precision": "bf16"}) == "low"
 
 
-def test_dead_trials_are_failed_by_the_lease(tmp_path: Path) -> None:
+def test_dead_trials_are_failed_by_the_lease(state_db_url: str) -> None:
     clock = Clock()
-    first = driver(tmp_path, clock)
+    first = driver(state_db_url, clock)
     proposal = first.ask()
     assert proposal is not None
     clock.now += 30
@@ -151,19 +153,19 @@ def test_dead_trials_are_failed_by_the_lease(tmp_path: Path) -> None:
     assert first.reap() == []
     # the sidecar dies; a new driver on the same study finds the trial after its lease ran out
     clock.now += 120
-    second = driver(tmp_path, clock)
+    second = driver(state_db_url, clock)
     assert second.reap() == [proposal.number]
     (trial,) = [t for t in second.study.trials if t.number == proposal.number]
     assert trial.state == TrialState.FAIL
     assert not second.study.get_trials(states=(TrialState.RUNNING,))
 
 
-def test_a_config_that_killed_its_job_is_never_proposed_again(tmp_path: Path) -> None:
-    search = driver(tmp_path)
+def test_a_config_that_killed_its_job_is_never_proposed_again(state_db_url: str) -> None:
+    search = driver(state_db_url)
     proposal = search.ask()
     assert proposal is not None
     search.fail(proposal.number, reason="job died", unsafe=True)
-    again = driver(tmp_path)  # the mark survives a restart: it is in the study
+    again = driver(state_db_url)  # the mark survives a restart: it is in the study
     seen = []
     while (p := again.ask()) is not None:
         seen.append(p.values)
@@ -171,8 +173,8 @@ def test_a_config_that_killed_its_job_is_never_proposed_again(tmp_path: Path) ->
     assert proposal.values not in seen and len(seen) == 7
 
 
-def test_hopeless_trials_are_pruned(tmp_path: Path) -> None:
-    search = driver(tmp_path, pruner_startup_trials=2)
+def test_hopeless_trials_are_pruned(state_db_url: str) -> None:
+    search = driver(state_db_url, pruner_startup_trials=2)
     for value in (200.0, 210.0):
         p = search.ask()
         assert p is not None
@@ -187,17 +189,18 @@ def test_hopeless_trials_are_pruned(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def rollout(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def rollout(tmp_path: Path, state_db_url: str) -> Iterator[dict[str, Any]]:
     clock = Clock()
     registry = JobRegistry(lease_ttl_s=30.0, clock=clock)
     with TimeSeriesStore(tmp_path / "metrics.db") as store:
         job = SimJob(registry, store, step_s=lambda v: 1.0 / throughput(v), tokens_per_step=1)
-        url = sqlite_url(tmp_path / "state.db")
+        url = state_db_url
         ctl = RolloutController(registry, store, db_url=url, clock=clock, config=(
             RolloutConfig(min_pairs=3, max_pairs=8, measure=MeasureConfig(
                 warmup_steps=2, min_steps=4, min_window_s=0.01))))
         ctl.set_mode(job.job, "auto", by="test")
-        yield {"clock": clock, "registry": registry, "job": job, "ctl": ctl, "url": url}
+        yield {"clock": clock, "registry": registry, "job": job, "ctl": ctl, "url": url,
+               "dir": tmp_path}
 
 
 def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, Any],
@@ -409,8 +412,7 @@ def test_a_config_kept_under_a_passing_load_is_left_once_its_measurement_is_stal
         fast = 4 if loaded else 8
         return 0.010 if values["micro_batch"] == fast else 0.013
 
-    with TimeSeriesStore(Path(rollout["url"].removeprefix("sqlite:///")).parent
-                         / "drift.db") as store:
+    with TimeSeriesStore(rollout["dir"] / "drift.db") as store:
         job = SimJob(registry, store, job="drift", step_s=step_s, tokens_per_step=1)
         ctl.reader = store
         ctl.set_mode(job.job, "auto", by="test")
@@ -488,11 +490,11 @@ def test_top_k_moves_stay_under_the_distinct_prefixes_the_job_reports(tmp_path: 
 
 
 def test_an_undecided_trial_that_favours_its_candidate_is_measured_again_at_once(
-        tmp_path: Path) -> None:
+        state_db_url: str) -> None:
     """Out of time undecided at +10%: measured again as soon as the moves are done (once),
     not 300 s later; one undecided at -5% waits its turn like any stale result."""
     clock = Clock()
-    search = driver(tmp_path, clock=clock, revisit_after_s=300.0)
+    search = driver(state_db_url, clock=clock, revisit_after_s=300.0)
     baseline = SPACE.defaults()
     told = {}
     while (p := search.next_move(baseline, SPACE)) is not None and len(told) < 2:

@@ -4,16 +4,14 @@ system attributes, ids by name and number, ended trials staying ended)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import optuna
 import pytest
 
 from tuner._study_records import StudyRecords
 
 
-def test_records_round_trip_on_a_real_study_by_trial_number(tmp_path: Path) -> None:
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'state.db'}")
+def test_records_round_trip_on_a_real_study_by_trial_number(state_db_url: str) -> None:
+    storage = optuna.storages.RDBStorage(state_db_url)
     study = optuna.create_study(study_name="records", storage=storage)
     trial = study.ask({"x": optuna.distributions.IntDistribution(0, 3)})
 
@@ -26,8 +24,7 @@ def test_records_round_trip_on_a_real_study_by_trial_number(tmp_path: Path) -> N
         records.set_trial_attr(trial.number, "late", True)  # an ended trial stays as it ended
 
     # another process's view: a fresh storage on the same file
-    again = StudyRecords(optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'state.db'}"),
-                         "records")
+    again = StudyRecords(optuna.storages.RDBStorage(state_db_url), "records")
     assert again.attrs()["seedance:unsafe:x=1"] == "the job died"
     ended = again.trial(trial.number)
     assert ended.state == optuna.trial.TrialState.FAIL

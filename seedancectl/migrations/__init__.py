@@ -1,0 +1,1 @@
+"""Alembic migrations of our state tables (``seedancectl._state_schema`` runs them)."""

@@ -1,0 +1,1 @@
+"""Revisions of our state tables, oldest first; each is frozen once released."""
