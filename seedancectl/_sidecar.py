@@ -71,6 +71,7 @@ from seedancectl._state_schema import migrate
 from seedancectl._traces import SidecarTraces
 from seedancectl._webhook import Notifier, WebhookNotifier, approval_message
 from tuner import (
+    STOPPED,
     Change,
     FleetMember,
     GradientCollapseFindings,
@@ -273,6 +274,18 @@ class Sidecar:
         self.tuning = self.searches.loop
         self.tuning.start()
 
+    @staticmethod
+    def _drain(controller: RolloutController) -> None:
+        """Roll back this sidecar's changes in flight (the rollout thread has stopped), so
+        a fleet finds none left in flight by a sidecar that is gone."""
+        try:
+            drained = controller.drain()
+        except Exception:  # a state DB that is down: the next start recovers them
+            log.exception("could not roll back the changes in flight at shutdown")
+            return
+        for change in drained:
+            log.info("change %s of job %s rolled back: %s", change.id, change.job, STOPPED)
+
     def shutdown(self, timeout_s: float = 5.0) -> None:
         with self._lock:
             if not self._started:
@@ -280,6 +293,8 @@ class Sidecar:
             self._started = False
             if self.tuning is not None:
                 self.tuning.shutdown(timeout_s)
+            if self.controller is not None:
+                self._drain(self.controller)
             self.notifier.shutdown(timeout_s)
             if self.engine is not None:
                 self.engine.shutdown(timeout_s)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from tuner._ceilings import observed_ceilings as observed_ceilings
     from tuner._change import ACTIVE as ACTIVE
     from tuner._change import MANUAL as MANUAL
+    from tuner._change import STOPPED as STOPPED
     from tuner._change import TRANSITIONS as TRANSITIONS
     from tuner._change import Change as Change
     from tuner._change import IllegalTransition as IllegalTransition

@@ -40,6 +40,9 @@ IN_FLIGHT: frozenset[str] = frozenset({"applying", "observing"})
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """Higher index = lower precision; lowering one is a risky change (snapshot first)."""
 PRUNED = "pruned by the search"
+STOPPED = "the sidecar stopped"
+"""Why a change in flight ends when its sidecar shuts down: the job's lease lapses to the
+baseline anyway, and no sidecar of a fleet would ever finish the change otherwise."""
 
 
 class RolloutError(SeedanceError):

@@ -20,6 +20,7 @@ from tuner._change import (
     IN_FLIGHT,
     MANUAL,
     PRUNED,
+    STOPPED,
     Change,
     Mode,
     RolloutError,
@@ -436,6 +437,22 @@ class RolloutController(ChangeSteps):
         if was != "kept":  # a kept change's trace ended at its keep
             self.trace.end_trace(change)
         return change
+
+    def drain(self) -> list[Change]:
+        """At shutdown: roll back this controller's changes in flight (the job's lease lapses
+        to its baseline when the sidecar is gone, so the candidate is no longer measured), so
+        none is left in flight for a fleet to find; their trials may be tried again."""
+        drained = []
+        with self._lock:
+            for change in self.changes(states=sorted(IN_FLIGHT)):
+                if not self._owns(change.job):
+                    continue
+                try:
+                    drained.append(self._roll_back(change, Trip(kind="config", reason=STOPPED),
+                                                   by="shutdown"))
+                except Exception:
+                    log.exception("drain of change %s failed; recovery rolls it back", change.id)
+        return drained
 
     def recover(self) -> None:
         """After a restart: roll back every change a crash left applying or observing, and

@@ -31,7 +31,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner._ceilings import above_ceiling
-from tuner._change import PRUNED, Change
+from tuner._change import PRUNED, STOPPED, Change
 from tuner._knobs import KnobSpace
 from tuner._objective import DriftCancelledObjective
 from tuner._rollout import RolloutController
@@ -257,6 +257,8 @@ class SearchDriver(StudyTrials):
                       unsafe=True)
         elif change.state == "rolled_back" and change.plan.get("ended_because") == PRUNED:
             self.prune(number)
+        elif change.state == "rolled_back" and change.plan.get("ended_because") == STOPPED:
+            self.fail(number, reason=STOPPED, unsafe=False, retry=True)
         elif change.state in ("kept", "rolled_back") and value is not None:
             # worth measuring again later: kept, or not answered in time (a measured
             # regression or a gain too small to want is settled)

@@ -138,10 +138,13 @@ class StudyTrials:
         self.study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
         self._mine.pop(number, None)
 
-    def fail(self, number: int, *, reason: str, unsafe: bool) -> None:
-        """Fail the trial; ``unsafe`` (its job died) bars its config from ever being proposed."""
+    def fail(self, number: int, *, reason: str, unsafe: bool, retry: bool = False) -> None:
+        """Fail the trial; ``unsafe`` (its job died) bars its config from ever being proposed,
+        ``retry`` (nothing was learned about it) lets it be proposed again."""
         frozen = self.records.trial(number)
         self.records.set_trial_attr(number, "seedance:fail_reason", reason)
+        if retry:
+            self.records.set_trial_attr(number, RETRY_ATTR, True)
         if unsafe:
             self.mark_unsafe(frozen.params, reason=reason)
         self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)

@@ -12,6 +12,7 @@ from collectors._points import Point
 from collectors._store import TimeSeriesStore
 from policies._state_db import sqlite_url
 from tests.tuner._simjob import KNOBS, SimJob
+from tuner._change import STOPPED
 from tuner._knobs import KnobSpace
 from tuner._lease import JobRegistry
 from tuner._rollout import RolloutController
@@ -227,6 +228,32 @@ def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, An
     assert trial.value == pytest.approx(throughput({"micro_batch": 4, "precision": "fp32"}),
                                         rel=0.05)
     assert trial.intermediate_values  # one report per candidate window
+
+
+def test_a_sidecar_that_stops_rolls_back_its_change_in_flight_and_the_trial_may_run_again(
+        rollout: dict[str, Any]) -> None:
+    ctl, job, clock = rollout["ctl"], rollout["job"], rollout["clock"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="drain", seed=0), clock=clock)
+    ctl.add_observer(search)
+    search.add_priors([Move(values={"micro_batch": 2})])
+    change = search.propose_next(ctl, job.job)
+    assert change is not None
+    ctl.tick()
+    job.run(8)
+    ctl.tick()
+    assert ctl.get(change.id).state in ("applying", "observing")
+    (drained,) = ctl.drain()
+    assert drained.id == change.id and ctl.get(change.id).state == "rolled_back"
+    assert ctl.events(change_id=change.id)[-2]["actor"] == "shutdown"
+    assert not ctl.drain()  # nothing is left in flight
+    (trial,) = search.study.trials
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["seedance:fail_reason"] == STOPPED
+    from tuner._sampler import unsafe_keys
+    assert config_key({"micro_batch": 2}) not in unsafe_keys(search.records)
+    again = search.propose_next(ctl, job.job)  # the sidecar's next process tries it again
+    assert again is not None and again.values == {"micro_batch": 2}
 
 
 def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any]) -> None:
