@@ -160,8 +160,12 @@ class RolloutController(ChangeSteps):
         return self.journal.events(change_id=change_id, job=job)
 
     def tick(self) -> None:
-        """Advance every active change one step; one failing change never stops the others."""
+        """Advance every active change of a job attached here one step (a proposal of any job
+        expires); one failing change never stops the others. Sidecars sharing a journal each
+        drive the changes of their own jobs only."""
         for change in self.changes(states=sorted(ACTIVE)):
+            if change.state != "proposed" and not self._attached(change.job):
+                continue  # another sidecar's job
             try:
                 with self._lock:
                     self._advance(self.get(change.id))
@@ -194,9 +198,6 @@ class RolloutController(ChangeSteps):
         if change.state == "approved":
             if self._in_flight(change.job) is None and self._unrestored(change.job) is None:
                 self._start(change)
-            return
-        if not self._attached(change.job):
-            self._fail(change, "the job is not attached (sidecar restarted or job gone)")
             return
         if self.registry.status(change.job).state == "lapsed":
             self._fail(change, "the job's lease lapsed")
