@@ -166,10 +166,12 @@ class RolloutController(ChangeSteps):
         return self.journal.events(change_id=change_id, job=job)
 
     def tick(self) -> None:
-        """Advance every active change one step; one failing change never stops the others."""
+        """Advance every active change of a job this controller owns one step; one failing
+        change never stops the others. Sidecars sharing a journal each drive the changes of
+        their own jobs only."""
         for change in self.changes(states=sorted(ACTIVE)):
             if not self._owns(change.job):
-                continue
+                continue  # another sidecar's job
             try:
                 with self._lock:
                     self._advance(self.get(change.id))

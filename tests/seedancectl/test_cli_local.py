@@ -358,7 +358,7 @@ def test_no_or_bad_state_db(tmp_path: Path, command: list[str]) -> None:
     text = tmp_path / "notes.txt"
     text.write_text("not a database\n")
     one_line_error(invoke(*command, "--state-db", sqlite_url(text)), "not a usable")
-    one_line_error(invoke(*command, "--state-db", "garbage"), "garbage", "not a usable")
+    one_line_error(invoke(*command, "--state-db", "garbage"), "garbage", "not a SQLAlchemy URL")
     bad = tmp_path / "bad.toml"
     bad.write_text("[sidecar]\nstate_db = 3\n")
     one_line_error(invoke(*command, "--config", str(bad)), str(bad), "state_db")

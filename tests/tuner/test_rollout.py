@@ -110,6 +110,30 @@ def test_faster_config_is_kept_and_becomes_the_baseline(parts: dict[str, Any]) -
     assert all(e["version_after"] for e in applies)
 
 
+def test_a_sidecar_sharing_the_journal_leaves_another_sidecars_changes_alone(
+        parts: dict[str, Any]) -> None:
+    """Two controllers on one state DB, the job owned by one (the fleet's claim, which a
+    sidecar hands its controller as ``owns``): the other's ticks touch neither the change in
+    flight nor the one approved after it."""
+    job = SimJob(parts["registry"], parts["store"], step_s=fast_micro_batch)
+    mine = controller(parts)
+    other = RolloutController(JobRegistry(lease_ttl_s=30.0, clock=parts["clock"]),
+                              parts["store"], db_url=parts["url"], clock=parts["clock"],
+                              config=CONFIG, owns=lambda name: name != job.job)
+    change = mine.propose(job.job, {"micro_batch": 4}, reason="r", source="operator")
+    mine.approve(change.id, "alice")
+    mine.tick()
+    queued = mine.propose(job.job, {"prefetch": 4}, reason="r", source="operator")
+    mine.approve(queued.id, "alice")
+    for _ in range(3):
+        other.tick()
+        job.run(8)
+    assert mine.get(change.id).state in ("applying", "observing")
+    assert mine.get(queued.id).state == "approved"
+    assert drive(mine, job, change.id).state == "kept"
+    other.close()
+
+
 def test_slower_config_is_rolled_back_without_an_action(parts: dict[str, Any]) -> None:
     registry = parts["registry"]
     job = SimJob(registry, parts["store"], step_s=lambda v: 0.2 if v["micro_batch"] == 1 else 0.1)

@@ -1,0 +1,55 @@
+"""The sidecar on a PostgreSQL state DB: it migrates at start, answers 503 while the server is
+down and serves again once it is back, with no dead pooled connection; an unreachable server
+stops `seedancectl sidecar` with one line before its banner. Real sidecar processes, a real
+PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from seedancectl._state_schema import current, head
+from seedancectl.cli import app
+from tests.faults._sidecar import TOKEN, SidecarProcess
+from tests.postgres import PostgresServer
+from tests.servers import free_port
+
+pytestmark = pytest.mark.integration
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_a_sidecar_migrates_and_outlives_a_postgresql_restart(
+        tmp_path: Path, postgres_server: PostgresServer) -> None:
+    server = PostgresServer()  # its own: this test stops it
+    try:
+        server.start()
+        url = server.create_database("state")
+        sidecar = SidecarProcess(tmp_path, state_db=url)
+        try:
+            assert current(url) == head()
+            assert sidecar.http.get("/v1/audit", headers=AUTH).status_code == 200
+            server.stop("immediate")
+            server.start()  # the pool holds connections to the old server: pinged, replaced
+            assert sidecar.http.get("/v1/audit", headers=AUTH).status_code == 200
+            server.stop("immediate")
+            down = sidecar.http.get("/v1/audit", headers=AUTH)
+            assert down.status_code == 503 and "state DB" in down.json()["detail"]
+            server.start()
+            assert sidecar.http.get("/v1/audit", headers=AUTH).status_code == 200
+        finally:
+            sidecar.stop()
+    finally:
+        server.remove()
+
+
+def test_an_unreachable_postgresql_is_one_line_before_the_banner(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'state_db = "postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/d"\n'
+                      f'store = "{tmp_path / "metrics.db"}"\nnvml = "off"\n')
+    result = CliRunner().invoke(app, ["sidecar", "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith("error: state_db postgresql+psycopg://u:***@")
+    assert "refused" in line and "listening" not in result.output
