@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from seedancectl._sidecar import Sidecar
 
 STATE_DB_ERROR_TTL_S = 60.0
-"""A state-DB write failure keeps the sidecar unready this long after it was last seen."""
+"""A state-DB write failure keeps the sidecar unready this long after it was last seen, or
+until the fleet heartbeat (a write every ``fleet_heartbeat_s``) commits again."""
 SIDECAR = "(sidecar)"
 """The ``job`` of findings about a sidecar itself (no job can be named so by a client),
 followed by the sidecar's advertised URL: sidecars sharing a state DB each hold their own."""
@@ -46,8 +47,10 @@ def unwritable(sidecar: Sidecar) -> dict[str, str]:
     parts = {}
     if sidecar.store is not None and sidecar.store.write_error is not None:
         parts["store"] = f"store not writable: {sidecar.store.write_error}"
-    failed = sidecar.state_db_error
-    if failed is not None and time.monotonic() - failed[0] < STATE_DB_ERROR_TTL_S:
+    failed = sidecar.fleet.write_error or sidecar.state_db_error
+    wrote_at = sidecar.fleet.wrote_at
+    if (failed is not None and time.monotonic() - failed[0] < STATE_DB_ERROR_TTL_S
+            and (wrote_at is None or wrote_at < failed[0])):
         parts["state_db"] = f"state DB not writable: {failed[1]}"
     return parts
 

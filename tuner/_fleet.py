@@ -70,6 +70,10 @@ class FleetMember:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hooked = False
+        self.wrote_at: float | None = None
+        """``time.monotonic()`` of the last heartbeat that committed: the state DB writes."""
+        self.write_error: tuple[float, str] | None = None
+        """(``time.monotonic()``, reason) of the last heartbeat, if it failed."""
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -176,7 +180,11 @@ class FleetMember:
             try:
                 self.beat()
             except Exception as exc:  # a loop never dies: the next period tries again
-                log.warning("fleet heartbeat of sidecar %s failed: %s", self.sidecar_id, exc)
+                reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+                self.write_error = (time.monotonic(), reason)
+                log.warning("fleet heartbeat of sidecar %s failed: %s", self.sidecar_id, reason)
+            else:
+                self.wrote_at, self.write_error = time.monotonic(), None
 
     def _attached(self, event: AttachEvent) -> None:
         """Right after an attach: the job's kept config, so the fleet view need not wait for

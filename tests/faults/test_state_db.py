@@ -1,10 +1,12 @@
 """The sidecar on a PostgreSQL state DB: it migrates at start, answers 503 while the server is
-down and serves again once it is back, with no dead pooled connection; an unreachable server
+down (unready, with the reason) and serves again once it is back (ready again at the next
+fleet heartbeat), with no dead pooled connection; an unreachable server
 stops `seedancectl sidecar` with one line before its banner. Real sidecar processes, a real
 PostgreSQL."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from seedancectl.cli import app
 from tests.faults._sidecar import TOKEN, SidecarProcess
 from tests.postgres import PostgresServer
 from tests.servers import free_port
+from tuner import DEFAULT_HEARTBEAT_S
 
 pytestmark = pytest.mark.integration
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -36,8 +39,14 @@ def test_a_sidecar_migrates_and_outlives_a_postgresql_restart(
             server.stop("immediate")
             down = sidecar.http.get("/v1/audit", headers=AUTH)
             assert down.status_code == 503 and "state DB" in down.json()["detail"]
+            assert any("state DB" in r for r in sidecar.http.get("/readyz").json()["reasons"])
             server.start()
             assert sidecar.http.get("/v1/audit", headers=AUTH).status_code == 200
+            # ready again once a fleet heartbeat commits, long before the error's 60 s expire
+            deadline = time.monotonic() + 8 * DEFAULT_HEARTBEAT_S
+            while sidecar.http.get("/readyz").status_code != 200:
+                assert time.monotonic() < deadline, sidecar.http.get("/readyz").text
+                time.sleep(0.2)
         finally:
             sidecar.stop()
     finally:

@@ -1,0 +1,505 @@
+"""Benchmark: a fleet of sidecars on one PostgreSQL. Does it keep up, and does it lose anything?
+
+For each N in ``--sidecars`` (default 1, 4, 16), in one run, against one real PostgreSQL 15
+(``tests/postgres.py``: initdb + pg_ctl on loopback, a fresh database per N):
+
+- N ``seedancectl sidecar`` processes on loopback, default settings but for what a fleet must
+  set (listen port, store, the shared ``state_db``, token, ``nvml = "off"``, approval mode
+  ``auto`` and ``tune = true`` for its one job);
+- N SIMULATED training jobs (``bench/_fleet_job.py``: the real lease client and training
+  instrumentation around a sleep whose length depends on the config), one per sidecar, each
+  with ``--ranks`` ranks x ``--series`` live series (8 x 500 by default);
+- 4 API readers (threads) calling ``/v1/status``, ``/v1/changes`` and ``/v1/findings`` of the
+  sidecars in turn, every call timed;
+- a study prober: 2 threads, each with the project's own ``tuner.StudyTrials`` on one study in
+  the same database, asking and telling in a loop (each call timed): the latency a sidecar's
+  search sees from the shared PostgreSQL under the fleet's load;
+- every second, PostgreSQL's lock waits (``pg_locks`` not granted) and deadlocks;
+- every 10 s, each sidecar's RSS (``/proc/PID/status``).
+
+With ``--kill-postgres`` (on for the largest N): at half time PostgreSQL is stopped
+(``immediate``: every connection dropped, as in a crash) for ``--outage-s`` (30) seconds, then
+started again. During the outage every sidecar is probed every 2 s: its job must keep its lease
+(the job's acked config is what the sidecar last gave it; nothing lapses), ``/readyz`` must say
+why it is not ready, and a proposed change must be refused with a reason. After it: every
+sidecar must be ready again by itself, and new changes must be proposed.
+
+At the end the jobs and then the sidecars stop (SIGTERM), and the database is audited:
+duplicate trials (two changes for one study trial, or two running trials of one config),
+lost changes (an event whose change is missing, a change without its ``proposed`` event),
+orphaned ones (a change left in flight, a trial left running, a finished change whose trial is
+still open). Proposals/s is the changes proposed per second of the run.
+
+Targets (the issue's, at N = 16): zero duplicate, lost and orphaned trials and changes; study
+ask/tell p99 <= 200 ms; API p99 <= 100 ms; each sidecar's RSS <= 300 MiB. The JSON states each
+and whether it was met.
+
+Run: python bench/fleet.py [--sidecars 1,4,16 --minutes 4 --kill-postgres-at 16]
+Results: bench/results/fleet.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.postgres import PostgresServer  # noqa: E402
+from tests.servers import free_port  # noqa: E402
+from tuner import Knob, KnobSpace, SearchConfig, SearchDriver  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "fleet.json"
+TOKEN = "fleet-bench-token"
+IN_FLIGHT = ("proposed", "approved", "applying", "observing")
+TARGETS = {"ask_tell_p99_ms": 200.0, "api_p99_ms": 100.0, "sidecar_rss_mib": 300.0}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds the process has used (``/proc/PID/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def table_bytes(state_db: str) -> dict[str, int]:
+    """Each table's size on disk with its indexes and TOAST: what the fleet's state costs."""
+    engine = create_engine(state_db)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT relname, pg_total_relation_size(relid) AS bytes "
+                                 "FROM pg_stat_user_tables ORDER BY bytes DESC"))
+        sizes = {row.relname: int(row.bytes) for row in rows}
+    engine.dispose()
+    return sizes
+
+
+def revision() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+
+
+class Sidecar:
+    """One sidecar process of the fleet and its simulated job."""
+
+    def __init__(self, work: Path, index: int, n: int, state_db: str) -> None:
+        self.job = f"fleet{n}-{index}"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        folder = work / f"sidecar{index}"
+        folder.mkdir(parents=True)
+        (folder / "token").write_text(TOKEN + "\n")
+        self.config = folder / "sidecar.toml"
+        self.config.write_text("\n".join([
+            f'job = "{self.job}"', f'listen = "127.0.0.1:{self.port}"',
+            f'store = "{folder / "metrics.db"}"', f'state_db = "{state_db}"',
+            f'token_file = "{folder / "token"}"', 'nvml = "off"', "", "[approval]",
+            'mode = "auto"', "", f'[jobs."{self.job}"]', "tune = true", ""]))
+        self.folder = folder
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.job_proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with (self.folder / "sidecar.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "seedancectl.sidecar", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.folder)
+
+    def start_job(self, env: dict[str, str], ranks: int, series: int, seed: int) -> None:
+        with (self.folder / "job.log").open("wb") as log:
+            self.job_proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / "_fleet_job.py"), "--sidecar", self.url,
+                 "--token", TOKEN, "--job", self.job, "--ranks", str(ranks), "--series",
+                 str(series), "--seed", str(seed)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.folder)
+
+    def stop(self, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> int | None:
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def wait_ready(http: httpx.Client, sidecars: list[Sidecar], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(sidecars)
+    while pending:
+        for s in list(pending):
+            try:
+                if http.get(f"{s.url}/readyz").status_code == 200:
+                    pending.remove(s)
+            except httpx.HTTPError:
+                pass
+            if s.proc is not None and s.proc.poll() is not None:
+                raise SystemExit(f"sidecar {s.job} exited; see {s.folder / 'sidecar.log'}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{len(pending)} sidecar(s) not ready in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+class Loop:
+    """A background thread that calls ``body`` every ``every_s`` until stopped."""
+
+    def __init__(self, stop: threading.Event, every_s: float, body: Callable[[], None]) -> None:
+        def run() -> None:
+            while not stop.wait(every_s):
+                try:
+                    body()
+                except Exception as exc:  # a probe must never end the bench
+                    errors.append(f"{body.__qualname__}: {exc}")
+        errors: list[str] = []
+        self.errors = errors
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+
+def study_prober(state_db: str, stop: threading.Event, latencies: dict[str, list[float]],
+                 outage: threading.Event) -> None:
+    """Ask and tell on one shared study in a loop (``SearchDriver`` is the sidecar's
+    ``StudyTrials``); a call made while PostgreSQL is down is not timed (it fails) and is
+    retried after the outage."""
+    space = KnobSpace.of([Knob(name="x", default=0, low=0, high=1000, integer=True),
+                          Knob(name="y", default="a", choices=("a", "b", "c"))])
+    trials = None
+    rng = np.random.default_rng()
+    while not stop.is_set():
+        if outage.is_set():
+            time.sleep(0.5)
+            continue
+        try:
+            if trials is None:
+                trials = SearchDriver(space, storage_url=state_db,
+                                     config=SearchConfig(study_name="fleet-bench-probe"))
+            t0 = time.perf_counter()
+            proposal = trials.ask()
+            t1 = time.perf_counter()
+            if proposal is None:
+                return
+            trials.tell(proposal.number, float(rng.random()))
+            t2 = time.perf_counter()
+            if not outage.is_set():
+                latencies["ask"].append((t1 - t0) * 1000)
+                latencies["tell"].append((t2 - t1) * 1000)
+        except Exception:  # the outage: the next call after it tries again
+            time.sleep(0.5)
+        stop.wait(0.2)
+
+
+def audit(state_db: str) -> dict[str, Any]:
+    """Duplicate, lost and orphaned trials and changes, read from the shared database."""
+    engine = create_engine(state_db)
+    with engine.connect() as conn:
+        changes = [(row.id, row.job, row.state, json.loads(row.body)) for row in conn.execute(
+            text("SELECT id, job, state, body FROM changes"))]
+        events = list(conn.execute(text("SELECT change_id, kind FROM change_events "
+                                        "WHERE change_id IS NOT NULL")))
+        trials = list(conn.execute(text(
+            "SELECT s.study_name, t.number, t.state FROM trials t "
+            "JOIN studies s ON s.study_id = t.study_id")))
+    engine.dispose()
+    ids = {c[0] for c in changes}
+    proposed = {e.change_id for e in events if e.kind == "proposed"}
+    trial_state = {(t.study_name, t.number): t.state for t in trials}
+    per_trial = Counter((c[3]["meta"].get("study"), c[3]["meta"].get("trial"))
+                        for c in changes if c[3].get("source") == "trial")
+    finished_open = [c[0] for c in changes
+                     if c[2] not in IN_FLIGHT and c[3].get("source") == "trial"
+                     and trial_state.get((c[3]["meta"]["study"], c[3]["meta"]["trial"]))
+                     == "RUNNING"]
+    study_trials = {k for k in trial_state if not k[0].startswith("fleet-bench-probe")}
+    return {
+        "changes": len(changes),
+        "changes_by_state": dict(Counter(c[2] for c in changes)),
+        "trials": len(study_trials),
+        "duplicate_changes_per_trial": sum(n - 1 for n in per_trial.values() if n > 1),
+        "lost_events_without_change": len({e.change_id for e in events} - ids),
+        "lost_changes_without_proposed_event": len(ids - proposed),
+        "orphaned_changes_in_flight": [c[0] for c in changes if c[2] in IN_FLIGHT],
+        "orphaned_trials_running": sorted(
+            f"{s}#{n}" for (s, n), state in trial_state.items()
+            if state == "RUNNING" and not s.startswith("fleet-bench-probe")),
+        "orphaned_finished_change_open_trial": finished_open,
+    }
+
+
+def outage_probe(http: httpx.Client, sidecars: list[Sidecar],
+                 before: dict[str, Any]) -> dict[str, Any]:
+    """What each sidecar does while PostgreSQL is down: readiness, the job's lease, a
+    proposal's refusal."""
+    ready, kept_lease, refusals = [], [], []
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for s in sidecars:
+        try:
+            r = http.get(f"{s.url}/readyz")
+            ready.append({"job": s.job, "status": r.status_code, "body": r.text[:300]})
+        except httpx.HTTPError as exc:
+            ready.append({"job": s.job, "status": None, "body": str(exc)})
+        lease = job_lease(http, s)
+        kept_lease.append({"job": s.job, **lease, "acked_before": before.get(s.job)})
+        try:
+            r = http.post(f"{s.url}/v1/jobs/{s.job}/changes", headers=auth,
+                          json={"values": {"sim.fuse": "on"}, "reason": "outage probe",
+                                "by": "bench"})
+            refusals.append({"job": s.job, "status": r.status_code, "detail": r.text[:300]})
+        except httpx.HTTPError as exc:
+            refusals.append({"job": s.job, "status": None, "detail": str(exc)[:300]})
+    return {"readyz": ready, "leases": kept_lease, "proposals": refusals}
+
+
+def job_lease(http: httpx.Client, sidecar: Sidecar) -> dict[str, Any]:
+    """The job's lease as the sidecar's lease registry holds it (in memory: no database)."""
+    try:
+        jobs = http.get(f"{sidecar.url}/v1/jobs",
+                        headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        job = next(j for j in jobs if j["job"] == sidecar.job)
+        return {"state": job["state"], "acked_version": job["acked_version"]}
+    except (httpx.HTTPError, StopIteration, KeyError, TypeError, ValueError) as exc:
+        return {"state": None, "error": str(exc)[:200]}
+
+
+def acked_versions(http: httpx.Client, sidecars: list[Sidecar]) -> dict[str, Any]:
+    return {s.job: job_lease(http, s).get("acked_version") for s in sidecars}
+
+
+def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
+              kill_postgres: bool) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"seedance-fleet{n}-"))
+    state_db = server.create_database(f"fleet_{n}_{int(time.time())}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SEEDANCE_TOKEN": TOKEN}
+    sidecars = [Sidecar(work, i, n, state_db) for i in range(n)]
+    http = httpx.Client(timeout=30.0)
+    for s in sidecars:
+        s.start(env)
+    wait_ready(http, sidecars, timeout_s=60 + 10 * n)
+    for i, s in enumerate(sidecars):
+        s.start_job(env, args.ranks, args.series, seed=i)
+    started = time.time()
+    cpu_at_start = {s.job: cpu_seconds(s.proc.pid) for s in sidecars if s.proc is not None}
+    stop = threading.Event()
+    outage = threading.Event()
+    api_ms: list[float] = []
+    api_errors = Counter[str]()
+    study_ms: dict[str, list[float]] = {"ask": [], "tell": []}
+    locks = {"waiting_max": 0, "waiting_samples": 0, "deadlocks": 0}
+    rss: dict[str, list[float]] = {s.job: [] for s in sidecars}
+    lock_engine = create_engine(state_db, pool_pre_ping=True)
+    paths = ["/v1/status", "/v1/changes", "/v1/findings"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def reader(k: int) -> Callable[[], None]:
+        client = httpx.Client(timeout=30.0, headers=auth)
+        state = {"i": k}
+
+        def call() -> None:
+            i = state["i"] = state["i"] + 1
+            s = sidecars[i % n]
+            path = paths[i % len(paths)]
+            t0 = time.perf_counter()
+            r = client.get(f"{s.url}{path}")
+            ms = (time.perf_counter() - t0) * 1000
+            if outage.is_set():
+                return  # during the outage reads may wait on the database: not the API's p99
+            if r.status_code == 200:
+                api_ms.append(ms)
+            else:
+                api_errors[f"{path} {r.status_code}"] += 1
+        call.__qualname__ = f"reader{k}"
+        return call
+
+    def sample_locks() -> None:
+        if outage.is_set():
+            return
+        with lock_engine.connect() as conn:
+            waiting = conn.execute(text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                                   ).scalar() or 0
+            deadlocks = conn.execute(text(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            ).scalar() or 0
+        locks["waiting_max"] = max(locks["waiting_max"], int(waiting))
+        locks["waiting_samples"] += int(waiting > 0)
+        locks["deadlocks"] = int(deadlocks)
+
+    def sample_rss() -> None:
+        for s in sidecars:
+            if s.proc is not None and (value := rss_mib(s.proc.pid)) is not None:
+                rss[s.job].append(value)
+
+    loops = [Loop(stop, 0.25, reader(k)) for k in range(4)]
+    loops += [Loop(stop, 1.0, sample_locks), Loop(stop, 10.0, sample_rss)]
+    probers = [threading.Thread(target=study_prober, args=(state_db, stop, study_ms, outage),
+                                daemon=True) for _ in range(2)]
+    for t in probers:
+        t.start()
+    duration_s = args.minutes * 60
+    outage_report: dict[str, Any] | None = None
+    if kill_postgres:
+        time.sleep(duration_s / 2)
+        before = acked_versions(http, sidecars)
+        outage.set()
+        server.stop("immediate")
+        down_at = time.time()
+        probes = []
+        while time.time() - down_at < args.outage_s:
+            time.sleep(2.0)
+            probes.append(outage_probe(http, sidecars, before))
+        server.start()
+        up_at = time.time()
+        up_at_ns = time.time_ns()
+        outage.clear()
+        ready_again: dict[str, float | None] = {s.job: None for s in sidecars}
+        while time.time() - up_at < 120 and any(v is None for v in ready_again.values()):
+            for s in sidecars:
+                if ready_again[s.job] is None:
+                    try:
+                        if http.get(f"{s.url}/readyz").status_code == 200:
+                            ready_again[s.job] = time.time() - up_at
+                    except httpx.HTTPError:
+                        pass
+            time.sleep(1.0)
+        outage_report = {"down_s": up_at - down_at, "up_at_ns": up_at_ns, "probes": probes,
+                         "ready_again_after_s": ready_again}
+        time.sleep(max(0.0, started + duration_s - time.time()))
+    else:
+        time.sleep(duration_s)
+    stop.set()
+    for t in probers:
+        t.join(30)
+    sample_rss()
+    ended = time.time()
+    cpu_share = [(end - begin) / (ended - started) for s in sidecars if s.proc is not None
+                 and (begin := cpu_at_start.get(s.job)) is not None
+                 and (end := cpu_seconds(s.proc.pid)) is not None]
+    job_exits = [s.stop(s.job_proc) for s in sidecars]
+    sidecar_exits = [s.stop(s.proc, timeout_s=60) for s in sidecars]
+    lock_engine.dispose()
+    found = audit(state_db)
+    sizes = table_bytes(state_db)
+    if outage_report is not None:
+        engine = create_engine(state_db)
+        with engine.connect() as conn:
+            found_after = conn.execute(text(
+                "SELECT count(*) FROM changes WHERE created_at_ns > :t"),
+                {"t": outage_report["up_at_ns"]}).scalar()
+        engine.dispose()
+        outage_report["changes_proposed_after_restart"] = found_after
+    logs = " ".join((s.folder / "sidecar.log").read_text(errors="replace") for s in sidecars)
+    return {
+        "sidecars": n, "ranks": args.ranks, "series_per_rank": args.series,
+        "seconds": ended - started,
+        "proposals_per_s": found["changes"] / (ended - started),
+        "api": {"calls": len(api_ms), "p50_ms": percentile(api_ms, 50),
+                "p99_ms": percentile(api_ms, 99), "errors": dict(api_errors)},
+        "study": {op: {"calls": len(v), "p50_ms": percentile(v, 50),
+                       "p99_ms": percentile(v, 99)} for op, v in study_ms.items()},
+        "locks": {**locks, "journal_conflicts_logged": logs.count("moved under us")},
+        "rss_mib": {"max": max((max(v) for v in rss.values() if v), default=None),
+                    "median_of_max": statistics.median(max(v) for v in rss.values() if v)
+                    if any(rss.values()) else None},
+        "sidecar_cpu_share": {"median": statistics.median(cpu_share) if cpu_share else None,
+                              "max": max(cpu_share, default=None)},
+        "points_per_s_per_sidecar_sent": args.ranks * args.series / 5.0,
+        "state_db_bytes": {"total": sum(sizes.values()), "tables": sizes},
+        "audit": found,
+        "outage": outage_report,
+        "exit_codes": {"jobs": job_exits, "sidecars": sidecar_exits},
+        "probe_errors": [e for loop in loops for e in loop.errors][:20],
+        "work": str(work),
+    }
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    audit_ = result["audit"]
+    zero = (audit_["duplicate_changes_per_trial"] == 0
+            and audit_["lost_events_without_change"] == 0
+            and audit_["lost_changes_without_proposed_event"] == 0
+            and not audit_["orphaned_changes_in_flight"]
+            and not audit_["orphaned_trials_running"]
+            and not audit_["orphaned_finished_change_open_trial"])
+    ask_tell = max((result["study"][op]["p99_ms"] or 0.0) for op in ("ask", "tell"))
+    api = result["api"]["p99_ms"]
+    rss = result["rss_mib"]["max"]
+    return {
+        "zero_duplicate_lost_orphaned": {"target": "0", "met": zero},
+        "ask_tell_p99_ms": {"target": TARGETS["ask_tell_p99_ms"], "measured": ask_tell,
+                            "met": ask_tell <= TARGETS["ask_tell_p99_ms"]},
+        "api_p99_ms": {"target": TARGETS["api_p99_ms"], "measured": api,
+                       "met": api is not None and api <= TARGETS["api_p99_ms"]},
+        "sidecar_rss_mib": {"target": TARGETS["sidecar_rss_mib"], "measured": rss,
+                            "met": rss is not None and rss <= TARGETS["sidecar_rss_mib"]},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sidecars", default="1,4,16")
+    p.add_argument("--minutes", type=float, default=4.0)
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--series", type=int, default=500)
+    p.add_argument("--kill-postgres-at", type=int, default=16,
+                   help="the N whose run kills PostgreSQL at half time (0: none)")
+    p.add_argument("--outage-s", type=float, default=30.0)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    counts = [int(x) for x in args.sidecars.split(",")]
+    runs = []
+    with PostgresServer() as server:
+        for n in counts:
+            print(f"fleet: N = {n} ...", flush=True)
+            result = run_fleet(server, n, args, kill_postgres=n == args.kill_postgres_at)
+            result["targets"] = targets(result)
+            runs.append(result)
+            print(json.dumps({k: result[k] for k in ("sidecars", "proposals_per_s", "api",
+                                                     "study", "rss_mib", "targets")}),
+                  flush=True)
+    out = {
+        "bench": "fleet", "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "revision": revision(),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "protocol": __doc__,
+        "runs": runs,
+        "targets_at_largest_n": runs[-1]["targets"] if runs else None,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
