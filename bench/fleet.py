@@ -11,9 +11,10 @@ For each N in ``--sidecars`` (default 1, 4, 16), in one run, against one real Po
   with ``--ranks`` ranks x ``--series`` live series (8 x 500 by default);
 - 4 API readers (threads) calling ``/v1/status``, ``/v1/changes`` and ``/v1/findings`` of the
   sidecars in turn, every call timed;
-- a study prober: 2 threads, each with the project's own ``tuner.StudyTrials`` on one study in
-  the same database, asking and telling in a loop (each call timed): the latency a sidecar's
-  search sees from the shared PostgreSQL under the fleet's load;
+- a study prober: 2 threads, each with the project's own ``tuner.SearchDriver`` on a study in
+  the same database (a new one every 40 trials, as a sidecar's study holds tens), asking and
+  telling every 0.5 s (each call timed): the latency a sidecar's search sees from the shared
+  PostgreSQL under the fleet's load;
 - every second, PostgreSQL's lock waits (``pg_locks`` not granted) and deadlocks;
 - every 10 s, each sidecar's RSS (``/proc/PID/status``).
 
@@ -70,6 +71,8 @@ from tuner import Knob, KnobSpace, SearchConfig, SearchDriver  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "fleet.json"
 TOKEN = "fleet-bench-token"
 IN_FLIGHT = ("proposed", "approved", "applying", "observing")
+PROBE_STUDY = "fleet-bench-probe-"
+PROBE_TRIALS = 40
 TARGETS = {"ask_tell_p99_ms": 200.0, "api_p99_ms": 100.0, "sidecar_rss_mib": 300.0}
 
 
@@ -190,36 +193,40 @@ class Loop:
         self.thread.start()
 
 
-def study_prober(state_db: str, stop: threading.Event, latencies: dict[str, list[float]],
-                 outage: threading.Event) -> None:
-    """Ask and tell on one shared study in a loop (``SearchDriver`` is the sidecar's
-    ``StudyTrials``); a call made while PostgreSQL is down is not timed (it fails) and is
-    retried after the outage."""
+def study_prober(state_db: str, name: str, stop: threading.Event,
+                 latencies: dict[str, list[float]], outage: threading.Event) -> None:
+    """Ask and tell in a loop, a new study every ``PROBE_TRIALS`` trials (a sidecar's study
+    holds tens of trials, not thousands: Optuna reads a study's trials at every ask). A call
+    made while PostgreSQL is down is not timed (it fails) and is tried again after it."""
     space = KnobSpace.of([Knob(name="x", default=0, low=0, high=1000, integer=True),
                           Knob(name="y", default="a", choices=("a", "b", "c"))])
-    trials = None
     rng = np.random.default_rng()
+    trials, done, studies = None, 0, 0
     while not stop.is_set():
         if outage.is_set():
             time.sleep(0.5)
             continue
         try:
-            if trials is None:
-                trials = SearchDriver(space, storage_url=state_db,
-                                     config=SearchConfig(study_name="fleet-bench-probe"))
+            if trials is None or done >= PROBE_TRIALS:
+                studies += 1
+                trials = SearchDriver(space, storage_url=state_db, config=SearchConfig(
+                    study_name=f"{PROBE_STUDY}{name}-{studies}"))
+                done = 0
             t0 = time.perf_counter()
             proposal = trials.ask()
             t1 = time.perf_counter()
             if proposal is None:
-                return
+                done = PROBE_TRIALS
+                continue
             trials.tell(proposal.number, float(rng.random()))
             t2 = time.perf_counter()
+            done += 1
             if not outage.is_set():
                 latencies["ask"].append((t1 - t0) * 1000)
                 latencies["tell"].append((t2 - t1) * 1000)
         except Exception:  # the outage: the next call after it tries again
             time.sleep(0.5)
-        stop.wait(0.2)
+        stop.wait(0.5)
 
 
 def audit(state_db: str) -> dict[str, Any]:
@@ -243,7 +250,7 @@ def audit(state_db: str) -> dict[str, Any]:
                      if c[2] not in IN_FLIGHT and c[3].get("source") == "trial"
                      and trial_state.get((c[3]["meta"]["study"], c[3]["meta"]["trial"]))
                      == "RUNNING"]
-    study_trials = {k for k in trial_state if not k[0].startswith("fleet-bench-probe")}
+    study_trials = {k for k in trial_state if not k[0].startswith(PROBE_STUDY)}
     return {
         "changes": len(changes),
         "changes_by_state": dict(Counter(c[2] for c in changes)),
@@ -254,7 +261,7 @@ def audit(state_db: str) -> dict[str, Any]:
         "orphaned_changes_in_flight": [c[0] for c in changes if c[2] in IN_FLIGHT],
         "orphaned_trials_running": sorted(
             f"{s}#{n}" for (s, n), state in trial_state.items()
-            if state == "RUNNING" and not s.startswith("fleet-bench-probe")),
+            if state == "RUNNING" and not s.startswith(PROBE_STUDY)),
         "orphaned_finished_change_open_trial": finished_open,
     }
 
@@ -363,8 +370,9 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
 
     loops = [Loop(stop, 0.25, reader(k)) for k in range(4)]
     loops += [Loop(stop, 1.0, sample_locks), Loop(stop, 10.0, sample_rss)]
-    probers = [threading.Thread(target=study_prober, args=(state_db, stop, study_ms, outage),
-                                daemon=True) for _ in range(2)]
+    probers = [threading.Thread(target=study_prober, args=(state_db, str(k), stop, study_ms,
+                                                           outage), daemon=True)
+               for k in range(2)]
     for t in probers:
         t.start()
     duration_s = args.minutes * 60
