@@ -11,10 +11,11 @@ For each N in ``--sidecars`` (default 1, 4, 16), in one run, against one real Po
   with ``--ranks`` ranks x ``--series`` live series (8 x 500 by default);
 - 4 API readers (threads) calling ``/v1/status``, ``/v1/changes`` and ``/v1/findings`` of the
   sidecars in turn, every call timed;
-- a study prober: 2 threads, each with the project's own ``tuner.SearchDriver`` on a study in
-  the same database (a new one every 40 trials, as a sidecar's study holds tens), asking and
-  telling every 0.5 s (each call timed): the latency a sidecar's search sees from the shared
-  PostgreSQL under the fleet's load;
+- a study prober: 2 threads, each running the project's own ``tuner.SearchDriver`` as a
+  sidecar's search does (``next_move``: choose a move, enqueue and ask, under the study's lock;
+  then ``tell``; each call timed) every 0.5 s on the simulated job's knobs, in the same
+  database: the latency a sidecar's search sees from the shared PostgreSQL under the fleet's
+  load;
 - every second, PostgreSQL's lock waits (``pg_locks`` not granted) and deadlocks;
 - every 10 s, each sidecar's RSS (``/proc/PID/status``).
 
@@ -64,15 +65,15 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._fleet_job import KNOBS  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 from tests.servers import free_port  # noqa: E402
-from tuner import Knob, KnobSpace, SearchConfig, SearchDriver  # noqa: E402
+from tuner import KnobSpace, SearchConfig, SearchDriver  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "fleet.json"
 TOKEN = "fleet-bench-token"
 IN_FLIGHT = ("proposed", "approved", "applying", "observing")
 PROBE_STUDY = "fleet-bench-probe-"
-PROBE_TRIALS = 40
 TARGETS = {"ask_tell_p99_ms": 200.0, "api_p99_ms": 100.0, "sidecar_rss_mib": 300.0}
 
 
@@ -195,32 +196,35 @@ class Loop:
 
 def study_prober(state_db: str, name: str, stop: threading.Event,
                  latencies: dict[str, list[float]], outage: threading.Event) -> None:
-    """Ask and tell in a loop, a new study every ``PROBE_TRIALS`` trials (a sidecar's study
-    holds tens of trials, not thousands: Optuna reads a study's trials at every ask). A call
-    made while PostgreSQL is down is not timed (it fails) and is tried again after it."""
-    space = KnobSpace.of([Knob(name="x", default=0, low=0, high=1000, integer=True),
-                          Knob(name="y", default="a", choices=("a", "b", "c"))])
+    """A sidecar's search, minus the job: ``next_move`` (choose a single move, enqueue it and
+    ask for it, under the study's lock) and ``tell``, every 0.5 s, on the simulated job's
+    knobs; a kept move (one in three) becomes the baseline, and a search that tried every move
+    starts a new study. A call made while PostgreSQL is down is not timed (it fails) and is
+    tried again after it."""
+    space = KnobSpace.of(KNOBS)
     rng = np.random.default_rng()
-    trials, done, studies = None, 0, 0
+    search, studies = None, 0
+    baseline: dict[str, Any] = {}
     while not stop.is_set():
         if outage.is_set():
             time.sleep(0.5)
             continue
         try:
-            if trials is None or done >= PROBE_TRIALS:
+            if search is None:
                 studies += 1
-                trials = SearchDriver(space, storage_url=state_db, config=SearchConfig(
+                search = SearchDriver(space, storage_url=state_db, config=SearchConfig(
                     study_name=f"{PROBE_STUDY}{name}-{studies}"))
-                done = 0
+                baseline = {k.name: k.default for k in KNOBS}
             t0 = time.perf_counter()
-            proposal = trials.ask()
+            proposal = search.next_move(baseline, space)
             t1 = time.perf_counter()
             if proposal is None:
-                done = PROBE_TRIALS
+                search = None
                 continue
-            trials.tell(proposal.number, float(rng.random()))
+            search.tell(proposal.number, float(rng.random()))
             t2 = time.perf_counter()
-            done += 1
+            if rng.random() < 1 / 3:
+                baseline = dict(proposal.values)
             if not outage.is_set():
                 latencies["ask"].append((t1 - t0) * 1000)
                 latencies["tell"].append((t2 - t1) * 1000)
