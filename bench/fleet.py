@@ -9,9 +9,9 @@ For each N in ``--sidecars`` (default 1, 4, 16), in one run, against one real Po
 - N SIMULATED training jobs (``bench/_fleet_job.py``: the real lease client and training
   instrumentation around a sleep whose length depends on the config), one per sidecar, each
   with ``--ranks`` ranks x ``--series`` live series (8 x 500 by default);
-- 4 API readers (threads) calling ``/v1/status``, ``/v1/changes`` and ``/v1/findings`` of the
-  sidecars in turn, every call timed;
-- a study prober: 2 threads, each running the project's own ``tuner.SearchDriver`` as a
+- 4 API readers (threads of a process of their own) calling ``/v1/status``, ``/v1/changes``
+  and ``/v1/findings`` of the sidecars in turn, every call timed;
+- a study prober: 2 threads (of another process), each running the project's own ``tuner.SearchDriver`` as a
   sidecar's search does (``next_move``: choose a move, enqueue and ask, under the study's lock;
   then ``tell``; each call timed) every 0.5 s on the simulated job's knobs, in the same
   database: the latency a sidecar's search sees from the shared PostgreSQL under the fleet's
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import signal
@@ -74,6 +75,7 @@ RESULTS = ROOT / "bench" / "results" / "fleet.json"
 TOKEN = "fleet-bench-token"
 IN_FLIGHT = ("proposed", "approved", "applying", "observing")
 PROBE_STUDY = "fleet-bench-probe-"
+PATHS = ("/v1/status", "/v1/changes", "/v1/findings")
 TARGETS = {"ask_tell_p99_ms": 200.0, "api_p99_ms": 100.0, "sidecar_rss_mib": 300.0}
 
 
@@ -181,7 +183,7 @@ def wait_ready(http: httpx.Client, sidecars: list[Sidecar], timeout_s: float) ->
 class Loop:
     """A background thread that calls ``body`` every ``every_s`` until stopped."""
 
-    def __init__(self, stop: threading.Event, every_s: float, body: Callable[[], None]) -> None:
+    def __init__(self, stop: Any, every_s: float, body: Callable[[], None]) -> None:
         def run() -> None:
             while not stop.wait(every_s):
                 try:
@@ -194,8 +196,8 @@ class Loop:
         self.thread.start()
 
 
-def study_prober(state_db: str, name: str, stop: threading.Event,
-                 latencies: dict[str, list[float]], outage: threading.Event) -> None:
+def study_prober(state_db: str, name: str, stop: Any, latencies: dict[str, list[float]],
+                 outage: Any) -> None:
     """A sidecar's search, minus the job: ``next_move`` (choose a single move, enqueue it and
     ask for it, under the study's lock) and ``tell``, every 0.5 s, on the simulated job's
     knobs; a kept move (one in three) becomes the baseline, and a search that tried every move
@@ -231,6 +233,54 @@ def study_prober(state_db: str, name: str, stop: threading.Event,
         except Exception:  # the outage: the next call after it tries again
             time.sleep(0.5)
         stop.wait(0.5)
+
+
+def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
+    """A process of its own (the probers' Optuna work must not hold this one's GIL): 4 reader
+    threads call ``PATHS`` of the sidecars in turn every 0.25 s, each call timed; calls made
+    during the outage are not counted (they may wait on the database)."""
+    api_ms: list[float] = []
+    errors = Counter[str]()
+
+    def run(k: int) -> None:
+        client = httpx.Client(timeout=30.0, headers={"Authorization": f"Bearer {TOKEN}"})
+        i = k
+        while not stop.wait(0.25):
+            i += 1
+            url, path = urls[i % len(urls)], PATHS[i % len(PATHS)]
+            t0 = time.perf_counter()
+            try:
+                r = client.get(f"{url}{path}")
+            except httpx.HTTPError as exc:
+                errors[f"{path} {type(exc).__name__}"] += 1
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            if outage.is_set():
+                continue
+            if r.status_code == 200:
+                api_ms.append(ms)
+            else:
+                errors[f"{path} {r.status_code}"] += 1
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put({"api_ms": api_ms, "api_errors": dict(errors)})
+
+
+def study_probers(state_db: str, stop: Any, outage: Any, results: Any) -> None:
+    """A process of its own: 2 ``study_prober`` threads."""
+    study_ms: dict[str, list[float]] = {"ask": [], "tell": []}
+    threads = [threading.Thread(target=study_prober, args=(state_db, str(k), stop, study_ms,
+                                                           outage), daemon=True)
+               for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put({"study_ms": study_ms})
 
 
 def audit(state_db: str) -> dict[str, Any]:
@@ -323,36 +373,11 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         s.start_job(env, args.ranks, args.series, seed=i)
     started = time.time()
     cpu_at_start = {s.job: cpu_seconds(s.proc.pid) for s in sidecars if s.proc is not None}
-    stop = threading.Event()
-    outage = threading.Event()
-    api_ms: list[float] = []
-    api_errors = Counter[str]()
-    study_ms: dict[str, list[float]] = {"ask": [], "tell": []}
+    spawn = multiprocessing.get_context("spawn")
+    stop, outage, results = spawn.Event(), spawn.Event(), spawn.Queue()
     locks = {"waiting_max": 0, "waiting_samples": 0, "deadlocks": 0}
     rss: dict[str, list[float]] = {s.job: [] for s in sidecars}
     lock_engine = create_engine(state_db, pool_pre_ping=True)
-    paths = ["/v1/status", "/v1/changes", "/v1/findings"]
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-
-    def reader(k: int) -> Callable[[], None]:
-        client = httpx.Client(timeout=30.0, headers=auth)
-        state = {"i": k}
-
-        def call() -> None:
-            i = state["i"] = state["i"] + 1
-            s = sidecars[i % n]
-            path = paths[i % len(paths)]
-            t0 = time.perf_counter()
-            r = client.get(f"{s.url}{path}")
-            ms = (time.perf_counter() - t0) * 1000
-            if outage.is_set():
-                return  # during the outage reads may wait on the database: not the API's p99
-            if r.status_code == 200:
-                api_ms.append(ms)
-            else:
-                api_errors[f"{path} {r.status_code}"] += 1
-        call.__qualname__ = f"reader{k}"
-        return call
 
     def sample_locks() -> None:
         if outage.is_set():
@@ -372,13 +397,12 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
             if s.proc is not None and (value := rss_mib(s.proc.pid)) is not None:
                 rss[s.job].append(value)
 
-    loops = [Loop(stop, 0.25, reader(k)) for k in range(4)]
-    loops += [Loop(stop, 1.0, sample_locks), Loop(stop, 10.0, sample_rss)]
-    probers = [threading.Thread(target=study_prober, args=(state_db, str(k), stop, study_ms,
-                                                           outage), daemon=True)
-               for k in range(2)]
-    for t in probers:
-        t.start()
+    loops = [Loop(stop, 1.0, sample_locks), Loop(stop, 10.0, sample_rss)]
+    probes_procs = [spawn.Process(target=api_readers, args=([s.url for s in sidecars], stop,
+                                                            outage, results)),
+                    spawn.Process(target=study_probers, args=(state_db, stop, outage, results))]
+    for proc in probes_procs:
+        proc.start()
     duration_s = args.minutes * 60
     outage_report: dict[str, Any] | None = None
     if kill_postgres:
@@ -411,8 +435,12 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
     else:
         time.sleep(duration_s)
     stop.set()
-    for t in probers:
-        t.join(30)
+    measured: dict[str, Any] = {}
+    for _ in probes_procs:
+        measured.update(results.get(timeout=120))
+    for proc in probes_procs:
+        proc.join(30)
+    api_ms, study_ms = measured["api_ms"], measured["study_ms"]
     sample_rss()
     ended = time.time()
     cpu_share = [(end - begin) / (ended - started) for s in sidecars if s.proc is not None
@@ -437,7 +465,7 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         "seconds": ended - started,
         "proposals_per_s": found["changes"] / (ended - started),
         "api": {"calls": len(api_ms), "p50_ms": percentile(api_ms, 50),
-                "p99_ms": percentile(api_ms, 99), "errors": dict(api_errors)},
+                "p99_ms": percentile(api_ms, 99), "errors": measured["api_errors"]},
         "study": {op: {"calls": len(v), "p50_ms": percentile(v, 50),
                        "p99_ms": percentile(v, 99)} for op, v in study_ms.items()},
         "locks": {**locks, "journal_conflicts_logged": logs.count("moved under us")},
