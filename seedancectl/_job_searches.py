@@ -16,6 +16,7 @@ from policies import PolicyEngine, StoreWindow
 from policies.detectors import ComputePriorsDetector
 from seedancectl._config import SidecarConfig
 from tuner import (
+    STOPPED,
     Change,
     JobRegistry,
     JobStatus,
@@ -92,6 +93,20 @@ class JobSearches:
                     self._set_up_search(status)
                 except Exception:
                     log.exception("tuning set-up of job %s failed; going on", status.job)
+
+    def release(self) -> None:
+        """At shutdown, after the controller drained: fail the trials the searches still run
+        (a proposal not yet started), each free to be tried again, so none is left running."""
+        for job, driver in self._searches.items():
+            if driver is None:
+                continue
+            try:
+                released = driver.release(reason=STOPPED)
+            except Exception:  # the state DB is down: their leases expire, the next reap
+                log.exception("job %s: could not release the search's trials", job)
+                continue
+            if released:
+                log.info("job %s: trial(s) %s released: %s", job, released, STOPPED)
 
     def searching(self, job: str) -> bool:
         """Whether the job's search is set up (it may still wait to start)."""

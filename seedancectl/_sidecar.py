@@ -295,6 +295,8 @@ class Sidecar:
                 self.tuning.shutdown(timeout_s)
             if self.controller is not None:
                 self._drain(self.controller)
+            if self.searches is not None:
+                self.searches.release()
             self.notifier.shutdown(timeout_s)
             if self.engine is not None:
                 self.engine.shutdown(timeout_s)

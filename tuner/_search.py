@@ -212,6 +212,9 @@ class SearchDriver(StudyTrials):
                 meta={"study": self.config.study_name, "trial": proposal.number,
                       "origin": proposal.origin})
         except Exception as exc:
+            # never renewed from now on: if the state DB cannot fail it now, its lease
+            # expires and the next reap fails it, free to be tried again
+            self._mine.pop(proposal.number, None)
             self.fail(proposal.number, reason=f"could not propose: {exc}", unsafe=False)
             raise
 

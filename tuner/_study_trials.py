@@ -150,6 +150,15 @@ class StudyTrials:
         self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         self._mine.pop(number, None)
 
+    def release(self, *, reason: str) -> list[int]:
+        """Fail every trial this driver still runs, each free to be tried again (the search
+        stops: nothing was learned about them); returns their numbers."""
+        released = []
+        for number in list(self._mine):
+            self.fail(number, reason=reason, unsafe=False, retry=True)
+            released.append(number)
+        return released
+
     def mark_unsafe(self, values: Mapping[str, Any], *, reason: str) -> None:
         params = {k: values[k] for k in self.distributions}
         self.records.set_attr(UNSAFE_PREFIX + config_key(params), reason)

@@ -256,6 +256,22 @@ def test_a_sidecar_that_stops_rolls_back_its_change_in_flight_and_the_trial_may_
     assert again is not None and again.values == {"micro_batch": 2}
 
 
+def test_a_search_that_stops_releases_its_running_trials_to_be_tried_again(
+        state_db_url: str) -> None:
+    search = SearchDriver(SPACE, storage_url=state_db_url, knobs=("micro_batch",),
+                          config=SearchConfig(study_name="release", seed=0))
+    baseline = {"micro_batch": 8, "precision": "fp32"}
+    first = search.next_move(baseline, SPACE)
+    assert first is not None
+    assert search.release(reason=STOPPED) == [first.number]
+    assert search.study.trials[first.number].state == TrialState.FAIL
+    assert search.release(reason=STOPPED) == []
+    again = SearchDriver(SPACE, storage_url=state_db_url, knobs=("micro_batch",),
+                         config=SearchConfig(study_name="release", seed=0))
+    retried = again.next_move(baseline, SPACE)  # the next process of the sidecar
+    assert retried is not None and retried.values == first.values
+
+
 def test_a_lapsed_job_fails_the_trial_and_bars_its_config(rollout: dict[str, Any]) -> None:
     ctl, job, clock = rollout["ctl"], rollout["job"], rollout["clock"]
     search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
