@@ -253,6 +253,8 @@ class Sidecar:
             self._started = False
             if self.tuning is not None:
                 self.tuning.shutdown(timeout_s)
+            if self.searches is not None:
+                self.searches.close()
             self.notifier.shutdown(timeout_s)
             if self.engine is not None:
                 self.engine.shutdown(timeout_s)
