@@ -54,6 +54,12 @@ class FleetJobs:
         with self._engine.begin() as conn:
             conn.execute(upsert)
 
+    def known(self, job: str) -> bool:
+        """Whether the table has a row for the job (with a fingerprint or not)."""
+        with self._engine.connect() as conn:
+            return self._engine.dialect.has_table(conn, jobs_table.name) and conn.execute(
+                select(jobs_table.c.job).where(jobs_table.c.job == job)).first() is not None
+
     def fingerprints(self) -> dict[str, JobFingerprint]:
         """Every job's fingerprint (rows without one, or with one that no longer reads, are
         left out; the latter logged)."""

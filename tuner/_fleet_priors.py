@@ -39,7 +39,8 @@ FLEET_WHY = "fleet: kept by job"
 
 
 class NoFingerprintError(SeedanceError):
-    """The job has no fingerprint in the state database (it never attached with one)."""
+    """The job has no fingerprint in the state database: unknown there, or its client sent
+    none."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,10 +88,13 @@ class FleetPriors:
     def fingerprint(self, job: str) -> JobFingerprint:
         """The job's stored fingerprint; ``NoFingerprintError`` when there is none."""
         found = self._jobs.fingerprints().get(job)
-        if found is None:
-            raise NoFingerprintError(f"job {job!r} has no fingerprint in the state database "
-                                     "(not attached yet, or its client sends none)")
-        return found
+        if found is not None:
+            return found
+        if not self._jobs.known(job):
+            raise NoFingerprintError(f"unknown job {job!r}: no sidecar sharing this state "
+                                     "database has seen it attach")
+        raise NoFingerprintError(f"job {job!r} has no fingerprint yet (its client sent none: "
+                                 "an older seedance-tuner in the job?)")
 
     def sources(self, job: str, fingerprint: JobFingerprint | None = None) -> list[FleetSource]:
         """The other jobs near ``fingerprint`` (default: the job's stored one) that kept a
@@ -127,6 +131,13 @@ def fleet_moves(sources: Sequence[FleetSource], baseline: Mapping[str, Any],
         if len(moves) == limit:
             break
     return moves
+
+
+def fleet_source_of(origin: str) -> str | None:
+    """The source job of a trial whose origin is a fleet prior's ``why`` (None: another)."""
+    if not origin.startswith(FLEET_WHY + " "):
+        return None
+    return origin.removeprefix(FLEET_WHY + " ").rpartition(" (distance ")[0] or None
 
 
 def _in_domain(dist: BaseDistribution, value: Any) -> bool:

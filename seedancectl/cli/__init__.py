@@ -2,12 +2,13 @@
 
 Every user mistake ends in one red line and exit code 2, never a traceback: commands raise
 SeedanceError subclasses and the app's group (``_app``) turns them into that line. Commands on
-local files are in ``_local``, those that talk to a running sidecar in ``_remote``.
+local files are in ``_local``, those that talk to a running sidecar in ``_remote``, those on
+the fleet's shared state database in ``_fleet``.
 """
 
 from __future__ import annotations
 
-from seedancectl.cli import _local, _remote  # noqa: F401 (their commands register on import)
+from seedancectl.cli import _fleet, _local, _remote  # noqa: F401 (commands register on import)
 from seedancectl.cli._app import app
 
 __all__ = ["app", "main"]

@@ -17,6 +17,7 @@ from seedancectl._timeparse import parse_instant_ns
 from seedancectl.cli._app import (
     ConfigOption,
     JsonFlag,
+    StateDbOption,
     StoreOption,
     UsageError,
     app,
@@ -25,6 +26,7 @@ from seedancectl.cli._app import (
     err,
     metrics_app,
     print_json,
+    state_database,
     stdout,
     when,
 )
@@ -160,27 +162,13 @@ def metrics_query(
     stdout.print(f"{len(frame)} points")
 
 
-StateDbOption = Annotated[
-    str | None, typer.Option("--state-db", help="State database URL (default from config).")
-]
-
-
 @contextmanager
 def _finding_store(config: Path | None, state_db: str | None) -> Iterator[Any]:
     """The findings of the state database; a bad URL or file is a UsageError of one line."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     from policies import FindingStore
 
-    url = state_db or load_config(config).state_db
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise UsageError(f"{url}: no state database here (is the sidecar running for this job?)")
-    try:
-        with FindingStore(url) as store:
-            yield store
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise UsageError(f"{url}: not a usable state database ({reason})") from None
+    with state_database(config, state_db) as url, FindingStore(url) as store:
+        yield store
 
 
 @app.command()
