@@ -82,6 +82,7 @@ class JobSearches:
         self._fleet_jobs = FleetJobs(config.state_db)
         self._fleet = FleetPriors(self._fleet_jobs, controller.journal)
         self._fingerprinted: dict[str, str] = {}  # job -> the session whose fingerprint is in
+        # who wrote a fleet row it had to create (whoever owns the row may rewrite it)
         self._sidecar_id = f"{socket.gethostname()}:{config.port}"
         self._also = also
         self.loop: TuningLoop = _SidecarLoop(controller, interval_s=config.tuning_interval_s,
@@ -161,8 +162,12 @@ class JobSearches:
             self._first_seen_s[job] = time.monotonic()
             self._searches[job] = driver = self._new_search(status)
             if driver is not None:
-                self._add_fleet_priors(status, driver)
                 self.loop.add_search(job, driver)
+                try:
+                    self._add_fleet_priors(status, driver)
+                except Exception:
+                    log.exception("fleet priors of job %s not read; its search goes on "
+                                  "without them", job)
         driver = self._searches[job]
         if driver is None:
             return

@@ -7,8 +7,9 @@ sources, nearest first. A source's kept config is what its kept changes set, at 
 its last one (the job's final baseline), and its gain is their measured gains compounded (the
 kept config over the job's launch config). Each becomes a prior ``Move`` of the knobs that
 differ from the new job's baseline and that its search may set, expecting the source's gain:
-``SearchDriver.add_priors`` stores it in the study, and ``single_moves`` tries it first. A
-prior that regresses or fails here is judged like any trial.
+``SearchDriver.add_priors`` stores it in the study, and ``single_moves`` tries it first, once
+(``Move.once``: a config kept elsewhere that regressed here is not tried again from the next
+baseline). A prior that regresses or fails here is judged like any trial.
 """
 
 from __future__ import annotations
@@ -118,15 +119,15 @@ class FleetPriors:
 def fleet_moves(sources: Sequence[FleetSource], baseline: Mapping[str, Any],
                 space: Mapping[str, BaseDistribution], *,
                 limit: int = MAX_FLEET_PRIORS) -> list[Move]:
-    """The first ``limit`` sources (nearest first) that move this job as prior moves: each
-    source's knobs that ``space`` holds with its value in their domain and that differ from
-    ``baseline``, expecting the source's gain."""
+    """The first ``limit`` sources (nearest first) that move this job as prior moves, each to
+    be tried once: the source's knobs that ``space`` holds with its value in their domain and
+    that differ from ``baseline``, expecting the source's gain."""
     moves: list[Move] = []
     for source in sources:
         values = {k: v for k, v in source.values.items()
                   if k in space and _in_domain(space[k], v) and baseline.get(k) != v}
         if values and all(m.values != values for m in moves):
-            moves.append(Move(values=values, expected_gain=source.gain,
+            moves.append(Move(values=values, expected_gain=source.gain, once=True,
                               why=f"{FLEET_WHY} {source.job} (distance {source.distance:.2f})"))
         if len(moves) == limit:
             break

@@ -125,7 +125,7 @@ def test_a_new_job_tries_the_config_kept_by_the_nearest_past_job_first(
                           config=SearchConfig(study_name="seedance:mlp-base", seed=0))
     baseline = SPACE.defaults()  # micro_batch 8, as the past jobs launched
     moves = fleet_moves(sources, baseline, driver.distributions)
-    assert moves == [Move(values={"micro_batch": 4}, expected_gain=source.gain,
+    assert moves == [Move(values={"micro_batch": 4}, expected_gain=source.gain, once=True,
                           why=f"{FLEET_WHY} {MLP_SMALL} (distance {source.distance:.2f})")]
     driver.add_priors(moves)
     first = driver.next_move(baseline, SPACE)
@@ -139,6 +139,35 @@ def test_no_near_job_no_fleet_prior_and_a_job_never_its_own_source(
     assert priors.sources("rnn", fingerprint("rnn", small=True)) == []
     # the stored fingerprint of mlp-small is used when none is given; it is not its own source
     assert priors.sources(MLP_SMALL) == []
+
+
+def test_a_fleet_prior_that_regressed_is_not_tried_again_from_the_next_baseline(
+        tmp_path: Path) -> None:
+    driver = SearchDriver(SPACE, storage_url=sqlite_url(tmp_path / "state.db"),
+                          knobs=("micro_batch", "precision", "prefetch"),
+                          config=SearchConfig(study_name="s", seed=0, revisit_after_s=None))
+    prior = Move(values={"micro_batch": 2, "precision": "bf16"}, expected_gain=0.5,
+                 why=f"{FLEET_WHY} far-away (distance 0.20)", once=True)
+    direction = Move(values={"precision": "bf16"}, expected_gain=0.1, why="compute prior")
+    driver.add_priors([prior, direction])
+    assert driver.priors() == [prior, direction]  # stored in the study, ``once`` too
+    launch = SPACE.defaults()
+    first = driver.next_move(launch, SPACE)
+    assert first is not None and first.origin == prior.why
+    driver.tell(first.number, 50.0)  # it regressed here
+    second = driver.next_move(launch, SPACE)
+    assert second is not None and second.origin == "compute prior"
+    driver.tell(second.number, 50.0)
+    moved = {**launch, "prefetch": 3}  # another move was kept: a new baseline
+    after = driver.next_move(moved, SPACE)
+    # the compute prior is a direction, tried again from here; the fleet prior is not
+    assert after is not None and after.origin == "compute prior"
+    driver.tell(after.number, 50.0)
+    origins = []
+    while (proposal := driver.next_move(moved, SPACE)) is not None:
+        origins.append(proposal.origin)
+        driver.tell(proposal.number, 50.0)
+    assert prior.why not in origins
 
 
 def change(job: str, n: int, baseline: dict[str, Any], values: dict[str, Any], state: str,
