@@ -39,6 +39,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -54,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench._default_session import code_revision  # noqa: E402
-from bench.generalisation import Restorer, interleave, relative  # noqa: E402
+from bench.generalisation import CONTENDED, CpuMeter, Restorer, interleave  # noqa: E402
 from collectors import JobFingerprint, sqlite_url  # noqa: E402
 from collectors.torch_fingerprint import job_fingerprint  # noqa: E402
 from collectors.torch_profile import dtype_speedups  # noqa: E402
@@ -72,43 +73,106 @@ from tuner import (  # noqa: E402
     fleet_moves,
 )
 from workloads.families import FAMILIES, Built, family  # noqa: E402
-from workloads.train_family import Config, config_label, default_config, null_session  # noqa: E402
+from workloads.train_family import (  # noqa: E402
+    Config,
+    config_label,
+    default_config,
+    live_knobs,
+    null_session,
+    run_steps,
+)
 
 RESULTS = ROOT / "bench" / "results" / "fleet_priors.json"
 MIN_GAIN = RolloutConfig().min_gain
 REPLAYED = "replayed measurement"
+ATTEMPTS = 3
+"""Tries of a truth measurement while other processes load the box (the least loaded counts)."""
 
 
 # ---- the truth table ------------------------------------------------------------------------
 
 
 class Truth:
-    """Each config's tokens/s relative to the job's launch config, measured on this CPU the
-    first time it is asked for (``run_steps`` visits interleaved with the launch config), then
-    reused."""
+    """Each config's tokens/s relative to the job's launch config on this CPU.
 
-    def __init__(self, built: Built, *, steps: int, rounds: int, seed: int) -> None:
+    ``grid_round`` visits every config within ``reach`` micro-batch steps of the launch
+    config (both thread counts) once, in a shuffled order, the launch config between every
+    ``reference_every`` of them (``bench.generalisation.interleave``); a config's figure is the
+    median over rounds of its tokens/s / the mean of the launch visits around it. The rounds
+    of a family's two sizes alternate, so both tables see the box in the same states (it is
+    shared, and on 2 cores a busy neighbour turns 2 threads from the fastest into the slowest).
+    A config outside the grid is measured when a search first asks for it, ``rounds`` rounds
+    against the launch config. A measurement taken while other processes loaded the box is
+    taken again (``_measure``)."""
+
+    def __init__(self, built: Built, *, steps: int, rounds: int, reach: int, seed: int) -> None:
         self.built = built
         self.launch = default_config(built)
-        self.table: dict[str, dict[str, Any]] = {config_label(self.launch): {
-            "relative": 1.0, "measured_steps": 0, "seconds": 0.0}}
         self._steps, self._rounds, self._seed = steps, rounds, seed
         self._restorer = Restorer(built)
+        knobs = live_knobs(built)
+        sizes = sorted(int(m) for m in knobs["micro_batch"])
+        at = sizes.index(int(self.launch["micro_batch"]))
+        self.grid = {config_label(c): c for c in (
+            {**self.launch, "threads": t, "micro_batch": m}
+            for t in sorted({min(knobs["threads"]), max(knobs["threads"])})
+            for m in sizes[max(0, at - reach):at + reach + 1])}
+        self.relatives: dict[str, list[float]] = {config_label(self.launch): [1.0]}
+        self.lazy: set[str] = set()
+        self.seconds = 0.0
+        self.foreign: list[float] = []
+        """Other processes' share of the CPUs during each measurement kept."""
+        self.discarded = 0
+        """Measurements taken again because the box was busy."""
+        self._visit_s = 30.0
+
+    def grid_round(self, r: int) -> None:
+        began = time.monotonic()
+        if r == 0:
+            probe = run_steps(self.built, self.launch, 2, warmup=1)
+            self._visit_s = max(2.0, 4 * (self._steps + 1) * statistics.median(
+                s for _, s in probe))
+        self._measure(self.grid, rounds=1, seed=self._seed + r)
+        self.seconds += time.monotonic() - began
 
     def __call__(self, config: Config) -> float:
         label = config_label(config)
-        if label not in self.table:
+        if label not in self.relatives:
             began = time.monotonic()
-            launch = config_label(self.launch)
-            arms = interleave(self.built, {launch: self.launch, label: dict(config)}, launch,
-                              rounds=self._rounds, steps=self._steps, visit_s=30.0,
-                              reference_every=1, prune_below=None, seed=self._seed,
+            self.lazy.add(label)
+            self._measure({label: dict(config)}, rounds=self._rounds, seed=self._seed)
+            self.seconds += time.monotonic() - began
+        return statistics.median(self.relatives[label])
+
+    def _measure(self, configs: Mapping[str, Config], *, rounds: int, seed: int) -> None:
+        """Measure ``configs`` against the launch config; a measurement during which other
+        processes used more than ``CONTENDED`` of the CPUs is taken again (up to
+        ``ATTEMPTS`` in all; the least contended one counts)."""
+        launch = config_label(self.launch)
+        tries: list[tuple[float, dict[str, list[float]]]] = []
+        for attempt in range(ATTEMPTS):
+            meter = CpuMeter()
+            arms = interleave(self.built, {launch: self.launch, **configs}, launch,
+                              rounds=rounds, steps=self._steps, visit_s=self._visit_s,
+                              reference_every=4, prune_below=None, seed=seed + 100 * attempt,
                               restorer=self._restorer, echo=f"  [{self.built.family.name}] ")
-            arm = arms[label]
-            value = relative(arm) if arm.finite else 0.0
-            self.table[label] = {"relative": round(value, 4), "measured_steps": len(arm.steps),
-                                 "seconds": round(time.monotonic() - began, 1)}
-        return float(self.table[label]["relative"])
+            foreign = meter.foreign_share()
+            tries.append((foreign, {label: arm.relatives if arm.finite else [0.0]
+                                    for label, arm in arms.items() if label != launch}))
+            if not foreign > CONTENDED:
+                break
+            print(f"  [{self.built.family.name}] other processes used {foreign:.0%} of the "
+                  "CPUs: measured again", flush=True)
+        foreign, kept = min(tries, key=lambda t: t[0] if math.isfinite(t[0]) else 1.0)
+        self.foreign.append(round(foreign, 3))
+        self.discarded += len(tries) - 1
+        for label, relatives in kept.items():
+            self.relatives.setdefault(label, []).extend(relatives)
+
+    def table(self) -> dict[str, Any]:
+        return {label: {"relative": round(statistics.median(v), 4), "visits": len(v),
+                        "on_demand": label in self.lazy}
+                for label, v in self.relatives.items()}
 
 
 # ---- one replayed search ----------------------------------------------------------------------
@@ -161,7 +225,8 @@ def replay_search(job: str, built: Built, fingerprint: JobFingerprint, truth: Tr
                 baseline = candidate
             trials.append({"trial": proposal.number, "config": config_label(candidate),
                            "origin": proposal.origin, "gain": round(gain, 4), "state": state,
-                           "baseline_after": config_label(baseline)})
+                           "baseline_after": config_label(baseline),
+                           "baseline_relative": round(truth(baseline), 4)})
         return {"sources": [s.to_json() for s in sources],
                 "fleet_priors": [m.to_json() for m in moves], "trials": trials,
                 "kept": config_label(baseline), "kept_relative": truth(baseline),
@@ -205,7 +270,7 @@ def trials_to(run: Mapping[str, Any], target: str, target_relative: float,
         if trial["baseline_after"] == target:
             return i, "the same config"
     for i, trial in enumerate(run["trials"], start=1):
-        if truth.table[trial["baseline_after"]]["relative"] >= target_relative:
+        if trial["baseline_relative"] >= target_relative:
             return i, "a config measured at least as fast"
     return None, "never reached"
 
@@ -220,9 +285,18 @@ def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namesp
     small, base = fam.build(args.seed, small=True), fam.build(args.seed)
     fp_small = job_fingerprint(small.model, speedups=speedups)
     fp_base = job_fingerprint(base.model, speedups=speedups)
-    truth_small = Truth(small, steps=args.steps, rounds=args.rounds, seed=args.seed)
-    truth_base = Truth(base, steps=args.steps, rounds=args.rounds, seed=args.seed)
+    truth_small, truth_base = (Truth(built, steps=args.steps, rounds=args.rounds,
+                                     reach=args.reach, seed=args.seed)
+                               for built in (small, base))
     began = time.monotonic()
+    meter = CpuMeter()
+    for r in range(args.rounds):  # the two sizes' rounds alternate: the same box for both
+        for size, truth in (("small", truth_small), ("base", truth_base)):
+            print(f"[{name}] truth of the {size} size, round {r + 1}/{args.rounds}: "
+                  f"{len(truth.grid)} configs", flush=True)
+            truth.grid_round(r)
+    foreign = {"grid": meter.foreign_share()}
+    meter = CpuMeter()
     job_a, job_b = f"{name}-small", f"{name}-base"
     print(f"[{name}] A: {job_a} on the shared database", flush=True)
     a = replay_search(job_a, small, fp_small, truth_small, db_url=shared_db,
@@ -234,6 +308,7 @@ def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namesp
     print(f"[{name}] B warm: {job_b} on the shared database", flush=True)
     warm = replay_search(job_b, base, fp_base, truth_base, db_url=shared_db,
                          max_trials=args.max_trials)
+    foreign["searches"] = meter.foreign_share()
     target, target_relative = cold["kept"], cold["kept_relative"]
     cold_n, _ = trials_to(cold, target, target_relative, truth_base)
     warm_n, warm_how = trials_to(warm, target, target_relative, truth_base)
@@ -253,7 +328,12 @@ def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namesp
         "target_applies": applies,
         "target_met": (warm_n is not None and cold_n is not None and warm_n <= cold_n / 2)
         if applies else None,
-        "truth": {"A": truth_small.table, "B": truth_base.table},
+        "truth": {"A": truth_small.table(), "B": truth_base.table()},
+        "truth_seconds": {"A": round(truth_small.seconds, 1), "B": round(truth_base.seconds, 1)},
+        "truth_foreign_cpu_share": {"A": truth_small.foreign, "B": truth_base.foreign},
+        "truth_measured_again": {"A": truth_small.discarded, "B": truth_base.discarded},
+        "foreign_cpu_share": {k: round(v, 3) for k, v in foreign.items()},
+        "contended": any(v > CONTENDED for v in foreign.values()),
         "seconds": round(time.monotonic() - began, 1),
     }
 
@@ -267,8 +347,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--steps", type=int, default=3, help="measured steps per truth visit")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="truth: rounds of (config, launch) visits per config")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="truth: interleaved rounds over each size's grid")
+    p.add_argument("--reach", type=int, default=3,
+                   help="truth grid: micro-batch sizes this many steps either side of launch")
     p.add_argument("--max-trials", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -285,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
                     "cpus": os.cpu_count()},
         "measurement": REPLAYED,
-        "protocol": {"steps_per_visit": args.steps, "rounds_per_config": args.rounds,
+        "protocol": {"steps_per_visit": args.steps, "truth_rounds": args.rounds,
+                     "truth_grid_reach": args.reach,
                      "max_trials": args.max_trials, "seed": args.seed, "keep_if_gain_above":
                      MIN_GAIN, "A": "small size, shared state database",
                      "B_cold": "base size, its own state database",
