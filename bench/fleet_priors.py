@@ -27,8 +27,11 @@ Target (each family seen before, i.e. every family: its small job ran first): wa
 B's cold kept config <= cold trials / 2. A family whose cold search keeps its launch config
 (0 trials) or needs one trial cannot do better than tie; it is reported, with "n/a".
 
-Run: python bench/fleet_priors.py [--families mlp,vit --steps 3 --rounds 2]  (about 25
-minutes for the five families on 2 cores). Results: bench/results/fleet_priors.json.
+Run: python bench/fleet_priors.py [--families mlp,vit --rounds 3]  (about 9 minutes for the
+five families on a quiet 2-core box, longer while other processes load it: a truth
+measurement taken while they used more than a quarter of the CPUs is taken again);
+``--families wide_transformer --merge`` re-measures one family and keeps the others.
+Results: bench/results/fleet_priors.json.
 """
 
 from __future__ import annotations
@@ -354,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-trials", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other families' results already in --out (same protocol): "
+                        "re-measure a family whose box was busy")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.families.split(",") if n.strip()]
     for n in names:
@@ -375,12 +381,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                      "B_warm": "base size, the shared state database (fleet priors)"},
         "families": {},
     }
+    if args.merge and args.out.exists():
+        before = json.loads(args.out.read_text(encoding="utf-8"))
+        if before.get("protocol") != report["protocol"]:
+            p.error(f"--merge: {args.out} was measured under another protocol")
+        report["families"] = {k: v for k, v in before["families"].items() if k not in names}
     with tempfile.TemporaryDirectory(prefix="fleet-priors-") as tmp:
         workdir = Path(tmp)
         shared = sqlite_url(workdir / "shared.db")
         for n in names:
             print(f"=== {n} ===", flush=True)
-            report["families"][n] = bench_family(n, shared, workdir, args)
+            report["families"][n] = {
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "code_revision": code_revision(), "shared_database_with": names,
+                **bench_family(n, shared, workdir, args)}
             fam = report["families"][n]
             print(f"[{n}] cold kept {fam['cold_kept']} in {fam['cold_trials_to_kept']} "
                   f"trials, warm in {fam['warm_trials_to_kept']} ({fam['warm_reached']})",
@@ -399,7 +413,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                            "warm_total": f["warm_trials_total"]}
                        for n, f in report["families"].items()},
         "met": bool(applies) and all(applies.values()),
-        "wall_s": round(time.monotonic() - began, 1),
+        "wall_s_of_this_run": round(time.monotonic() - began, 1),
+        "families_on_a_busy_box": sorted(n for n, f in report["families"].items()
+                                         if f["contended"]),
         "load_average_start_end": [list(load_start), list(os.getloadavg())],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
