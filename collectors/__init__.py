@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collectors._catalogue import MetricSpec as MetricSpec
     from collectors._errors import ConfigError as ConfigError
     from collectors._errors import SeedanceError as SeedanceError
+    from collectors._fingerprint import FingerprintError as FingerprintError
+    from collectors._fingerprint import JobFingerprint as JobFingerprint
     from collectors._nvml import GpuSampler as GpuSampler
     from collectors._nvml import GpuSamplerConfig as GpuSamplerConfig
     from collectors._nvml_backends import DisabledBackend as DisabledBackend

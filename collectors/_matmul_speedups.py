@@ -32,6 +32,12 @@ PRECISION_DTYPES: Mapping[str, torch.dtype] = MappingProxyType({
 })
 """Keys of :func:`dtype_speedups` (the ``precision.<group>`` knob values) -> torch dtypes."""
 
+FAST_SPEEDUP = 1.1
+"""A precision counts as fast on a device where its matmuls measured at least this much faster
+than fp32's: the casts around a group and the numerical risk eat a smaller gain, and the
+one-core micro-benchmark reads a few percent either way (fp16 at 1.01x on a CPU with
+AVX512-FP16). The search tries only fast precisions; a job's fingerprint names them."""
+
 CACHE_ENV = "SEEDANCE_CACHE_DIR"
 _CACHE_FILE = "matmul_speedups.json"
 

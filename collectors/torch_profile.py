@@ -32,6 +32,7 @@ from collectors._group_profiler import (
 )
 from collectors._matmul_speedups import (
     CACHE_ENV,
+    FAST_SPEEDUP,
     PRECISION_DTYPES,
     device_model,
     dtype_name,
@@ -44,6 +45,7 @@ __all__ = [
     "DEVICE_MODEL_ATTR",
     "DTYPE_ATTR",
     "DTYPE_SOURCE_ATTR",
+    "FAST_SPEEDUP",
     "PRECISION_DTYPES",
     "ForwardProfile",
     "ModuleGroupProfiler",

@@ -1,12 +1,16 @@
 """The sidecar's searches: one Optuna search per job its configuration tunes, fed with the
-policy engine's suggestions and the job's compute priors, and paused or resumed by an
-operator (journaled, so a restart keeps it). Everything here runs on the tuning thread, except
-the reads the API makes (``tuning_state``, ``moves_left``) and ``set_tuning``."""
+policy engine's suggestions, the job's compute priors and the fleet priors (the configs kept
+by the past jobs nearest to it, ``tuner.FleetPriors``), and paused or resumed by an operator
+(journaled, so a restart keeps it). Each attached job's fingerprint goes into the fleet's
+table, where the searches of every sidecar sharing the state database find it. Everything here
+runs on the tuning thread, except the reads the API makes (``tuning_state``, ``moves_left``)
+and ``set_tuning``."""
 
 from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -18,12 +22,15 @@ from seedancectl._config import SidecarConfig
 from tuner import (
     STOPPED,
     Change,
+    FleetJobs,
+    FleetPriors,
     JobRegistry,
     JobStatus,
     RolloutController,
     SearchConfig,
     SearchDriver,
     TuningLoop,
+    fleet_moves,
     observed_ceilings,
     suggestions,
     within_bounds,
@@ -74,6 +81,11 @@ class JobSearches:
         self._has_priors: set[str] = set()
         self._priors = ComputePriorsDetector()
         self._paused: dict[str, bool] = {}
+        self._fleet_jobs = FleetJobs(config.state_db)
+        self._fleet = FleetPriors(self._fleet_jobs, controller.journal)
+        self._fingerprinted: dict[str, str] = {}  # job -> the session whose fingerprint is in
+        # who wrote a fleet row it had to create (whoever owns the row may rewrite it)
+        self._sidecar_id = f"{socket.gethostname()}:{config.port}"
         self._also = also
         self.loop: TuningLoop = _SidecarLoop(controller, interval_s=config.tuning_interval_s,
                                              housekeeping=self._round)
@@ -84,10 +96,20 @@ class JobSearches:
         self.update()
         self._also()
 
+    def close(self) -> None:
+        """Release the fleet table's connections (the tuning thread has stopped)."""
+        self._fleet_jobs.close()
+
     def update(self) -> None:
         """A search for every newly attached job the config tunes; the engine's new
-        suggestions and the job's compute priors added to its priors."""
+        suggestions and the job's compute priors added to its priors; each attached job's
+        fingerprint in the fleet's table."""
         for status in self._jobs.jobs():
+            if status.state == "attached":
+                try:
+                    self._record_fingerprint(status)
+                except Exception:
+                    log.exception("fingerprint of job %s not recorded; going on", status.job)
             if status.state == "attached" and self.config.job_config(status.job).tune:
                 try:
                     self._set_up_search(status)
@@ -140,6 +162,16 @@ class JobSearches:
                                         detail={"action": action})
         return self.tuning_state(job)
 
+    def _record_fingerprint(self, status: JobStatus) -> None:
+        """The fingerprint of the job's session into the fleet's table, once a session."""
+        job = status.job
+        if status.fingerprint is None or self._fingerprinted.get(job) == status.session:
+            return
+        self._fleet_jobs.record_fingerprint(
+            job, status.fingerprint, kind=status.kind, sidecar_id=self._sidecar_id,
+            study=study_name(self.config, job))
+        self._fingerprinted[job] = status.session
+
     def _set_up_search(self, status: JobStatus) -> None:
         job = status.job
         if job not in self._searches:
@@ -147,6 +179,11 @@ class JobSearches:
             self._searches[job] = driver = self._new_search(status)
             if driver is not None:
                 self.loop.add_search(job, driver)
+                try:
+                    self._add_fleet_priors(status, driver)
+                except Exception:
+                    log.exception("fleet priors of job %s not read; its search goes on "
+                                  "without them", job)
         driver = self._searches[job]
         if driver is None:
             return
@@ -158,6 +195,17 @@ class JobSearches:
             self._priors_from[job] = ids
             if added:
                 log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
+
+    def _add_fleet_priors(self, status: JobStatus, driver: SearchDriver) -> None:
+        """The configs kept by the past jobs nearest to this one, as its first trials (once,
+        as its search is set up: what the fleet kept later is for the next job)."""
+        if status.fingerprint is None:
+            return
+        sources = self._fleet.sources(status.job, status.fingerprint)
+        moves = fleet_moves(sources, status.baseline.values, driver.distributions)
+        if moves and driver.add_priors(moves):
+            log.info("job %s: fleet priors: %s", status.job, "; ".join(
+                f"{m.values} ({m.why})" for m in moves))
 
     def _add_compute_priors(self, status: JobStatus, driver: SearchDriver) -> None:
         """The compute priors of the job's profile, read straight from the reader every

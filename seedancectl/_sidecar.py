@@ -297,6 +297,8 @@ class Sidecar:
                 self._drain(self.controller)
             if self.searches is not None:
                 self.searches.release()
+            if self.searches is not None:
+                self.searches.close()
             self.notifier.shutdown(timeout_s)
             if self.engine is not None:
                 self.engine.shutdown(timeout_s)

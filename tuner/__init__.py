@@ -30,6 +30,15 @@ if TYPE_CHECKING:
     from tuner._fleet_directory import FleetJob as FleetJob
     from tuner._fleet_directory import FleetSidecar as FleetSidecar
     from tuner._fleet_directory import stale_after_s as stale_after_s
+    from tuner._fleet_distance import NEAR_DISTANCE as NEAR_DISTANCE
+    from tuner._fleet_distance import fingerprint_distance as fingerprint_distance
+    from tuner._fleet_jobs import FleetJobs as FleetJobs
+    from tuner._fleet_priors import FLEET_WHY as FLEET_WHY
+    from tuner._fleet_priors import FleetPriors as FleetPriors
+    from tuner._fleet_priors import FleetSource as FleetSource
+    from tuner._fleet_priors import NoFingerprintError as NoFingerprintError
+    from tuner._fleet_priors import fleet_moves as fleet_moves
+    from tuner._fleet_priors import fleet_source_of as fleet_source_of
     from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings
     from tuner._guardrails import Guardrail as Guardrail
     from tuner._guardrails import NonFiniteValues as NonFiniteValues

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from collectors import JobFingerprint
 from tuner._knobs import Config, Knob, KnobError, KnobSpace, KnobValue
 from tuner._lease_messages import (
     Ack,
@@ -63,6 +64,7 @@ class _Job:
     traceparent: str | None = None
     actions: list[dict[str, Any]] = field(default_factory=list)
     last_version: int = 0
+    fingerprint: JobFingerprint | None = None
     acks: collections.deque[Ack] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_ACKS_KEPT))
 
@@ -113,7 +115,8 @@ class JobRegistry:
 
     def attach(self, job: str, *, rank: int = 0, world_size: int = 1, kind: JobKind = "train",
                knobs: Iterable[Knob], baseline: Mapping[str, Any],
-               lease_ttl_s: float | None = None, version: int = 0) -> tuple[str, Config]:
+               lease_ttl_s: float | None = None, version: int = 0,
+               fingerprint: JobFingerprint | None = None) -> tuple[str, Config]:
         """Start a new session for `job` (replacing any earlier one) and return it with the
         config the job should run.
 
@@ -123,7 +126,8 @@ class JobRegistry:
         when they fit the declared knobs, else the stored values wherever still valid (a new
         baseline is a change, approved and audited, never an attach).
         `version` is the config version the job runs now; new versions go above it. Only rank 0
-        holds a lease (SessionError otherwise).
+        holds a lease (SessionError otherwise). `fingerprint`: what kind of job it is (kept
+        until an attach sends another).
         """
         if rank != 0:
             raise SessionError(f"only rank 0 holds the lease of job {job!r}, not rank {rank}")
@@ -173,6 +177,7 @@ class JobRegistry:
                 record.kind, record.world_size, record.space = kind, world_size, space
                 record.session, record.ttl_s = session, ttl_s
                 record.expires_at, record.state = now + ttl_s, "attached"
+            record.fingerprint = fingerprint or record.fingerprint
             self._cond.notify_all()
             callbacks, desired = list(self._on_attach), record.desired
             log.info("job %s attached (session %s, world size %d, %d knobs, config v%d)",
@@ -389,7 +394,8 @@ class JobRegistry:
             expires_in_s=record.expires_at - self._clock(), knobs=record.space,
             baseline=record.baseline, desired=record.desired, change_id=record.change_id,
             acked_version=applied[-1].version if applied else None,
-            last_step=record.acks[-1].step if record.acks else None)
+            last_step=record.acks[-1].step if record.acks else None,
+            fingerprint=record.fingerprint)
 
 
 def _merge(space: KnobSpace, stored: Mapping[str, KnobValue],

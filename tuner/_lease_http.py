@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from collectors import SeedanceError
+from collectors import FingerprintError, JobFingerprint, SeedanceError
 from tuner._knobs import Knob, KnobError, KnobValue
 from tuner._lease import JobRegistry
 from tuner._lease_messages import (
@@ -37,6 +37,8 @@ class AttachBody(_Body):
     baseline: dict[str, KnobValue] = Field(default_factory=dict)
     lease_ttl_s: float | None = None
     version: int = 0
+    fingerprint: dict[str, Any] | None = None
+    """What kind of job it is (``collectors.JobFingerprint``); bounded by its ``from_json``."""
 
 
 class AckBody(_Body):
@@ -50,6 +52,13 @@ class AckBody(_Body):
 
 _HTTP_STATUS: tuple[tuple[type[Exception], int], ...] = (
     (UnknownJobError, 404), (SessionError, 409), (InvalidRequestError, 422), (KnobError, 422))
+
+
+def _fingerprint(data: dict[str, Any] | None) -> JobFingerprint | None:
+    try:
+        return None if data is None else JobFingerprint.from_json(data)
+    except FingerprintError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def _http(exc: SeedanceError) -> HTTPException:
@@ -89,7 +98,8 @@ def lease_router(registry: JobRegistry, authorise: JobAuthoriser) -> APIRouter:
             knobs = [Knob.from_json(k) for k in body.knobs]
             session, config = registry.attach(
                 job, rank=body.rank, world_size=body.world_size, kind=body.kind, knobs=knobs,
-                baseline=body.baseline, lease_ttl_s=body.lease_ttl_s, version=body.version)
+                baseline=body.baseline, lease_ttl_s=body.lease_ttl_s, version=body.version,
+                fingerprint=_fingerprint(body.fingerprint))
             status = registry.status(job)
         except SeedanceError as exc:
             raise _http(exc) from None

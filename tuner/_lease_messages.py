@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from collectors import SeedanceError
+from collectors import JobFingerprint, SeedanceError
 from tuner._knobs import Config, KnobSpace
 
 JobKind = Literal["train", "serve"]
@@ -92,6 +92,7 @@ class JobStatus:
 
     `acked_version` is the last version the job acked as applied (None before the first ack);
     `last_step` the step of its last ack. `expires_in_s` is negative once lapsed.
+    `fingerprint` is what kind of job it is, as its client measured it (None: not sent).
     """
 
     job: str
@@ -107,6 +108,7 @@ class JobStatus:
     change_id: str | None
     acked_version: int | None
     last_step: int | None
+    fingerprint: JobFingerprint | None = None
 
     @property
     def desired_version(self) -> int:
@@ -121,7 +123,9 @@ class JobStatus:
                 "knobs": [k.to_json() for k in self.knobs.knobs.values()],
                 "baseline": self.baseline.to_json(), "desired": self.desired.to_json(),
                 "change_id": self.change_id, "acked_version": self.acked_version,
-                "last_step": self.last_step}
+                "last_step": self.last_step,
+                "fingerprint": (self.fingerprint.to_json() if self.fingerprint is not None
+                                else None)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -98,7 +98,8 @@ class SearchDriver(StudyTrials):
     def priors(self) -> list[Move]:
         attrs = self.records.attrs()
         return [Move(values=dict(m["values"]), expected_gain=m.get("expected_gain"),
-                     why=str(m.get("why", ""))) for m in attrs.get(PRIORS_ATTR, ())]
+                     why=str(m.get("why", "")), once=bool(m.get("once", False)))
+                for m in attrs.get(PRIORS_ATTR, ())]
 
     # ---- the rollout controller's side ---------------------------------------------------------
 
@@ -121,9 +122,16 @@ class SearchDriver(StudyTrials):
             return self._revisit(params, moves)
 
     def _moves(self, params: Mapping[str, Any]) -> list[Move]:
-        """``single_moves`` less those above a ceiling the job's telemetry shows."""
+        """``single_moves`` less those above a ceiling the job's telemetry shows, and less the
+        priors to try ``once`` that a trial tried already (its origin is their ``why``)."""
         ceilings = self.ceilings()
-        return [m for m in single_moves(params, self.distributions, self.priors())
+        priors = self.priors()
+        if any(p.once for p in priors):
+            tried = {t.user_attrs.get(ORIGIN_ATTR) for t in self.study.get_trials(deepcopy=False)
+                     if t.state != TrialState.WAITING
+                     and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
+            priors = [p for p in priors if not (p.once and p.why in tried)]
+        return [m for m in single_moves(params, self.distributions, priors)
                 if not above_ceiling(m.values, ceilings)]
 
     def _revisit(self, params: Mapping[str, Any], moves: Sequence[Move]) -> Proposal | None:

@@ -125,14 +125,18 @@ def neighbours(values: Mapping[str, Any], space: Mapping[str, BaseDistribution]
 @dataclass(frozen=True, kw_only=True)
 class Move:
     """One step from the job's baseline: the knobs it sets, the gain a prior expects of it
-    (None: no prior), and why it is tried."""
+    (None: no prior), and why it is tried. A prior ``once`` is tried from one baseline only:
+    it is a whole config another job kept, not a direction worth trying from every baseline
+    (a compute prior's "this group is faster in bf16")."""
 
     values: dict[str, KnobValue]
     expected_gain: float | None = None
     why: str = ""
+    once: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"values": self.values, "expected_gain": self.expected_gain, "why": self.why}
+        return {"values": self.values, "expected_gain": self.expected_gain, "why": self.why,
+                "once": self.once}
 
 
 _PRECISION_RANK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3, "fp8": 4}

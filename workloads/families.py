@@ -363,15 +363,21 @@ class Family:
     """Passed to ``attach``; None: the project's default grouping by module names."""
     tiny: Mapping[str, Any] = field(default_factory=dict)
     """Model arguments of a tiny variant (same architecture, names and data): fast tests."""
+    small: Mapping[str, Any] = field(default_factory=dict)
+    """Model arguments of a smaller size of the family (same architecture, names and data,
+    about a quarter of the parameters): the fleet bench's first job of a family."""
     launch_micro_batch: int | None = None
     """The micro-batch its author launched with (None: the whole global batch at once)."""
     launch_threads: int | None = None
     """The torch threads its author set at launch (None: torch's default)."""
 
-    def build(self, seed: int = 0, *, tiny: bool = False) -> Built:
-        """A fresh model, AdamW and data stream; ``tiny`` builds the small variant for tests."""
+    def build(self, seed: int = 0, *, tiny: bool = False, small: bool = False) -> Built:
+        """A fresh model, AdamW and data stream; ``tiny`` builds the variant for tests,
+        ``small`` the family's smaller size."""
+        if tiny and small:
+            raise FamilyError(f"family {self.name}: build tiny or small, not both")
         torch.manual_seed(seed)
-        model = self.make_model(**(self.tiny if tiny else {}))
+        model = self.make_model(**(self.tiny if tiny else self.small if small else {}))
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=0.01)
         batches = SyntheticBatches(self.make_draw(self.global_batch, seed), seed=seed)
         return Built(family=self, model=model, optimizer=optimizer, batches=batches,
@@ -382,27 +388,30 @@ FAMILIES: Mapping[str, Family] = {f.name: f for f in (
     Family(name="cnn_bn", description="VGG-style CNN with BatchNorm, 32x32 images, 10 classes",
            global_batch=32, tokens_per_sample=1, token_unit="images",
            make_model=ConvNet, make_draw=lambda b, s: _image_draw(b, 10, 32, s),
-           loss_fn=_classification_loss, tiny={"widths": (4, 8)}),
+           loss_fn=_classification_loss, tiny={"widths": (4, 8)},
+           small={"widths": (16, 32, 64)}),
     Family(name="vit", description="ViT (6 blocks x 192, 4x4 patches of 32x32 images)",
            global_batch=16, tokens_per_sample=64, token_unit="patch tokens (64 per image)",
            make_model=ViT, make_draw=lambda b, s: _image_draw(b, 10, 32, s),
            loss_fn=_classification_loss, tiny={"dim": 16, "depth": 1, "heads": 2},
-           launch_micro_batch=4),
+           small={"dim": 128, "depth": 3, "heads": 2}, launch_micro_batch=4),
     Family(name="rnn", description="2-layer LSTM language model (256 wide) on 64-step "
                                    "sequences of a 64-token vocabulary",
            global_batch=32, tokens_per_sample=64, token_unit="sequence positions",
            make_model=LSTMLanguageModel, make_draw=lambda b, s: _sequence_draw(b, 64, 64, s),
-           loss_fn=_lm_loss, tiny={"dim": 16, "layers": 1}, launch_threads=1),
+           loss_fn=_lm_loss, tiny={"dim": 16, "layers": 1}, small={"dim": 128},
+           launch_threads=1),
     Family(name="mlp", description="deep MLP (8 x 1024) on 512 features, 10 classes",
            global_batch=256, tokens_per_sample=1, token_unit="samples",
            make_model=DeepMLP, make_draw=lambda b, s: _feature_draw(b, 512, 10, s),
            loss_fn=_classification_loss, tiny={"width": 32, "depth": 2},
-           launch_micro_batch=32),
+           small={"width": 512, "depth": 6}, launch_micro_batch=32),
     Family(name="wide_transformer", description="Llama-style decoder, 8 layers x 384 "
                                                 "(demo GPT: 6 x 256), 64-token context",
            global_batch=8, tokens_per_sample=64, token_unit="sequence positions",
            make_model=Decoder, make_draw=lambda b, s: _sequence_draw(b, 64, 256, s),
            loss_fn=_lm_loss, lr=3e-4, tiny={"dim": 32, "layers": 1, "heads": 2, "hidden": 64},
+           small={"dim": 256, "layers": 4, "heads": 4, "hidden": 512},
            launch_micro_batch=2, launch_threads=1),
 )}
 """Every family by name; none of them is the demo GPT."""

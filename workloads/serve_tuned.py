@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from collectors import ConfigError, TelemetryConfig, setup_telemetry
+from collectors.torch_fingerprint import job_fingerprint
 from tuner import Knob
 from tuner.job import KV_BITS_KNOBS, attach_serving
 from tuner.prefix_cache import PREFIX_CACHE_KNOBS, PrefixCacheConfig
@@ -150,7 +151,8 @@ def serve(config: TunedConfig, *, sidecar: str | None, job: str, duration_s: flo
         export_interval_s=export_interval_s))
     engine = build_engine(config, meter=telemetry.meter("workloads.serve_tuned"))
     session = attach_serving(job=job, sidecar=sidecar, apply=engine.apply_knobs, knobs=KNOBS,
-                             defaults=config.knob_values, lease_ttl_s=lease_ttl_s)
+                             defaults=config.knob_values, lease_ttl_s=lease_ttl_s,
+                             fingerprint=job_fingerprint(engine.model) if sidecar else None)
     engine.instrumentation.config_version = lambda: session.version
     try:
         summary = closed_loop(engine, requests(config.load), duration_s=duration_s,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +16,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from collectors import SeedanceError
+from seedancectl._config import load_config
 
 stdout = Console()
 err = Console(stderr=True)
@@ -73,10 +76,29 @@ StoreOption = Annotated[
     Path, typer.Option("--store", help="Time-series store file.")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+StateDbOption = Annotated[
+    str | None, typer.Option("--state-db", help="State database URL (default from config).")
+]
 
 
 class UsageError(SeedanceError):
     """A command was given input it cannot use."""
+
+
+@contextmanager
+def state_database(config: Path | None, state_db: str | None) -> Iterator[str]:
+    """The state database's URL (``--state-db``, else the configuration's); a missing SQLite
+    file, or a database error inside the block, is a UsageError of one line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = state_db or load_config(config).state_db
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise UsageError(f"{url}: no state database here (is the sidecar running for this job?)")
+    try:
+        yield url
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise UsageError(f"{url}: not a usable state database ({reason})") from None
 
 
 def print_json(data: Any) -> None:

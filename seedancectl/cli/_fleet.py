@@ -1,10 +1,12 @@
 """Commands on the fleet: the sidecars that share one state database and their jobs, read from
-that database (no sidecar needs to answer, so a dead one shows as dead, not as an error)."""
+that database (no sidecar needs to answer, so a dead one shows as dead, not as an error), and
+the fleet priors a job gets, with the past jobs they come from."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.table import Column, Table
 
 from seedancectl._config import load_config
@@ -78,3 +80,51 @@ def _findings(job: FleetJobView) -> str:
 
 def _values(values: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
+@fleet_app.command("priors")
+def fleet_priors(
+    job: Annotated[str, typer.Argument(help="The job whose fleet priors to show.")],
+    config: ConfigOption = None,
+    state_db: StateDbOption = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """The configs kept by the past jobs nearest to JOB, which its search tries first: each
+    source job, its distance, the knobs it kept and its measured gain, and how the trial of
+    it went on JOB (if it ran)."""
+    from tuner import ChangeJournal, FleetJobs, FleetPriors, fleet_source_of
+
+    url = state_db_url(config, state_db)
+    with state_db_errors(url):
+        jobs, journal = FleetJobs(url, create=False), ChangeJournal(url, create=False)
+        try:
+            priors = FleetPriors(jobs, journal)
+            fingerprint = priors.fingerprint(job)
+            sources = priors.sources(job, fingerprint)
+            tried = {fleet_source_of(str(c.meta.get("origin", ""))): c
+                     for c in journal.changes(job=job) if c.source == "trial"}
+        finally:
+            jobs.close()
+            journal.close()
+    rows: list[dict[str, Any]] = []
+    for source in sources:
+        change = tried.get(source.job)
+        rows.append({**source.to_json(), "trial": None if change is None else {
+            "change": change.id, "state": change.state,
+            "gain": (change.comparison or {}).get("gain")}})
+    if json_out:
+        print_json({"job": job, "fingerprint": fingerprint.to_json(), "priors": rows})
+        return
+    stdout.print(f"job {job}: {fingerprint.params:,} parameters on {fingerprint.device}, "
+                 f"world size {fingerprint.world_size}", markup=False, highlight=False)
+    if not rows:
+        stdout.print("no fleet priors: no near past job kept a config")
+        return
+    table = Table("source job", "distance", "kept", "gain there", "trial here")
+    for row in rows:
+        trial = row["trial"]
+        table.add_row(row["job"], f"{row['distance']:.2f}",
+                      ", ".join(f"{k}={v}" for k, v in row["values"].items()),
+                      "-" if row["gain"] is None else f"{row['gain']:+.1%}",
+                      "not yet" if trial is None else f"{trial['change']} {trial['state']}")
+    stdout.print(table)

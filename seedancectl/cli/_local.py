@@ -17,6 +17,7 @@ from seedancectl._timeparse import parse_instant_ns
 from seedancectl.cli._app import (
     ConfigOption,
     JsonFlag,
+    StateDbOption,
     StoreOption,
     UsageError,
     app,
@@ -159,11 +160,6 @@ def metrics_query(
                       labels)
     stdout.print(table)
     stdout.print(f"{len(frame)} points")
-
-
-StateDbOption = Annotated[
-    str | None, typer.Option("--state-db", help="State database URL (default from config).")
-]
 
 
 def state_db_url(config: Path | None, state_db: str | None) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from opentelemetry.trace import Span, Tracer
 
-from collectors import traceparent_context
+from collectors import JobFingerprint, traceparent_context
 from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
 from tuner._knobs import Config, Knob, KnobValue
 from tuner._token import find_token
@@ -77,7 +77,8 @@ class LeaseClient:
 
     def __init__(self, url: str, *, job: str, kind: str, world_size: int,
                  lease_ttl_s: float | None, applied_version: Callable[[], int],
-                 timeout_s: float = 5.0, token: str | None = None) -> None:
+                 timeout_s: float = 5.0, token: str | None = None,
+                 fingerprint: JobFingerprint | None = None) -> None:
         token = token if token is not None else find_token()
         self._http = httpx.Client(
             base_url=url.rstrip("/"), timeout=timeout_s,
@@ -86,6 +87,7 @@ class LeaseClient:
         self._kind = kind
         self._world_size = world_size
         self._ask_ttl_s = lease_ttl_s
+        self._fingerprint = fingerprint.to_json() if fingerprint is not None else None
         self._ttl_s = lease_ttl_s or DEFAULT_LEASE_TTL_S
         self._applied_version = applied_version  # callable: the version the job runs now
         self._timeout_s = timeout_s
@@ -168,7 +170,8 @@ class LeaseClient:
         started = time.monotonic()
         body = {"rank": 0, "world_size": self._world_size, "kind": self._kind,
                 "knobs": self._knobs, "baseline": self._baseline_values,
-                "lease_ttl_s": self._ask_ttl_s, "version": int(self._applied_version())}
+                "lease_ttl_s": self._ask_ttl_s, "version": int(self._applied_version()),
+                "fingerprint": self._fingerprint}
         r = self._http.post(f"/v1/jobs/{self._job}/attach", json=body)
         if r.status_code != 200:
             log.warning("attach of job %s refused (%d): %s", self._job, r.status_code,

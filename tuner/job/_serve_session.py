@@ -29,6 +29,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from collectors import JobFingerprint
 from tuner._knobs import Knob, KnobSpace, KnobValue
 from tuner.job._actuators import ActuatorRegistry, CallbackActuator
 from tuner.job._errors import ServeClientError
@@ -82,7 +83,8 @@ class ServeSession:
                  apply: Callable[[Mapping[str, KnobValue]], None],
                  knobs: Sequence[Knob] = SERVING_KNOBS,
                  defaults: Mapping[str, KnobValue] | None = None,
-                 lease_ttl_s: float | None = None, tracer: Tracer | None = None) -> None:
+                 lease_ttl_s: float | None = None, tracer: Tracer | None = None,
+                 fingerprint: JobFingerprint | None = None) -> None:
         if lease_ttl_s is not None and not lease_ttl_s > 0:
             raise ServeClientError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
         defaults = dict(defaults or {})
@@ -107,7 +109,7 @@ class ServeSession:
         self._applied_seq = 0
         self._lease: LeaseClient | NullLease = (
             LeaseClient(sidecar, job=job, kind="serve", world_size=1, lease_ttl_s=lease_ttl_s,
-                        applied_version=lambda: self.version)
+                        applied_version=lambda: self.version, fingerprint=fingerprint)
             if sidecar is not None else NullLease())
 
     def boundary(self) -> bool:
@@ -174,13 +176,16 @@ def attach_serving(*, job: str, sidecar: str | None,
                    knobs: Sequence[Knob] = SERVING_KNOBS,
                    defaults: Mapping[str, KnobValue] | None = None,
                    lease_ttl_s: float | None = None,
-                   tracer: Tracer | None = None) -> ServeSession:
+                   tracer: Tracer | None = None,
+                   fingerprint: JobFingerprint | None = None) -> ServeSession:
     """A ``ServeSession`` (kind ``serve``); nothing talks to the sidecar until the first
     ``boundary()``.
 
     ``apply(values)`` gets the whole config (every declared knob) at a batch boundary and
     applies what changed; it raises to refuse. ``knobs``: the knobs the job declares (default
     ``SERVING_KNOBS``); ``defaults``: their values at launch, the baseline the job proposes.
+    ``fingerprint``: what kind of job it is, for the fleet priors (a torch model's:
+    ``collectors.torch_fingerprint.job_fingerprint``).
     """
     return ServeSession(job=job, sidecar=sidecar, apply=apply, knobs=knobs, defaults=defaults,
-                        lease_ttl_s=lease_ttl_s, tracer=tracer)
+                        lease_ttl_s=lease_ttl_s, tracer=tracer, fingerprint=fingerprint)

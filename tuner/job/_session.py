@@ -26,6 +26,7 @@ from torch import nn
 
 from collectors import Telemetry, TelemetryConfig, Tracing, setup_telemetry, setup_tracing
 from collectors.names import ATTR_SEEDANCE_RANK
+from collectors.torch_fingerprint import job_fingerprint
 from collectors.torch_profile import ModuleGroupProfiler, dtype_speedups
 from collectors.torch_training import (
     NullTrainingInstrumentation,
@@ -125,7 +126,9 @@ class Session:
                                      snapshot_max_bytes=snapshot_max_bytes)
         self._lease: LeaseClient | NullLease = (
             LeaseClient(sidecar, job=job, kind=kind, world_size=self.world_size,
-                        lease_ttl_s=lease_ttl_s, applied_version=lambda: self.version)
+                        lease_ttl_s=lease_ttl_s, applied_version=lambda: self.version,
+                        fingerprint=job_fingerprint(self.model, world_size=self.world_size,
+                                                    speedups=self.speedups))
             if sidecar is not None and self.rank == 0 else NullLease())
         self._ranks = RankSync() if sidecar is not None and self.world_size > 1 else None
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from collectors.torch_profile import FAST_SPEEDUP
 from collectors.torch_training import _unwrap, assign_groups
 from tuner._knobs import Knob, KnobSpace, KnobValue
 from tuner.precision import PrecisionHandle, PrecisionPolicy, apply_precision
@@ -46,10 +47,9 @@ def default_precision_groups(model: nn.Module, module_groups: Mapping[str, Seque
     return {g: tuple(m) for g, m in groups.items()}
 
 
-MIN_SEARCHED_SPEEDUP = 1.1
-"""A precision is searched only where its matmuls measured at least this much faster than
-fp32's: the casts around a group and the numerical risk eat a smaller gain, and the one-core
-micro-benchmark reads a few percent either way (fp16 at 1.01x on a CPU with AVX512-FP16)."""
+MIN_SEARCHED_SPEEDUP = FAST_SPEEDUP
+"""A precision is searched only where it is fast (``collectors.torch_profile.FAST_SPEEDUP``:
+its matmuls measured at least this much faster than fp32's)."""
 
 
 def precision_knobs(groups: Iterable[str], speedups: Mapping[str, float], *,

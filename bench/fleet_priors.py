@@ -1,0 +1,428 @@
+"""Benchmark: does a job of a family the fleet has seen reach its kept config in at most half
+the trials of a cold start?
+
+For each family of ``workloads.families``, on this machine:
+
+1. job A, the family's small size (``Family.small``), is tuned on a state database SHARED by
+   the whole run (every family's jobs are in it, as in a fleet);
+2. job B, the family's base size, is tuned COLD on a database of its own: its search ends
+   keeping some config K after some trials;
+3. job B is tuned WARM on the shared database: its search gets the fleet priors (the configs
+   kept by the past jobs nearest to it by fingerprint) first. Counted: the trials until its
+   baseline is K (or, if it never is, a config measured at least as fast as K).
+
+Each search is the REAL ``tuner.SearchDriver`` (its study, its single moves, its priors
+ordering, ``on_finished`` with the change) with the REAL fleet priors (``tuner.FleetPriors``
+reading the real fingerprints of the real models, ``collectors.torch_fingerprint``, and the
+change journal in which each search's changes were recorded). What is replayed is the
+measurement: each trial's verdict comes from a truth table measured for real on this CPU,
+labelled "replayed measurement" in the JSON. A config's entry is its tokens/s relative to the
+job's launch config, measured on demand the first time a search asks for it (and then reused,
+so B's cold and warm searches meet the same truth): ``run_steps`` visits interleaved with the
+launch config, as ``bench/generalisation.py`` measures its grid. A trial is kept when the
+candidate's tokens/s over its baseline's (both from the table) is above the rollout's
+``min_gain`` (+3%), the rollout's keep rule without its confidence interval.
+
+Target (each family seen before, i.e. every family: its small job ran first): warm trials to
+B's cold kept config <= cold trials / 2. A family whose cold search keeps its launch config
+(0 trials) or needs one trial cannot do better than tie; it is reported, with "n/a".
+
+Run: python bench/fleet_priors.py [--families mlp,vit --rounds 3]  (about 9 minutes for the
+five families on a quiet 2-core box, longer while other processes load it: a truth
+measurement taken while they used more than a quarter of the CPUs is taken again);
+``--families wide_transformer --merge`` re-measures one family and keeps the others.
+Results: bench/results/fleet_priors.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench._default_session import code_revision  # noqa: E402
+from bench.generalisation import CONTENDED, CpuMeter, Restorer, interleave  # noqa: E402
+from collectors import JobFingerprint, sqlite_url  # noqa: E402
+from collectors.torch_fingerprint import job_fingerprint  # noqa: E402
+from collectors.torch_profile import dtype_speedups  # noqa: E402
+from tuner import (  # noqa: E402
+    Change,
+    ChangeJournal,
+    FleetJobs,
+    FleetPriors,
+    KnobSpace,
+    RolloutConfig,
+    SearchConfig,
+    SearchDriver,
+    Window,
+    fingerprint_distance,
+    fleet_moves,
+)
+from workloads.families import FAMILIES, Built, family  # noqa: E402
+from workloads.train_family import (  # noqa: E402
+    Config,
+    config_label,
+    default_config,
+    live_knobs,
+    null_session,
+    run_steps,
+)
+
+RESULTS = ROOT / "bench" / "results" / "fleet_priors.json"
+MIN_GAIN = RolloutConfig().min_gain
+REPLAYED = "replayed measurement"
+ATTEMPTS = 3
+"""Tries of a truth measurement while other processes load the box (the least loaded counts)."""
+
+
+# ---- the truth table ------------------------------------------------------------------------
+
+
+class Truth:
+    """Each config's tokens/s relative to the job's launch config on this CPU.
+
+    ``grid_round`` visits every config within ``reach`` micro-batch steps of the launch
+    config (both thread counts) once, in a shuffled order, the launch config between every
+    ``reference_every`` of them (``bench.generalisation.interleave``); a config's figure is the
+    median over rounds of its tokens/s / the mean of the launch visits around it. The rounds
+    of a family's two sizes alternate, so both tables see the box in the same states (it is
+    shared, and on 2 cores a busy neighbour turns 2 threads from the fastest into the slowest).
+    A config outside the grid is measured when a search first asks for it, ``rounds`` rounds
+    against the launch config. A measurement taken while other processes loaded the box is
+    taken again (``_measure``)."""
+
+    def __init__(self, built: Built, *, steps: int, rounds: int, reach: int, seed: int) -> None:
+        self.built = built
+        self.launch = default_config(built)
+        self._steps, self._rounds, self._seed = steps, rounds, seed
+        self._restorer = Restorer(built)
+        knobs = live_knobs(built)
+        sizes = sorted(int(m) for m in knobs["micro_batch"])
+        at = sizes.index(int(self.launch["micro_batch"]))
+        self.grid = {config_label(c): c for c in (
+            {**self.launch, "threads": t, "micro_batch": m}
+            for t in sorted({min(knobs["threads"]), max(knobs["threads"])})
+            for m in sizes[max(0, at - reach):at + reach + 1])}
+        self.relatives: dict[str, list[float]] = {config_label(self.launch): [1.0]}
+        self.lazy: set[str] = set()
+        self.seconds = 0.0
+        self.foreign: list[float] = []
+        """Other processes' share of the CPUs during each measurement kept."""
+        self.discarded = 0
+        """Measurements taken again because the box was busy."""
+        self._visit_s = 30.0
+
+    def grid_round(self, r: int) -> None:
+        began = time.monotonic()
+        if r == 0:
+            probe = run_steps(self.built, self.launch, 2, warmup=1)
+            self._visit_s = max(2.0, 4 * (self._steps + 1) * statistics.median(
+                s for _, s in probe))
+        self._measure(self.grid, rounds=1, seed=self._seed + r)
+        self.seconds += time.monotonic() - began
+
+    def __call__(self, config: Config) -> float:
+        label = config_label(config)
+        if label not in self.relatives:
+            began = time.monotonic()
+            self.lazy.add(label)
+            self._measure({label: dict(config)}, rounds=self._rounds, seed=self._seed)
+            self.seconds += time.monotonic() - began
+        return statistics.median(self.relatives[label])
+
+    def _measure(self, configs: Mapping[str, Config], *, rounds: int, seed: int) -> None:
+        """Measure ``configs`` against the launch config; a measurement during which other
+        processes used more than ``CONTENDED`` of the CPUs is taken again (up to
+        ``ATTEMPTS`` in all; the least contended one counts)."""
+        launch = config_label(self.launch)
+        tries: list[tuple[float, dict[str, list[float]]]] = []
+        for attempt in range(ATTEMPTS):
+            meter = CpuMeter()
+            arms = interleave(self.built, {launch: self.launch, **configs}, launch,
+                              rounds=rounds, steps=self._steps, visit_s=self._visit_s,
+                              reference_every=4, prune_below=None, seed=seed + 100 * attempt,
+                              restorer=self._restorer, echo=f"  [{self.built.family.name}] ")
+            foreign = meter.foreign_share()
+            tries.append((foreign, {label: arm.relatives if arm.finite else [0.0]
+                                    for label, arm in arms.items() if label != launch}))
+            if not foreign > CONTENDED:
+                break
+            print(f"  [{self.built.family.name}] other processes used {foreign:.0%} of the "
+                  "CPUs: measured again", flush=True)
+        foreign, kept = min(tries, key=lambda t: t[0] if math.isfinite(t[0]) else 1.0)
+        self.foreign.append(round(foreign, 3))
+        self.discarded += len(tries) - 1
+        for label, relatives in kept.items():
+            self.relatives.setdefault(label, []).extend(relatives)
+
+    def table(self) -> dict[str, Any]:
+        return {label: {"relative": round(statistics.median(v), 4), "visits": len(v),
+                        "on_demand": label in self.lazy}
+                for label, v in self.relatives.items()}
+
+
+# ---- one replayed search ----------------------------------------------------------------------
+
+
+def search_space(built: Built, fingerprint: JobFingerprint) -> tuple[KnobSpace, list[str]]:
+    """The knobs the job declares and the ones the sidecar's search takes (its live knobs):
+    a precision the device does not run fast is excluded from the search, as the job's
+    session excludes it when it measured the device (``search_excludes``)."""
+    space = null_session(built).knobs
+    slow = tuple(p for p in ("bf16", "fp16") if p not in fingerprint.fast_dtypes)
+    space = KnobSpace.of(
+        dataclasses.replace(k, search_excludes=slow) if k.name.startswith("precision.") else k
+        for k in space.knobs.values())
+    return space, list(space.searchable().knobs)
+
+
+def replay_search(job: str, built: Built, fingerprint: JobFingerprint, truth: Truth, *,
+                  db_url: str, max_trials: int) -> dict[str, Any]:
+    """Tune ``job`` until every single move from its baseline was tried (or ``max_trials``),
+    each trial judged from ``truth``; its changes journaled and its fingerprint recorded in
+    ``db_url``, so later jobs' fleet priors see them."""
+    space, names = search_space(built, fingerprint)
+    jobs, journal = FleetJobs(db_url), ChangeJournal(db_url)
+    study = f"seedance:{job}"
+    try:
+        jobs.record_fingerprint(job, fingerprint, kind="train", sidecar_id="bench", study=study)
+        driver = SearchDriver(space, storage_url=db_url, knobs=names,
+                              config=SearchConfig(study_name=study, seed=0,
+                                                  revisit_after_s=None))
+        baseline: dict[str, Any] = dict(truth.launch)
+        sources = FleetPriors(jobs, journal).sources(job, fingerprint)
+        moves = fleet_moves(sources, baseline, driver.distributions)
+        driver.add_priors(moves)
+        trials: list[dict[str, Any]] = []
+        while len(trials) < max_trials:
+            proposal = driver.next_move(baseline, space)
+            if proposal is None:
+                break
+            candidate = {**baseline, **proposal.values}
+            before, after = truth(baseline), truth(candidate)
+            gain = after / before - 1 if before > 0 else math.nan
+            state = "kept" if gain > MIN_GAIN else "rolled_back"
+            change = _replayed_change(job, study, proposal.number, proposal.origin, baseline,
+                                      candidate, before, after, gain, state)
+            journal.add(change, actor="bench", reason=change.reason, version_before=None,
+                        detail={"values": change.values, "baseline": baseline})
+            driver.on_finished(change)
+            if state == "kept":
+                baseline = candidate
+            trials.append({"trial": proposal.number, "config": config_label(candidate),
+                           "origin": proposal.origin, "gain": round(gain, 4), "state": state,
+                           "baseline_after": config_label(baseline),
+                           "baseline_relative": round(truth(baseline), 4)})
+        return {"sources": [s.to_json() for s in sources],
+                "fleet_priors": [m.to_json() for m in moves], "trials": trials,
+                "kept": config_label(baseline), "kept_relative": truth(baseline),
+                "converged": len(trials) < max_trials}
+    finally:
+        jobs.close()
+        journal.close()
+
+
+def _replayed_change(job: str, study: str, number: int, origin: str, baseline: Config,
+                     candidate: Config, before: float, after: float, gain: float,
+                     state: str) -> Change:
+    """The change a controller would have journaled for this trial, its two arms' windows
+    and comparison taken from the truth table."""
+    now = time.time()
+
+    def window(arm: str, relative_tokens: float) -> Window:
+        return Window(version=0, arm=arm, steps=0, step_s=math.nan,  # type: ignore[arg-type]
+                      tokens_per_s=relative_tokens, loss=math.nan, nonfinite_loss=False,
+                      start_ns=int(now * 1e9), end_ns=int(now * 1e9))
+
+    return Change(
+        id=f"{job}-{number}", job=job, state=state, source="trial",  # type: ignore[arg-type]
+        reason=f"trial {number} of study {study} ({origin}); {REPLAYED}", risk="low",
+        scope="live", values={k: v for k, v in candidate.items() if baseline.get(k) != v},
+        baseline=dict(baseline), created_at_s=now, expires_at_s=now,
+        meta={"study": study, "trial": number, "origin": origin},
+        plan={"ended_because": REPLAYED},
+        windows=(window("candidate", after), window("baseline", before)),
+        comparison={"gain": gain})
+
+
+def trials_to(run: Mapping[str, Any], target: str, target_relative: float,
+              truth: Truth) -> tuple[int | None, str]:
+    """Trials until the run's baseline is ``target`` (0: it started there); else until it is
+    a config measured at least as fast; (None, why) if neither."""
+    launch = config_label(truth.launch)
+    if launch == target:
+        return 0, "the launch config"
+    for i, trial in enumerate(run["trials"], start=1):
+        if trial["baseline_after"] == target:
+            return i, "the same config"
+    for i, trial in enumerate(run["trials"], start=1):
+        if trial["baseline_relative"] >= target_relative:
+            return i, "a config measured at least as fast"
+    return None, "never reached"
+
+
+# ---- one family -------------------------------------------------------------------------------
+
+
+def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namespace
+                 ) -> dict[str, Any]:
+    fam = family(name)
+    speedups = dtype_speedups("cpu")
+    small, base = fam.build(args.seed, small=True), fam.build(args.seed)
+    fp_small = job_fingerprint(small.model, speedups=speedups)
+    fp_base = job_fingerprint(base.model, speedups=speedups)
+    truth_small, truth_base = (Truth(built, steps=args.steps, rounds=args.rounds,
+                                     reach=args.reach, seed=args.seed)
+                               for built in (small, base))
+    began = time.monotonic()
+    meter = CpuMeter()
+    for r in range(args.rounds):  # the two sizes' rounds alternate: the same box for both
+        for size, truth in (("small", truth_small), ("base", truth_base)):
+            print(f"[{name}] truth of the {size} size, round {r + 1}/{args.rounds}: "
+                  f"{len(truth.grid)} configs", flush=True)
+            truth.grid_round(r)
+    foreign = {"grid": meter.foreign_share()}
+    meter = CpuMeter()
+    job_a, job_b = f"{name}-small", f"{name}-base"
+    print(f"[{name}] A: {job_a} on the shared database", flush=True)
+    a = replay_search(job_a, small, fp_small, truth_small, db_url=shared_db,
+                      max_trials=args.max_trials)
+    print(f"[{name}] B cold: {job_b} on its own database", flush=True)
+    cold = replay_search(job_b, base, fp_base, truth_base,
+                         db_url=sqlite_url(workdir / f"cold-{name}.db"),
+                         max_trials=args.max_trials)
+    print(f"[{name}] B warm: {job_b} on the shared database", flush=True)
+    warm = replay_search(job_b, base, fp_base, truth_base, db_url=shared_db,
+                         max_trials=args.max_trials)
+    foreign["searches"] = meter.foreign_share()
+    target, target_relative = cold["kept"], cold["kept_relative"]
+    cold_n, _ = trials_to(cold, target, target_relative, truth_base)
+    warm_n, warm_how = trials_to(warm, target, target_relative, truth_base)
+    applies = cold_n is not None and cold_n >= 2
+    return {
+        "description": fam.description,
+        "sizes": {"A": {"job": job_a, "fingerprint": fp_small.to_json()},
+                  "B": {"job": job_b, "fingerprint": fp_base.to_json()}},
+        "distance_A_B": round(fingerprint_distance(fp_small, fp_base), 4),
+        "launch_config": config_label(truth_base.launch),
+        "A": a, "B_cold": cold, "B_warm": warm,
+        "cold_kept": target, "cold_kept_relative": target_relative,
+        "cold_trials_to_kept": cold_n, "warm_trials_to_kept": warm_n,
+        "warm_reached": warm_how,
+        "cold_trials_total": len(cold["trials"]), "warm_trials_total": len(warm["trials"]),
+        "target": "warm_trials_to_kept <= cold_trials_to_kept / 2",
+        "target_applies": applies,
+        "target_met": (warm_n is not None and cold_n is not None and warm_n <= cold_n / 2)
+        if applies else None,
+        "truth": {"A": truth_small.table(), "B": truth_base.table()},
+        "truth_seconds": {"A": round(truth_small.seconds, 1), "B": round(truth_base.seconds, 1)},
+        "truth_foreign_cpu_share": {"A": truth_small.foreign, "B": truth_base.foreign},
+        "truth_measured_again": {"A": truth_small.discarded, "B": truth_base.discarded},
+        "foreign_cpu_share": {k: round(v, 3) for k, v in foreign.items()},
+        "contended": any(v > CONTENDED for v in foreign.values()),
+        "seconds": round(time.monotonic() - began, 1),
+    }
+
+
+def _fleet_distances(fps: Mapping[str, JobFingerprint]) -> dict[str, dict[str, float]]:
+    return {a: {b: round(fingerprint_distance(fa, fb), 3) for b, fb in fps.items()}
+            for a, fa in fps.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--steps", type=int, default=3, help="measured steps per truth visit")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="truth: interleaved rounds over each size's grid")
+    p.add_argument("--reach", type=int, default=3,
+                   help="truth grid: micro-batch sizes this many steps either side of launch")
+    p.add_argument("--max-trials", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other families' results already in --out (same protocol): "
+                        "re-measure a family whose box was busy")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.families.split(",") if n.strip()]
+    for n in names:
+        family(n)  # unknown names fail before anything runs
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    began = time.monotonic()
+    load_start = os.getloadavg()
+    report: dict[str, Any] = {
+        "bench": "fleet_priors", "code_revision": code_revision(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                    "cpus": os.cpu_count()},
+        "measurement": REPLAYED,
+        "protocol": {"steps_per_visit": args.steps, "truth_rounds": args.rounds,
+                     "truth_grid_reach": args.reach,
+                     "max_trials": args.max_trials, "seed": args.seed, "keep_if_gain_above":
+                     MIN_GAIN, "A": "small size, shared state database",
+                     "B_cold": "base size, its own state database",
+                     "B_warm": "base size, the shared state database (fleet priors)"},
+        "families": {},
+    }
+    if args.merge and args.out.exists():
+        before = json.loads(args.out.read_text(encoding="utf-8"))
+        if before.get("protocol") != report["protocol"]:
+            p.error(f"--merge: {args.out} was measured under another protocol")
+        report["families"] = {k: v for k, v in before["families"].items() if k not in names}
+    with tempfile.TemporaryDirectory(prefix="fleet-priors-") as tmp:
+        workdir = Path(tmp)
+        shared = sqlite_url(workdir / "shared.db")
+        for n in names:
+            print(f"=== {n} ===", flush=True)
+            report["families"][n] = {
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "code_revision": code_revision(), "shared_database_with": names,
+                **bench_family(n, shared, workdir, args)}
+            fam = report["families"][n]
+            print(f"[{n}] cold kept {fam['cold_kept']} in {fam['cold_trials_to_kept']} "
+                  f"trials, warm in {fam['warm_trials_to_kept']} ({fam['warm_reached']})",
+                  flush=True)
+    fps = {f"{n}-{size}": JobFingerprint.from_json(f["sizes"][key]["fingerprint"])
+           for n, f in report["families"].items() for key, size in (("A", "small"),
+                                                                     ("B", "base"))}
+    applies = {n: f["target_met"] for n, f in report["families"].items() if f["target_applies"]}
+    report["fingerprint_distances"] = _fleet_distances(fps)
+    report["summary"] = {
+        "target": "for each family seen before: warm trials to B's cold kept config <= "
+                  "cold trials / 2 (where the cold search needs 2 or more trials)",
+        "met_by_family": {n: f["target_met"] for n, f in report["families"].items()},
+        "raw_counts": {n: {"cold": f["cold_trials_to_kept"], "warm": f["warm_trials_to_kept"],
+                           "cold_total": f["cold_trials_total"],
+                           "warm_total": f["warm_trials_total"]}
+                       for n, f in report["families"].items()},
+        "met": bool(applies) and all(applies.values()),
+        "wall_s_of_this_run": round(time.monotonic() - began, 1),
+        "families_on_a_busy_box": sorted(n for n, f in report["families"].items()
+                                         if f["contended"]),
+        "load_average_start_end": [list(load_start), list(os.getloadavg())],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(report["summary"], indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
