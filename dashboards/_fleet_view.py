@@ -4,15 +4,14 @@ its open findings and the changes waiting for a person.
 
 One function (``fleet_view``) gathers it for both faces: ``seedancectl fleet status`` and the
 fleet page (``GET /v1/fleet``). It reads the fleet tables, the change journal and the findings;
-it computes nothing those do not hold, except compounding the kept gains.
+it computes nothing those do not hold (the kept gains compound as the fleet priors read them).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from tuner import (
     FleetDirectory,
     FleetJob,
     FleetSidecar,
+    compounded_gain,
 )
 
 
@@ -114,12 +114,4 @@ def fleet_view(state_db: str, *, heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                      jobs=tuple(views))
 
 
-def compounded_gain(kept: Iterable[Change]) -> float | None:
-    """The kept changes' measured gains compounded (each measured against the baseline the one
-    before it left); None when none carries a finite gain."""
-    gains = [g for g in ((c.comparison or {}).get("gain") for c in kept)
-             if isinstance(g, int | float) and math.isfinite(g)]
-    return math.prod(1.0 + g for g in gains) - 1.0 if gains else None
-
-
-__all__ = ["FleetJobView", "FleetView", "compounded_gain", "fleet_view"]
+__all__ = ["FleetJobView", "FleetView", "fleet_view"]

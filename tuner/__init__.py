@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tuner._fleet_priors import FleetPriors as FleetPriors
     from tuner._fleet_priors import FleetSource as FleetSource
     from tuner._fleet_priors import NoFingerprintError as NoFingerprintError
+    from tuner._fleet_priors import compounded_gain as compounded_gain
     from tuner._fleet_priors import fleet_moves as fleet_moves
     from tuner._fleet_priors import fleet_source_of as fleet_source_of
     from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings

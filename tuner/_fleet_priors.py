@@ -15,7 +15,7 @@ baseline). A prior that regresses or fails here is judged like any trial.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from optuna.distributions import (
 )
 
 from collectors import JobFingerprint, SeedanceError
+from tuner._change import Change
 from tuner._fleet_distance import NEAR_DISTANCE, fingerprint_distance
 from tuner._fleet_jobs import FleetJobs
 from tuner._journal import ChangeJournal
@@ -72,10 +73,16 @@ def kept_config(journal: ChangeJournal, job: str
     final, launch = kept[-1].candidate, kept[0].baseline
     values = {k: final[k] for c in kept for k in c.values
               if k in final and launch.get(k) != final[k]}
-    gains = [float((c.comparison or {}).get("gain", math.nan)) for c in kept]
-    measured = [g for g in gains if math.isfinite(g)]
-    gain = math.prod(1.0 + g for g in measured) - 1.0 if measured else None
-    return values, gain, tuple(c.id for c in kept)
+    return values, compounded_gain(kept), tuple(c.id for c in kept)
+
+
+def compounded_gain(kept: Iterable[Change]) -> float | None:
+    """The kept changes' measured gains compounded (each measured against the baseline the one
+    before it left): the kept config over the launch config; None when none carries a finite
+    gain."""
+    gains = [g for g in ((c.comparison or {}).get("gain") for c in kept)
+             if isinstance(g, int | float) and math.isfinite(g)]
+    return math.prod(1.0 + g for g in gains) - 1.0 if gains else None
 
 
 class FleetPriors:
