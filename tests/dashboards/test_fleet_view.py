@@ -122,7 +122,7 @@ def test_fleet_status_prints_the_view_as_a_table_and_as_json(planted: Planted) -
 @pytest.mark.parametrize(("args", "needle"), [
     (["--state-db", "sqlite:////nonexistent/state.db"], "no state database here"),
     (["--state-db", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "not a usable state"),
-    (["--state-db", "not a url"], "not a usable state database"),
+    (["--state-db", "not a url"], "is not a SQLAlchemy URL"),
     (["--config", "/nonexistent/sidecar.toml"], "no such file"),
 ])
 def test_fleet_status_says_in_one_line_what_is_wrong(args: list[str], needle: str) -> None:
