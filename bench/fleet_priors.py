@@ -27,11 +27,12 @@ Target (each family seen before, i.e. every family: its small job ran first): wa
 B's cold kept config <= cold trials / 2. A family whose cold search keeps its launch config
 (0 trials) or needs one trial cannot do better than tie; it is reported, with "n/a".
 
-Run: python bench/fleet_priors.py [--families mlp,vit --rounds 3]  (about 9 minutes for the
-five families on a quiet 2-core box, longer while other processes load it: a truth
-measurement taken while they used more than a quarter of the CPUs is taken again);
-``--families wide_transformer --merge`` re-measures one family and keeps the others.
-Results: bench/results/fleet_priors.json.
+Run: python bench/fleet_priors.py [--families mlp,vit --rounds 3]  (8 minutes for the five
+families on a mostly quiet 2-core box, 19-25 minutes while other processes loaded it: a truth
+measurement taken while they used more than a quarter of the CPUs is taken again, up to
+three times); ``--families wide_transformer --merge`` re-measures one family and keeps the
+others. Results: bench/results/fleet_priors.json (the latest run; fleet_priors_run_a.json and
+_run_b.json are two earlier runs of the same protocol).
 """
 
 from __future__ import annotations

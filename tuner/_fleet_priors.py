@@ -36,6 +36,9 @@ from tuner._space import Move
 
 MAX_FLEET_PRIORS = 3
 """Fleet priors a search gets at most: the nearest sources' kept configs, one trial each."""
+MAX_SOURCES = 10
+"""Near past jobs read for a new one: enough that a few still move it after those whose kept
+config it already runs are left out."""
 FLEET_WHY = "fleet: kept by job"
 """How a fleet prior's ``why`` begins (the trial's origin says it too)."""
 
@@ -104,16 +107,17 @@ class FleetPriors:
         raise NoFingerprintError(f"job {job!r} has no fingerprint yet (its client sent none: "
                                  "an older seedance-tuner in the job?)")
 
-    def sources(self, job: str, fingerprint: JobFingerprint | None = None) -> list[FleetSource]:
+    def sources(self, job: str, fingerprint: JobFingerprint | None = None, *,
+                limit: int = MAX_SOURCES) -> list[FleetSource]:
         """The other jobs near ``fingerprint`` (default: the job's stored one) that kept a
-        config, nearest first."""
+        config, nearest first, at most ``limit`` (each is one read of the journal)."""
         fingerprints = self._jobs.fingerprints()
         mine = fingerprint if fingerprint is not None else self.fingerprint(job)
         near = sorted((fingerprint_distance(mine, theirs), other)
                       for other, theirs in fingerprints.items() if other != job)
-        out = []
+        out: list[FleetSource] = []
         for distance, other in near:
-            if distance >= NEAR_DISTANCE:
+            if distance >= NEAR_DISTANCE or len(out) >= limit:
                 break
             kept = kept_config(self._journal, other)
             if kept is not None and kept[0]:

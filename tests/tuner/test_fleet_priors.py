@@ -137,6 +137,7 @@ def test_no_near_job_no_fleet_prior_and_a_job_never_its_own_source(
         fleet: dict[str, Any]) -> None:
     priors = FleetPriors(fleet["jobs"], fleet["ctl"].journal)
     assert priors.sources("rnn", fingerprint("rnn", small=True)) == []
+    assert priors.sources(MLP_BASE, fingerprint("mlp"), limit=0) == []
     # the stored fingerprint of mlp-small is used when none is given; it is not its own source
     assert priors.sources(MLP_SMALL) == []
 
