@@ -1,5 +1,6 @@
 """A fleet: THREE real sidecar processes on one shared state database (a SQLite file, then a
-real PostgreSQL), and three jobs, each holding its lease through the real in-job lease client
+real PostgreSQL with a real Prometheus that scrapes the three and that they read their series
+from), and three jobs, each holding its lease through the real in-job lease client
 (``tuner.job``'s, torch-free) and acking every config it is sent. The real CLI (``seedancectl
 fleet status``, a subprocess) lists the jobs with their owners; an approval made on sidecar A's
 fleet page (Chromium) for a job held by B lands on B, with the operator in B's audit trail; a
@@ -29,6 +30,7 @@ import pytest
 
 from tests.dashboards.test_web import CHROMIUM_ARGS, chromium_binary  # noqa: F401 (fixture)
 from tests.faults._sidecar import ROOT, SidecarProcess
+from tests.servers import PROMETHEUS, free_port, start_prometheus, wait_for
 from tuner import Knob
 from tuner.job._lease_client import LeaseClient
 
@@ -85,18 +87,33 @@ class Job:
 
 
 class Fleet:
-    def __init__(self, root: Path, state_db: str) -> None:
+    def __init__(self, root: Path, state_db: str, *, prometheus: bool = False) -> None:
+        """With ``prometheus``: a real Prometheus scrapes the three sidecars' ``/metrics``, and
+        each reads its series back from it (``metrics_source``)."""
         self.state_db = state_db
         self.tokens = {name: f"token-of-{name}" for name in "abc"}
         dirs = {name: root / name for name in "abc"}
+        ports = {name: free_port() for name in "abc"}
+        self.prometheus: tuple[subprocess.Popen[bytes], str] | None = None
+        extra: dict[str, Any] = {}
+        if prometheus:
+            (root / "prometheus").mkdir()
+            self.prometheus_log = root / "prometheus" / "prometheus.log"
+            self.prometheus = start_prometheus(PROMETHEUS, root / "prometheus", *(
+                f"127.0.0.1:{port}" for port in ports.values()))
+            api = self.prometheus[1]
+            until("Prometheus to list its targets", lambda: _targets(api) == 3)
+            # windows longer than two 1 s scrape intervals, as the sidecar demands
+            extra = {"metrics_source": f"prometheus:{api}", "rollout": {"min_window_s": 3.0}}
 
         def start(name: str) -> SidecarProcess:
             dirs[name].mkdir()
             token = dirs[name] / "sidecar-token"
             token.write_text(self.tokens[name] + "\n")
-            return SidecarProcess(dirs[name], job=f"sidecar-{name}", state_db=state_db,
-                                  token_file=token, fleet_heartbeat_s=HEARTBEAT_S,
-                                  policy_interval_s=60, tuning_interval_s=0.2)
+            return SidecarProcess(dirs[name], port=ports[name], job=f"sidecar-{name}",
+                                  state_db=state_db, token_file=token,
+                                  fleet_heartbeat_s=HEARTBEAT_S, policy_interval_s=60,
+                                  tuning_interval_s=0.2, **extra)
 
         # A first: it creates the tables (two first starts at once race on CREATE TABLE)
         self.sidecars = {"a": start("a")}
@@ -134,14 +151,27 @@ class Fleet:
             job.close()
         for sidecar in self.sidecars.values():
             sidecar.stop()
+        if self.prometheus is not None:
+            self.prometheus[0].terminate()
+            self.prometheus[0].wait(30)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+def _targets(api: str) -> int:
+    """How many active targets Prometheus lists (0 until it serves and has read its config)."""
+    try:
+        return len(httpx.get(f"{api}/api/v1/targets", timeout=2).json()["data"]["activeTargets"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return 0
+
+
+@pytest.fixture(params=["sqlite", "postgresql+prometheus"])
 def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
-    """Three sidecars on one state database: a SQLite file, or a real PostgreSQL's."""
-    state_db = (str(request.getfixturevalue("postgres_url")) if request.param == "postgresql"
+    """Three sidecars on one state database: a SQLite file; or a real PostgreSQL's, with a real
+    Prometheus that scrapes the three and that they read their series from."""
+    fleetwide = request.param == "postgresql+prometheus"
+    state_db = (str(request.getfixturevalue("postgres_url")) if fleetwide
                 else f"sqlite:///{tmp_path / 'shared-state.db'}")
-    made = Fleet(tmp_path, state_db)
+    made = Fleet(tmp_path, state_db, prometheus=fleetwide)
     try:
         yield made
     finally:
@@ -172,6 +202,14 @@ def test_three_sidecars_one_state_db_one_view_approvals_routed_to_the_owner(
     for job, url in (("job-a", a.url), ("job-b", b.url), ("job-c", c.url)):
         assert job in table.stdout and url in table.stdout, table.stdout
     assert "3 jobs on 3 sidecars (3 alive" in table.stdout
+    if fleet.prometheus is not None:  # one Prometheus scrapes the three, which read it back
+        proc, api = fleet.prometheus
+        up = wait_for(api, 'up{job="seedance-sidecar"} == 1', proc,
+                      time.monotonic() + WAIT_S, fleet.prometheus_log)
+        assert sorted(str(r["metric"]["instance"]) for r in up) == sorted(  # type: ignore[index]
+            s.url.removeprefix("http://") for s in (a, b, c))
+        for sidecar in (a, b, c):
+            assert sidecar.http.get("/readyz").status_code == 200, sidecar.log()
 
     # A second sidecar claiming a live job is refused, in one line naming the owner.
     refused = fleet.post("c", "/v1/jobs/job-a/attach", {"knobs": [k.to_json() for k in KNOBS],
