@@ -180,6 +180,8 @@ class LeaseJobJSON(TypedDict):
     change_id: str | None
     acked_version: int | None
     last_step: int | None
+    fingerprint: dict[str, Any] | None
+    """What the job sent at attach for the fleet priors (``collectors.JobFingerprint``)."""
 
 
 class KnobsJSON(TypedDict):
