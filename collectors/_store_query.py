@@ -36,6 +36,7 @@ AUTO_MIN_POINTS = 500
 
 _STEP_S: dict[str, int] = {"1h": 3600, "1m": 60}  # coarsest first: the order "auto" tries
 _DECODED_CACHE_BYTES = 16 * 2**20
+_PARSED_ATTRS_MAX = 200_000  # distinct attribute texts kept parsed (tens of MiB at most)
 _RAW_COLUMNS = ("time", "value")
 _ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
 
@@ -81,6 +82,7 @@ class StoreQueries:
         self._journal = journal
         self._flush = flush
         self._decoded = DecodedCache(_DECODED_CACHE_BYTES)
+        self._parsed_attrs: dict[str, dict[str, str]] = {}
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -108,29 +110,55 @@ class StoreQueries:
             # Only series with points in the range: each config version starts new series,
             # so a window's cost would otherwise grow with every trial the job ever ran.
             found = [(sid, attrs, first, last) for sid, attrs, first, last in (
-                (r[0], json.loads(r[1]), r[2], r[3]) for r in conn.execute(
+                (r[0], self._attrs(r[1]), r[2], r[3]) for r in conn.execute(
                     "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
                     "AND last_ns >= ? AND first_ns <= ? ORDER BY id", (name, lo, hi)))
                 if all(attrs.get(k) == v for k, v in wanted.items())]
             chosen = (_pick_resolution(found, since_ns, until_ns) if resolution == "auto"
                       else resolution)
-            parts = [(attrs, self._read_raw(sid, lo, hi) if chosen == "raw"
-                      else self._read_rollup(sid, _STEP_S[chosen], lo, hi))
-                     for sid, attrs, _, _ in found]
+            if chosen == "raw":
+                raw = self._read_raw(conn, name, [sid for sid, _, _, _ in found], lo, hi)
+                parts = [(attrs, raw[sid]) for sid, attrs, _, _ in found]
+            else:
+                parts = [(attrs, self._read_rollup(sid, _STEP_S[chosen], lo, hi))
+                         for sid, attrs, _, _ in found]
         return _frame(parts, _RAW_COLUMNS if chosen == "raw" else _ROLLUP_COLUMNS)
 
-    def _read_raw(self, sid: int, lo: int, hi: int) -> dict[str, np.ndarray]:
-        rows = self._file.conn.execute(
-            "SELECT c.n, t.digest, t.data, c.vals FROM chunks c JOIN times t "
-            "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns > ? AND c.block_ns <= ? "
-            "AND c.t_max >= ? AND c.t_min <= ? ORDER BY c.t_min",
-            (sid, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS, hi, lo,
-             hi)).fetchall()
+    def _attrs(self, text: str) -> dict[str, str]:
+        """A series' attributes, parsed once per distinct text: a pass over a job of
+        thousands of series parsed the same JSON on every query. Shared: never mutated."""
+        found = self._parsed_attrs.get(text)
+        if found is None:
+            if len(self._parsed_attrs) >= _PARSED_ATTRS_MAX:
+                self._parsed_attrs.clear()
+            found = self._parsed_attrs[text] = json.loads(text)
+        return found
+
+    def _read_raw(self, conn: sqlite3.Connection, name: str, sids: list[int], lo: int,
+                  hi: int) -> dict[int, dict[str, np.ndarray]]:
+        """The raw points in [lo, hi] of each series in ``sids``, read in one statement: one
+        statement per series cost more than decoding for a job of thousands of series."""
+        rows = conn.execute(
+            "SELECT c.series_id, c.n, t.digest, t.data, c.vals FROM chunks c "
+            "JOIN times t ON t.id = c.times_id WHERE c.series_id IN (SELECT id FROM series "
+            "WHERE name = ? AND last_ns >= ? AND first_ns <= ?) AND c.block_ns > ? "
+            "AND c.block_ns <= ? AND c.t_max >= ? AND c.t_min <= ? "
+            "ORDER BY c.series_id, c.t_min",
+            (name, lo, hi, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS, hi,
+             lo, hi)).fetchall()
+        by_series: dict[int, list[tuple[int, bytes, bytes, bytes]]] = {sid: [] for sid in sids}
+        for sid, n, digest, data, vals in rows:
+            if sid in by_series:
+                by_series[sid].append((n, digest, data, vals))
+        return {sid: self._decode_raw(chunks, lo, hi) for sid, chunks in by_series.items()}
+
+    def _decode_raw(self, chunks: list[tuple[int, bytes, bytes, bytes]], lo: int,
+                    hi: int) -> dict[str, np.ndarray]:
         cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
         t = np.concatenate([cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n))
-                            for n, digest, data, _ in rows] or [np.empty(0, "i8")])
+                            for n, digest, data, _ in chunks] or [np.empty(0, "i8")])
         v = np.concatenate([cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n))
-                            for n, _, _, vals in rows] or [np.empty(0)])
+                            for n, _, _, vals in chunks] or [np.empty(0)])
         keep = (t >= lo) & (t <= hi)
         return {"time": t[keep], "value": v[keep]}
 
@@ -175,7 +203,7 @@ class StoreQueries:
         those with a point at or after ``active_since_ns``."""
         since = None if active_since_ns is None else int(active_since_ns)
         with self._snapshot() as conn:
-            return [json.loads(r[0]) for r in conn.execute(
+            return [dict(self._attrs(r[0])) for r in conn.execute(
                 "SELECT attrs FROM series WHERE name = ? AND (? IS NULL OR last_ns >= ?) "
                 "ORDER BY id", (name, since, since))]
 

@@ -154,10 +154,11 @@ class PolicyEngine:
             except Exception as e:  # a store that cannot be read: no detector can run
                 self._failed("*", "*", "jobs", e, report)
                 return report
-            for detector in self.detectors:
-                for job in sorted(jobs):
+            for job in sorted(jobs):
+                window = self.source.window(job, since, now)  # one per job: detectors share reads
+                for detector in self.detectors:
                     try:
-                        found = detector.evaluate(self.source.window(job, since, now))
+                        found = detector.evaluate(window)
                     except Exception as e:  # a detector bug must not stop the others
                         self._failed(detector.name, job, "evaluate", e, report)
                         continue

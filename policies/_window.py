@@ -47,7 +47,9 @@ class StoreWindow:
     :meth:`query` narrows, never widens: its own bounds are clipped to the window's, and rows of
     other jobs are dropped. Series that carry no job attribute (host-level: GPU, NVML, scrape)
     are kept, because the sidecar watches the host its job runs on. Read-only and cheap to make;
-    not shared between threads.
+    not shared between threads. Each distinct query is read once: the detectors of one policy
+    pass share a window, and several read the same series (a job's thousands of module norms
+    were read once per detector). So a window is a snapshot, not a live view.
     """
 
     def __init__(self, store: StoreReader, *, job: str, since_ns: int, until_ns: int,
@@ -59,6 +61,7 @@ class StoreWindow:
         self.since_ns = since_ns
         self.until_ns = until_ns
         self.job_attribute = job_attribute
+        self._read: dict[tuple[object, ...], pd.DataFrame] = {}
 
     def query(self, name: str, where: Mapping[str, str] | None = None,
               since_ns: int | None = None, until_ns: int | None = None, *,
@@ -68,12 +71,17 @@ class StoreWindow:
         hi = self.until_ns if until_ns is None else min(until_ns, self.until_ns)
         if lo > hi:
             return _empty_frame()
-        frame = self._store.query(name, where=where, since_ns=lo, until_ns=hi,
-                                  resolution=resolution)
-        if self.job_attribute in frame.columns:
-            column = frame[self.job_attribute]
-            frame = frame[column.isna() | (column == self.job)].reset_index(drop=True)
-        return frame
+        key = (name, tuple(sorted((where or {}).items())), lo, hi, resolution)
+        frame = self._read.get(key)
+        if frame is None:
+            frame = self._store.query(name, where=where, since_ns=lo, until_ns=hi,
+                                      resolution=resolution)
+            if self.job_attribute in frame.columns:
+                column = frame[self.job_attribute]
+                frame = frame[column.isna() | (column == self.job)].reset_index(drop=True)
+            self._read[key] = frame
+        # A shallow copy (copy-on-write): a caller that adds a column changes only its own.
+        return frame.copy(deep=False)
 
 
 class FrameStore:

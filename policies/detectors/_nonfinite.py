@@ -91,7 +91,6 @@ class NonFiniteDetector(Detector):
         cfg = self.config
         loss = per_step(window, LOSS)
         grads = per_step(window, GRAD_NORM)
-        groups = per_step(window, GROUP_NORM)
         counts = per_step(window, NONFINITE)
         scales = per_step(window, SCALE)
         lrs = per_step(window, LEARNING_RATE)
@@ -99,6 +98,7 @@ class NonFiniteDetector(Detector):
         ranks = {tuple(sorted(k.items())) for frame in (loss, grads, counts, counter)
                  for k, _ in by(frame, [RANK_ATTR])}
         findings = []
+        groups: pd.DataFrame | None = None
         for rank in (dict(r) for r in sorted(ranks)):
             rank_loss = rank_rows(loss, rank)
             rank_grads = rank_rows(grads, rank)
@@ -120,6 +120,8 @@ class NonFiniteDetector(Detector):
                 grad_bad = bool(grad_steps > 0 or (elements > 0).any())
             if not (loss_steps > 0 or grad_bad):
                 continue
+            if groups is None:  # read only for a bad rank: a job may have thousands of groups
+                groups = per_step(window, GROUP_NORM)
             bad_groups = self._bad_groups(rank_rows(groups, rank), rank_rows(counts, rank))
             view = GroupView.of(window, rank_rows(groups, rank), cfg.forward_order)
             causes, how = view.locate(bad_groups) if bad_groups else ([], "")
