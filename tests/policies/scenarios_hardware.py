@@ -118,7 +118,9 @@ def _derived(source: str, key: str, healthy: int, bad: int, note: str) -> Callab
 
 # -- communication -----------------------------------------------------------------------------
 
-PUBLISHED = {  # (GPU model for the NVLink peak, ranks, fast busbw, degraded busbw) in GB/s
+# (GPU model for the NVLink peak, ranks, fast busbw, degraded busbw) in GB/s; the published
+# figures and their source: tests/data/README.md, "Figures from other public measurements"
+PUBLISHED = {
     "dgx_h100": ("NVIDIA H100 80GB HBM3", 4, 370.0, 22.9),
     "dgx_a100": ("NVIDIA A100-SXM4-80GB", 4, 222.0, 5.2),
     "a40_pair": ("NVIDIA A40", 2, 47.4, 3.86),
