@@ -231,6 +231,13 @@ def test_cli_writes_the_report_and_bad_weeks_are_one_line(week: RecordedWeek,
     body = json.loads(Path(paths["json"]).read_text())
     assert body["since_ns"] == week.since_ns and body["until_ns"] == week.until_ns
     assert body["price_per_gpu_hour"] == 2.0
+    config = tmp_path / "sidecar.toml"
+    config.write_text('[sidecar]\nprice_per_gpu_hour = 4.0\ncurrency = "EUR"\n')
+    done = _cli("--week", week.week, "--config", str(config), "--json", *common)
+    assert done.returncode == 0, done.stderr
+    body = json.loads(Path(json.loads(done.stdout)["json"]).read_text())
+    assert (body["price_per_gpu_hour"], body["currency"]) == (4.0, "EUR")
+    assert "4.00 EUR per GPU-hour" in Path(json.loads(done.stdout)["html"]).read_text()
     for bad in (["--week", "2026-W60"], ["--week", "last week"],
                 ["--week", week.week, "--since", "1d"], []):
         done = _cli(*bad, *common)
