@@ -195,6 +195,9 @@ class SidecarConfig(_Section):
     """How far the sidecar lowers its own CPU priority (Unix niceness, added to what it started
     with): it shares cores with the job it watches, and its bursts (a policy pass, a flush)
     must not stall the job's threads. 0 keeps the priority it was started with."""
+    price_per_gpu_hour: float = Field(default=2.5, gt=0)
+    currency: str = Field(default="USD", pattern=r"^[A-Za-z$€£¥]{1,8}$")
+    """What one GPU-hour costs, in ``currency``: the report's money figures."""
     approval: ApprovalConfig = ApprovalConfig()
     rollout: RolloutSection = RolloutSection()
     jobs: dict[str, JobConfig] = Field(default_factory=dict)

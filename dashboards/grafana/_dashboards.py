@@ -80,6 +80,10 @@ from dashboards.grafana._model import (
 )
 
 JOB_VAR = "job"
+TOKENS_PER_S = "suffix: tokens/s"
+LOSS = "suffix: nats"
+NORM = "suffix: L2"
+"""Grafana custom units: the axis says what the number is, where no built-in unit does."""
 GPU_VAR = "gpu"
 RANK_VAR = "rank"
 
@@ -197,7 +201,7 @@ def training_dashboard() -> DashboardSpec:
                 _quantiles(scope, "Step time", "Optimizer step wall time, p50 and p99 over "
                            "the selected ranks", step, job),
                 PanelSpec(title="Tokens per second", description="Summed over the selected "
-                          "ranks", unit="none", queries=(Query(
+                          "ranks", unit=TOKENS_PER_S, queries=(Query(
                               expr=by(TRAIN_TOKENS_PER_SECOND, job, "sum",
                                       scope.gauge(TRAIN_TOKENS_PER_SECOND)),
                               legend=legend(TRAIN_TOKENS_PER_SECOND, *job)),)),
@@ -208,7 +212,8 @@ def training_dashboard() -> DashboardSpec:
                               wait)), legend=legend(wait, *job)),)),
             ]),
             ("Optimisation", [
-                _gauges(scope, "Loss", "Training loss of the last step", "none",
+                _gauges(scope, "Loss", "Training loss of the last step (cross-entropy in nats "
+                        "for a language model)", LOSS,
                         (TRAIN_LOSS, rank, "")),
                 _gauges(scope, "Learning rate", "Learning rate of the first param group",
                         "none", (TRAIN_LEARNING_RATE, rank, "")),
@@ -217,9 +222,9 @@ def training_dashboard() -> DashboardSpec:
             ]),
             ("Gradients", [
                 _gauges(scope, "Gradient norm", "Global L2 norm of the gradients (unscaled)",
-                        "none", (TRAIN_GRAD_NORM, rank, "")),
+                        NORM, (TRAIN_GRAD_NORM, rank, "")),
                 _gauges(scope, "Gradient norm per module group", "L2 norm of each module "
-                        "group's gradients", "none", (TRAIN_GRAD_GROUP_NORM, group,
+                        "group's gradients", NORM, (TRAIN_GRAD_GROUP_NORM, group,
                                                       "")),
                 _gauges(scope, "Zero fraction", "Fraction of gradient elements exactly zero",
                         "percentunit", (TRAIN_GRAD_ZERO_FRACTION, group, "")),
@@ -269,7 +274,7 @@ def serving_dashboard() -> DashboardSpec:
                            GEN_AI_SERVER_REQUEST_DURATION, job, span=8),
             ]),
             ("Load", [
-                PanelSpec(title="Output tokens per second", unit="none", span=8,
+                PanelSpec(title="Output tokens per second", unit=TOKENS_PER_S, span=8,
                           description="Sliding window, summed over the job's processes",
                           queries=(Query(
                               expr=by(SERVE_TOKENS_PER_SECOND, job, "sum",

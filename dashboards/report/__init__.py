@@ -17,6 +17,7 @@ from dashboards.report._data import gather
 from dashboards.report._panels import PANELS
 from dashboards.report._values import (
     ChangeRow,
+    ConfigRow,
     FindingRow,
     JobReport,
     Marker,
@@ -27,7 +28,7 @@ from dashboards.report._values import (
     Savings,
 )
 
-__all__ = ["PANELS", "ChangeRow", "FindingRow", "JobReport", "Marker", "Panel", "Payback",
+__all__ = ["PANELS", "ChangeRow", "ConfigRow", "FindingRow", "JobReport", "Marker", "Panel", "Payback",
            "ReportData", "ReportError", "ReportPaths", "Savings", "build_report", "gather",
            "write_report"]
 
@@ -75,7 +76,8 @@ def write_report(data: ReportData, out_dir: str | os.PathLike[str], *,
 
 def build_report(*, store_path: str | os.PathLike[str], state_db_url: str, since_ns: int,
                  until_ns: int, job: str | None = None, out_dir: str | os.PathLike[str],
-                 price_per_gpu_hour: float, prometheus_url: str | None = None) -> ReportPaths:
+                 price_per_gpu_hour: float, currency: str = "USD",
+                 prometheus_url: str | None = None) -> ReportPaths:
     """Gather [since_ns, until_ns] and write the report; series come from Prometheus when
     ``prometheus_url`` is given, else from the embedded store (opened read-only)."""
     if prometheus_url is not None:
@@ -84,7 +86,7 @@ def build_report(*, store_path: str | os.PathLike[str], state_db_url: str, since
         with PrometheusSource(prometheus_url) as source:
             data = gather(source=source, source_name=f"Prometheus at {prometheus_url}",
                           state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns,
-                          job=job, price_per_gpu_hour=price_per_gpu_hour)
+                          job=job, price_per_gpu_hour=price_per_gpu_hour, currency=currency)
         return write_report(data, out_dir)
     from collectors import StoreError, TimeSeriesStore
 
@@ -95,5 +97,5 @@ def build_report(*, store_path: str | os.PathLike[str], state_db_url: str, since
     with store:
         data = gather(source=store, source_name=f"embedded store {store_path}",
                       state_db_url=state_db_url, since_ns=since_ns, until_ns=until_ns, job=job,
-                      price_per_gpu_hour=price_per_gpu_hour)
+                      price_per_gpu_hour=price_per_gpu_hour, currency=currency)
     return write_report(data, out_dir)

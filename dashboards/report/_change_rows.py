@@ -54,7 +54,8 @@ def change_row(change: Change, events: list[dict[str, Any]], since_ns: int, unti
                       if w.arm == "candidate")
     return ChangeRow(
         id=change.id, state=change.state, source=change.source, reason=change.reason,
-        values=dict(change.values), risk=change.risk, scope=change.scope,
+        values=dict(change.values), baseline=dict(change.baseline),
+        risk=change.risk, scope=change.scope,
         proposed_at_ns=proposed_ns,
         decided_at_ns=None if decision is None else int(decision["at_ns"]),
         decided_by=None if decision is None else decision["actor"],

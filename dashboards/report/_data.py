@@ -26,7 +26,15 @@ from dashboards.report._change_rows import (
     read_journal,
     savings_of,
 )
-from dashboards.report._panels import PANELS, PanelReader, weighted_by_version
+from dashboards.report._configs import config_rows, version_configs
+from dashboards.report._headline import headline
+from dashboards.report._panels import (
+    PANELS,
+    PanelReader,
+    active_hours,
+    has_data,
+    weighted_by_version,
+)
 from dashboards.report._values import (
     HOST_ATTR,
     JOB_ATTR,
@@ -56,8 +64,9 @@ def _jobs_in(source: StoreReader, changes: Sequence[Change], finding_jobs: Seque
 
 def gather(*, source: StoreReader, source_name: str, state_db_url: str, since_ns: int,
            until_ns: int, job: str | None = None, price_per_gpu_hour: float,
-           resolution: Resolution = "auto") -> ReportData:
-    """Everything the report shows for [since_ns, until_ns], one :class:`JobReport` per job."""
+           currency: str = "USD", resolution: Resolution = "auto") -> ReportData:
+    """Everything the report shows for [since_ns, until_ns], one :class:`JobReport` per job:
+    the ones with results first, quiet ones (nothing measured, changed or found) last."""
     if since_ns >= until_ns:
         raise ReportError(f"the range is empty: since {since_ns} >= until {until_ns}")
     if not price_per_gpu_hour > 0:
@@ -105,13 +114,24 @@ def gather(*, source: StoreReader, source_name: str, state_db_url: str, since_ns
                        closed_in_range=f.closed_at_ns is not None
                        and since_ns <= f.closed_at_ns <= until_ns)
             for f in all_findings if f.job == name)
-        panels = tuple(reader.panel(spec) for spec in PANELS)
+        panels = tuple(p for p in (reader.panel(spec) for spec in PANELS if kind in spec.kinds)
+                       if has_data(p))
+        job_changes = [c for c in changes if c.job == name]
+        by_version = weighted_by_version(throughput)
+        start = min(job_changes, key=lambda c: c.created_at_s).baseline if job_changes else None
+        gpu_hours = active_hours(throughput, since_ns, until_ns) * gpus
         reports.append(JobReport(
             job=name, kind=kind, findings=finding_rows, changes=tuple(rows),
             state_counts=counts, panels=panels, markers=tuple(markers),
-            throughput_by_version=weighted_by_version(throughput), gpus=gpus,
-            savings=tuple(savings), payback=payback_of(rows, savings, price_per_gpu_hour)))
+            throughput_by_version=by_version,
+            by_config=config_rows(by_version, version_configs(
+                job_changes, [e for e in events if e["job"] == name]), start),
+            gpus=gpus, gpu_hours=gpu_hours, savings=tuple(savings),
+            payback=payback_of(rows, savings, price_per_gpu_hour),
+            headline=headline(rows, savings, finding_rows, gpu_hours, price_per_gpu_hour,
+                              currency)))
+    reports.sort(key=lambda r: (r.quiet, not r.changes, not r.findings, r.job))
     replayed = tuple(f"{r.job}/{p.key}" for r in reports for p in r.panels if p.replayed)
     return ReportData(since_ns=since_ns, until_ns=until_ns, source=source_name,
-                      price_per_gpu_hour=price_per_gpu_hour, jobs=tuple(reports),
-                      replayed_panels=replayed)
+                      price_per_gpu_hour=price_per_gpu_hour, currency=currency,
+                      jobs=tuple(reports), replayed_panels=replayed)

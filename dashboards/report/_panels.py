@@ -140,6 +140,8 @@ class _PanelSpec:
     metrics: tuple[str, ...]
     host_level: bool = False
     line_keys: tuple[str, ...] = (RANK_ATTR,)
+    kinds: tuple[str, ...] = ("train", "serve")
+    """The job kinds the panel means something for."""
 
 
 PANELS: tuple[_PanelSpec, ...] = (
@@ -156,15 +158,15 @@ PANELS: tuple[_PanelSpec, ...] = (
                host_level=True, line_keys=(HOST_ATTR, ATTR_GPU_INDEX)),
     _PanelSpec(key="comm_share", title="Communication share of step time", unit="fraction",
                metrics=(COMM_ALLREDUCE_DURATION_SUM,
-                        TRAIN_STEP_DURATION_SUM)),
+                        TRAIN_STEP_DURATION_SUM), kinds=("train",)),
     _PanelSpec(key="grad_norm", title="Gradient norm", unit="1",
-               metrics=(TRAIN_GRAD_NORM,)),
+               metrics=(TRAIN_GRAD_NORM,), kinds=("train",)),
     _PanelSpec(key="kv_bits", title="KV-cache bits", unit="bit",
                metrics=(SERVE_KV_CACHE_BITS,),
-               line_keys=(RANK_ATTR, ATTR_SEEDANCE_KV_PART)),
+               line_keys=(RANK_ATTR, ATTR_SEEDANCE_KV_PART), kinds=("serve",)),
     _PanelSpec(key="cache_hit_rate", title="Prefix-cache hit rate", unit="fraction",
                metrics=(SERVE_PREFIX_CACHE_HITS, SERVE_PREFIX_CACHE_QUERIES,
-                        SERVE_PREFIX_CACHE_HIT_RATIO)),
+                        SERVE_PREFIX_CACHE_HIT_RATIO), kinds=("serve",)),
 )
 
 
@@ -214,6 +216,12 @@ class PanelReader:
             for f in frames.values())
         return Panel(key=spec.key, title=spec.title, unit=spec.unit, metrics=spec.metrics,
                      frame=lines, replayed=replayed)
+
+
+def has_data(panel: Panel) -> bool:
+    """A panel worth a plot: some finite value other than zero (all zeros say nothing)."""
+    values = panel.frame["value"].to_numpy(dtype=np.float64)
+    return bool((np.isfinite(values) & (values != 0)).any())
 
 
 def weighted_by_version(frame: pd.DataFrame) -> pd.DataFrame:

@@ -10,70 +10,46 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import pandas as pd
 
+from dashboards.report import _words as words
 from dashboards.report._values import ReportData
 
 FORMULA = (
-    "A kept change with throughput gain g (0.10 = +10%) makes the work done in H GPU-hours "
-    "after it worth H x (1 + g) GPU-hours at the old throughput, so it saved H x g GPU-hours; "
-    "H = GPUs (one per rank) x hours with throughput points from the keep to the end of the "
-    "range (or its rollback). The controller's confidence interval [low, high] for g gives "
-    "[H x low, H x high]. Cost saved = GPU-hours saved x the price per GPU-hour.")
+    "How the saving is counted: a kept change with throughput gain g (0.10 = +10%) makes the "
+    "work done in H GPU-hours after it worth H x (1 + g) GPU-hours at the old throughput, so it "
+    "saved H x g GPU-hours; H = GPUs (one per rank) x hours with throughput points from the keep "
+    "to the end of the range (or its rollback). The gain's interval gives the saving's. Money "
+    "saved = GPU-hours saved x the price per GPU-hour.")
 PAYBACK_FORMULA = (
-    "Payback (policies.payback_months): fix cost = GPU-hours of every candidate window of the "
-    "range x price (counted whole, although the job worked in them); saving = the GPUs the "
-    "changes still kept are worth by the ROI model (policies.equivalent_scale_out_nodes, "
-    "gamma 0.78: extra GPUs that would deliver the same gain) x price x 730 h per month.")
+    "How payback is counted: trying changes costs the GPU-hours of every trial window at the "
+    "price (counted whole, although the job kept working in them). A kept gain is worth the "
+    "extra GPUs that would deliver the same throughput by scaling out, which adds "
+    "communication, so it takes more GPUs than the gain alone (scaling efficiency 0.78), each "
+    "at the price x 730 hours a month.")
+KINDS = {"train": "training", "serve": "serving"}
+HOURS_PER_MONTH_S = 730 * 3600
 
 
-def _time(ns: int | None) -> str:
-    if ns is None:
-        return "-"
-    return pd.Timestamp(ns, unit="ns", tz="UTC").strftime("%Y-%m-%d %H:%M")
+def _versions(versions: Sequence[int]) -> str:
+    """"v2, v4, v6" for a few versions, "v2 ... v40 (12 versions)" for many."""
+    if len(versions) <= 4:
+        return ", ".join(f"v{v}" for v in versions)
+    return f"v{min(versions)} ... v{max(versions)} ({len(versions)} versions)"
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 86_400 * 2:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86_400:.1f} d"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:+.1%}"
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if math.isinf(value):
-        return "never"
-    return f"{value:.{digits}g}"
-
-
-def _money(value: float) -> str:
-    return f"{value:,.2f}"
-
-
-def _values(values: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
-
-
-def _env(autoescape: bool) -> jinja2.Environment:
+def _env(autoescape: bool, currency: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("dashboards.report", "templates"),
                              autoescape=autoescape, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters.update(time=_time, duration=_duration, pct=_pct, num=_num, money=_money,
-                       values=_values)
+    env.filters.update(time=words.when, duration=words.duration, pct=words.pct, num=words.num,
+                       money=lambda v: words.money(v, currency), values=words.values,
+                       diff=words.diff, versions=_versions,
+                       months=lambda m: words.duration(m * HOURS_PER_MONTH_S))
     return env
 
 
@@ -81,7 +57,9 @@ def context(data: ReportData, plots: Mapping[str, Mapping[str, Path]],
             generated_at_ns: int) -> dict[str, Any]:
     """What both templates show; ``plots`` maps job -> panel key -> PNG path."""
     return {"data": data, "plots": plots, "formula": FORMULA, "payback_formula": PAYBACK_FORMULA,
-            "generated_at_ns": generated_at_ns,
+            "generated_at_ns": generated_at_ns, "kinds": KINDS,
+            "active": [j for j in data.jobs if not j.quiet],
+            "quiet": [j for j in data.jobs if j.quiet],
             "total_saved": sum(s.gpu_hours_saved for j in data.jobs for s in j.savings),
             "total_cost_saved": sum(s.cost_saved for j in data.jobs for s in j.savings)}
 
@@ -91,14 +69,14 @@ def render_html(ctx: Mapping[str, Any]) -> str:
     embedded = {job: {key: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode()
                       for key, p in panels.items()}
                 for job, panels in ctx["plots"].items()}
-    return _env(True).get_template("report.html.j2").render(**ctx, images=embedded)
+    return _env(True, ctx["data"].currency).get_template("report.html.j2").render(**ctx, images=embedded)
 
 
 def render_markdown(ctx: Mapping[str, Any], base: Path) -> str:
     """Markdown that links the PNGs by paths relative to ``base`` (the Markdown's folder)."""
     linked = {job: {key: p.relative_to(base).as_posix() for key, p in panels.items()}
               for job, panels in ctx["plots"].items()}
-    return _env(False).get_template("report.md.j2").render(**ctx, images=linked)
+    return _env(False, ctx["data"].currency).get_template("report.md.j2").render(**ctx, images=linked)
 
 
 def _finite(value: Any) -> Any:
@@ -122,6 +100,8 @@ def to_json(data: ReportData, plots: Mapping[str, Mapping[str, Path]], base: Pat
             "findings": [row(f) for f in job.findings],
             "changes": [{**row(c), "states_entered": list(c.states_entered)}
                         for c in job.changes],
+            "headline": list(job.headline), "gpu_hours": job.gpu_hours,
+            "by_config": [{**row(r), "versions": list(r.versions)} for r in job.by_config],
             "savings": [row(s) for s in job.savings],
             "payback": None if job.payback is None else row(job.payback),
             "throughput_by_version": [
@@ -138,7 +118,8 @@ def to_json(data: ReportData, plots: Mapping[str, Mapping[str, Path]], base: Pat
         })
     body = {"schema_version": 1, "since_ns": data.since_ns, "until_ns": data.until_ns,
             "generated_at_ns": generated_at_ns, "source": data.source,
-            "price_per_gpu_hour": data.price_per_gpu_hour, "formula": FORMULA,
+            "price_per_gpu_hour": data.price_per_gpu_hour, "currency": data.currency,
+            "formula": FORMULA,
             "payback_formula": PAYBACK_FORMULA, "replayed_panels": list(data.replayed_panels),
             "jobs": jobs}
     return json.dumps(body, indent=2, sort_keys=True, allow_nan=False, default=str)

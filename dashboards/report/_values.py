@@ -60,6 +60,8 @@ class ChangeRow:
     source: str
     reason: str
     values: Mapping[str, Any]
+    baseline: Mapping[str, Any]
+    """The config the change was tried against (``values`` override it)."""
     risk: str
     scope: str
     proposed_at_ns: int
@@ -143,6 +145,19 @@ class Marker:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ConfigRow:
+    """Throughput of one config over every version that ran it."""
+
+    config: str
+    """What the config changes from the range's starting config, in words."""
+    versions: tuple[int, ...]
+    points: int
+    mean: float
+    vs_start: float | None
+    """Mean relative to the starting config's mean (None when that config has no points)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobReport:
     job: str
     kind: str
@@ -154,9 +169,19 @@ class JobReport:
     markers: tuple[Marker, ...]
     throughput_by_version: pd.DataFrame
     """version, mean (tokens/s, weighted by points), points: the throughput panel's metric."""
+    by_config: tuple[ConfigRow, ...]
     gpus: int
+    gpu_hours: float
+    """GPUs x hours with throughput points in the range: what the job ran."""
     savings: tuple[Savings, ...]
     payback: Payback | None
+    headline: tuple[str, ...] = ()
+    """The job's result in a few plain sentences: kept, rolled back, incidents, cost."""
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing to read: no change, no finding, no panel with data."""
+        return not (self.changes or self.findings or self.panels)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +190,7 @@ class ReportData:
     until_ns: int
     source: str
     price_per_gpu_hour: float
+    currency: str
     jobs: tuple[JobReport, ...]
     replayed_panels: tuple[str, ...] = field(default=())
     """``job/panel`` keys whose points carry seedance.replayed=true."""

@@ -342,7 +342,9 @@ def report(
     until: Annotated[str | None, typer.Option(help="End: duration ago or ISO time (now).")] = None,
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     price_per_gpu_hour: Annotated[
-        float, typer.Option(help="Price of one GPU-hour, for the cost saved.")] = 2.5,
+        float | None, typer.Option(help="Price of one GPU-hour, for the money saved "
+                                   "(default: price_per_gpu_hour of the configuration).")
+    ] = None,
     prometheus: Annotated[
         str | None, typer.Option(help="Read series from this Prometheus URL, not the store "
                                  "(default: metrics_source of the configuration).")
@@ -367,7 +369,8 @@ def report(
         until_ns = parse_instant_ns(until) if until else parse_instant_ns("0s")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
-    prometheus = prometheus or load_config(config).prometheus_url
+    settings = load_config(config)
+    prometheus = prometheus or settings.prometheus_url
     if prometheus is None and not store.exists():
         raise UsageError(f"{store}: no store here (give --store or --prometheus)")
     with _finding_store(config, state_db) as findings_db:
@@ -378,7 +381,9 @@ def report(
         raise UsageError(f"--out {out}: cannot create: {exc}") from None
     paths = build_report(store_path=store, state_db_url=url, since_ns=since_ns,
                          until_ns=until_ns, job=job, out_dir=out,
-                         price_per_gpu_hour=price_per_gpu_hour, prometheus_url=prometheus)
+                         price_per_gpu_hour=settings.price_per_gpu_hour if price_per_gpu_hour is None
+                         else price_per_gpu_hour,
+                         currency=settings.currency, prometheus_url=prometheus)
     if json_out:
         print_json({"html": str(paths.html), "markdown": str(paths.markdown),
                     "json": str(paths.json), "plots": [str(p) for p in paths.plots]})

@@ -115,6 +115,16 @@ def test_write_grafana_writes_dashboards_and_provisioning_that_point_at_them(
         [p.read_bytes() for p in written if p.suffix == ".json"]
 
 
+def test_tokens_loss_and_norms_carry_units() -> None:
+    units = {(uid, p["title"]): p["fieldConfig"]["defaults"].get("unit")
+             for uid, board in BOARDS.items() for p in board["panels"] if "fieldConfig" in p}
+    assert units[("seedance-training", "Tokens per second")] == "suffix: tokens/s"
+    assert units[("seedance-serving", "Output tokens per second")] == "suffix: tokens/s"
+    assert units[("seedance-training", "Loss")] == "suffix: nats"
+    assert units[("seedance-training", "Gradient norm")] == "suffix: L2"
+    assert units[("seedance-training", "Gradient norm per module group")] == "suffix: L2"
+
+
 def test_every_series_an_expression_names_is_one_the_sidecar_exposes() -> None:
     exposed = {sample for spec in CATALOGUE for sample in prom_metric(spec.name).samples}
     named = set()

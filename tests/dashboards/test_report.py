@@ -64,16 +64,16 @@ def test_every_section_in_html_and_markdown(built: ReportPaths, week: RecordedWe
     html, md = built.html.read_text(), built.markdown.read_text()
     for section in SECTIONS:
         assert f'id="{section}-{week.job}"' in html, section
-    for heading in ("### Summary", "### Findings", "### Changes", "### Rollbacks",
-                    "### Time to a human decision", "### Throughput by config version",
-                    "### GPU-hours and cost saved", "### Time series"):
+    for heading in ("### Changes by state", "### Findings", "### Changes", "### Rollbacks",
+                    "### Time to a human decision", "### Throughput by config",
+                    "### GPU-hours and money saved", "### Time series"):
         assert heading in md, heading
-    assert len(built.plots) == 8 and all(p.stat().st_size > 1000 for p in built.plots)
+    assert all(p.stat().st_size > 1000 for p in built.plots)
     for plot in built.plots:
         assert f"]({plot.relative_to(built.markdown.parent).as_posix()})" in md
-    assert html.count('src="data:image/png;base64,') == 8
+    assert html.count('src="data:image/png;base64,') == len(built.plots)
     assert "times shifted" in html and "times shifted" in md  # the fixture is replayed
-    assert "H x g GPU-hours" in html and "payback_months" in md  # formulas explained
+    assert "H x (1 + g)" in html and "scaling efficiency 0.78" in md  # formulas explained
 
 
 def test_state_counts_match_the_journal(report: dict[str, Any], week: RecordedWeek,
@@ -197,15 +197,23 @@ def test_html_renders_in_headless_chromium_with_every_image(built: ReportPaths) 
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page = browser.new_page(viewport={"width": 1366, "height": 900})
             page.goto(built.html.as_uri())
             widths = page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth)")
             heading = page.inner_text("h1")
+            box = page.locator("#headline").bounding_box()
+            kept = page.locator("#headline li", has_text="Kept").first.bounding_box()
+            first_plot = page.locator("figure").first.get_attribute("id")
+            page.screenshot(path=str(ARTIFACTS / "report-first-screen.png"))
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
         finally:
             browser.close()
-    assert len(widths) == 8 and all(w > 0 for w in widths), widths
+    assert len(widths) == len(built.plots) and all(w > 0 for w in widths), widths
     assert heading == "Weekly tuning report"
+    # the first screen (1366x900) says what the week earned: the headline and its kept line
+    assert box is not None and kept is not None
+    assert box["y"] < 200 and kept["y"] + kept["height"] <= 900, (box, kept)
+    assert first_plot == "plot-demo-train-throughput"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -223,6 +231,13 @@ def test_cli_writes_the_report_and_bad_weeks_are_one_line(week: RecordedWeek,
     body = json.loads(Path(paths["json"]).read_text())
     assert body["since_ns"] == week.since_ns and body["until_ns"] == week.until_ns
     assert body["price_per_gpu_hour"] == 2.0
+    config = tmp_path / "sidecar.toml"
+    config.write_text('[sidecar]\nprice_per_gpu_hour = 4.0\ncurrency = "EUR"\n')
+    done = _cli("--week", week.week, "--config", str(config), "--json", *common)
+    assert done.returncode == 0, done.stderr
+    body = json.loads(Path(json.loads(done.stdout)["json"]).read_text())
+    assert (body["price_per_gpu_hour"], body["currency"]) == (4.0, "EUR")
+    assert "4.00 EUR per GPU-hour" in Path(json.loads(done.stdout)["html"]).read_text()
     for bad in (["--week", "2026-W60"], ["--week", "last week"],
                 ["--week", week.week, "--since", "1d"], []):
         done = _cli(*bad, *common)
