@@ -53,10 +53,23 @@ def change_series(change: Change, reader: StoreReader, *, now_s: float,
         "change_id": change.id, "job": change.job, "metric": metric, "metric_from": metric_from,
         "unit": spec.unit if spec is not None else "", "since_s": since_s, "until_s": until_s,
         "series": _lines(frame, max_points),
-        "marks": [{"t_s": change.created_at_s, "label": "proposed"}],
-        "windows": [{"arm": w.arm, "version": w.version, "start_s": w.start_ns / 1e9,
-                     "end_s": w.end_ns / 1e9} for w in change.windows],
+        "marks": [{"t_s": change.created_at_s, "label": "proposed"},
+                  *([{"t_s": float(change.plan["applied_at_s"]), "label": "applied"}]
+                    if "applied_at_s" in change.plan else [])],
+        "windows": [*({"arm": w.arm, "version": w.version, "start_s": w.start_ns / 1e9,
+                       "end_s": w.end_ns / 1e9, "running": False} for w in change.windows),
+                    *_running_window(change, until_s)],
     }
+
+
+def _running_window(change: Change, until_s: float) -> list[dict[str, Any]]:
+    """The window being measured now (acked, not yet judged), so an in-progress change's plot
+    shows the arm in force up to now; none once the change is finished or before the ack."""
+    plan = change.plan
+    if change.state not in ACTIVE or not plan.get("acked") or "acked_at_s" not in plan:
+        return []
+    return [{"arm": str(plan["arms"][int(plan["index"])]), "version": int(plan["version"]),
+             "start_s": float(plan["acked_at_s"]), "end_s": until_s, "running": True}]
 
 
 def _lines(frame: pd.DataFrame, max_points: int) -> list[dict[str, Any]]:

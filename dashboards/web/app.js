@@ -1,10 +1,11 @@
-// The on-call page: reads the sidecar's JSON API, draws each pending change's evidence plot as
-// inline SVG, and sends approve / reject (common.js) with the token kept in this tab's
-// sessionStorage. Every text from the API goes in through textContent (never innerHTML).
+// The on-call page: reads the sidecar's JSON API, draws each change's measured effect (its
+// metric with the candidate / baseline windows) as inline SVG on every card, pending, in
+// progress and finished, and sends approve / reject (common.js) with the token kept in this
+// tab's sessionStorage. Every text from the API goes in through textContent (never innerHTML).
 
 import {
-  $, REFRESH_MS, api, decide, describe, fmt, h, listOf, pct, setUpToken, startRefreshing, table,
-  when,
+  $, REFRESH_MS, api, applyText, clock, decide, describe, fmt, h, listOf, pct, setUpToken,
+  startRefreshing, syncCards, table, when,
 } from "./common.js";
 
 const FINAL = new Set(["kept", "rolled_back", "rejected", "expired", "failed",
@@ -14,7 +15,11 @@ const SVG = "http://www.w3.org/2000/svg";
 const PLOT = { width: 420, height: 140, left: 56, right: 8, top: 10, bottom: 22 };
 const COLOURS = ["#1f5fa8", "#b35900", "#2e7d32", "#7b1fa2", "#c62828", "#00838f"];
 
-const pendingCards = new Map();  // change id -> card element, kept so typing survives refresh
+const HISTORY = 20;  // finished changes shown, newest first
+// change id -> card element per section, kept across refreshes (typing, open events, plots)
+const cards = { pending: new Map(), inflight: new Map(), history: new Map() };
+let offlineSince = null;  // when the sidecar stopped answering (s), null while it answers
+let lastGood = null;  // when it last answered (s)
 
 // ---- small DOM helpers ---------------------------------------------------------------------
 
@@ -63,14 +68,23 @@ function drawPlot(data) {
                          class: "plot", "aria-label": summary },
                 s("title", {}, summary));
   svg.append(s("rect", { x: PLOT.left, y: PLOT.top, width: W, height: H, class: "plot-bg" }));
+  // Each window shaded, and the mean of its points drawn across it: the effect at a glance.
+  const means = [];
   for (const w of data.windows || []) {
     const a = Math.max(x(w.start_s), PLOT.left);
     const b = Math.min(x(w.end_s), PLOT.left + W);
-    if (b > a) {
-      svg.append(s("rect", { x: a, y: PLOT.top, width: b - a, height: H,
-                             class: `window window-${w.arm}` },
-                   s("title", {}, `${w.arm} window, config v${w.version}`)));
-    }
+    if (b <= a) continue;
+    const name = `${w.arm} window, config v${w.version}${w.running ? " (running)" : ""}`;
+    svg.append(s("rect", { x: a, y: PLOT.top, width: b - a, height: H,
+                           class: `window window-${w.arm}${w.running ? " window-running" : ""}` },
+                 s("title", {}, name)));
+    const inside = all.filter((p) => p[0] >= w.start_s && p[0] <= w.end_s).map((p) => p[1]);
+    if (inside.length === 0) continue;
+    const mean = inside.reduce((sum, v) => sum + v, 0) / inside.length;
+    means.push({ arm: w.arm, version: w.version, mean });
+    svg.append(s("line", { x1: a, x2: b, y1: y(mean), y2: y(mean),
+                           class: `window-mean window-mean-${w.arm}` },
+                 s("title", {}, `${name}: mean ${fmt(mean)}${unit}`)));
   }
   for (const mark of data.marks || []) {
     if (mark.t_s < t0 || mark.t_s > t1) continue;
@@ -87,27 +101,37 @@ function drawPlot(data) {
     s("text", { x: ax, y: ay, "text-anchor": anchor, class: "axis" }, text));
   axis(fmt(v1), PLOT.left - 4, PLOT.top + 9, "end");
   axis(fmt(v0), PLOT.left - 4, PLOT.top + H, "end");
-  axis(new Date(t0 * 1000).toLocaleTimeString(undefined, { hour12: false }),
-       PLOT.left, PLOT.height - 6, "start");
-  axis(new Date(t1 * 1000).toLocaleTimeString(undefined, { hour12: false }),
-       PLOT.left + W, PLOT.height - 6, "end");
+  axis(clock(t0), PLOT.left, PLOT.height - 6, "start");
+  axis(clock(t1), PLOT.left + W, PLOT.height - 6, "end");
   const legend = lines.length > 1 || (data.windows || []).length
     ? h("p", { class: "legend muted" },
-        lines.map((l, i) => h("span", { class: "key", style: null },
+        lines.map((l, i) => h("span", { class: "key" },
                               h("span", { class: `swatch swatch-${i % COLOURS.length}` }),
                               l.label)),
-        (data.windows || []).length ? " Shaded: candidate (orange) and baseline (blue) windows."
-          : "")
+        (data.windows || []).length ? " Shaded: candidate (orange) and baseline (blue) windows;"
+          + " the flat line in each is its mean." : "")
     : null;
+  const marked = (data.marks || []).map((m) => m.label).join(", ");
   return h("figure", { class: "plot-figure" }, svg,
-           h("figcaption", {}, title, " around the proposal (line: proposed)"), legend);
+           h("figcaption", {}, title, ` around the change (dashed: ${marked})`),
+           means.length ? h("p", { class: "window-means" }, "Window means: ", means.map((m) =>
+             `${m.arm} v${m.version} ${fmt(m.mean)}${unit}`).join("; "), ".") : null,
+           legend);
 }
 
 async function loadPlot(change, holder) {
   try {
     const data = await api(`/v1/changes/${encodeURIComponent(change.id)}/series`);
     holder.replaceChildren(drawPlot(data));
+    holder.dataset.loaded = "true";
   } catch (err) {
+    // The sidecar gone is said once, by the page's banner: the last plot stays as it was.
+    if (err.status === 0) {
+      if (!holder.dataset.loaded) {
+        holder.replaceChildren(h("p", { class: "muted" }, "The plot waits for the sidecar."));
+      }
+      return;
+    }
     holder.replaceChildren(h("p", { class: "error" }, `Plot unavailable: ${err.message}`));
   }
 }
@@ -166,6 +190,13 @@ function effect(change) {
     + ` (${pct(c.loss_excess)})`;
 }
 
+function metaLine(change, ...more) {
+  return h("p", { class: "meta" },
+    h("span", { class: `risk risk-${change.risk}` }, `${change.risk} risk`), " · ",
+    `${change.scope} knob · from ${change.source} · proposed ${when(change.created_at_s)}`,
+    ...more, ` · id ${change.id}`);
+}
+
 function pendingCard(change, findings) {
   const plot = h("div", { class: "plot-holder" }, h("p", { class: "muted" }, "Loading plot…"));
   // The finding the proposer named, else (as the webhook message does) those open on the job.
@@ -176,81 +207,105 @@ function pendingCard(change, findings) {
   const card = h("article", { class: "card", "data-change-id": change.id,
                               "aria-labelledby": `title-${change.id}` },
     h("h3", { id: `title-${change.id}` }, `${change.job}: ${describe(change)}`),
-    h("p", { class: "meta" },
-      h("span", { class: `risk risk-${change.risk}` }, `${change.risk} risk`), " · ",
-      `${change.scope} knob · from ${change.source} · proposed ${when(change.created_at_s)}`
-      + ` · expires ${when(change.expires_at_s)} · id ${change.id}`),
+    metaLine(change, ` · expires ${when(change.expires_at_s)}`),
     h("p", { class: "reason" }, h("strong", {}, "Why: "), change.reason),
-    change.source === "trial" && change.meta && change.meta.trial !== undefined
-      ? h("p", {}, `Optuna trial ${change.meta.trial} of study ${change.meta.study || "?"}.`)
-      : null,
-    related.length ? h("div", {}, h("h4", {}, findingId ? "The finding behind it"
-                                      : `Findings open on ${change.job}`),
-                        related.map(findingEvidence))
-      : h("p", { class: "muted" }, findingId ? `Finding ${findingId} is no longer active.`
-        : `No finding is open on ${change.job}.`),
-    valuesTable(change),
-    plot,
-    h("label", { for: noteId }, "Comment (required to reject)"),
-    h("textarea", { id: noteId, name: "note", rows: 2 }),
-    h("div", { class: "row" },
-      h("button", { type: "button", class: "approve",
-                    "aria-label": `Approve change ${change.id} of job ${change.job}`,
-                    onclick: () => decide(change, "approve", card, { after: refresh }) },
-        "Approve"),
-      h("button", { type: "button", class: "reject",
-                    "aria-label": `Reject change ${change.id} of job ${change.job}`,
-                    onclick: () => decide(change, "reject", card, { after: refresh }) },
-        "Reject")),
-    h("p", { class: "card-status status", role: "status", "aria-live": "polite" }));
+    h("p", { class: `applies applies-${change.scope}` }, applyText(change)),
+    h("div", { class: "card-grid" },
+      h("div", {},
+        change.source === "trial" && change.meta && change.meta.trial !== undefined
+          ? h("p", {}, `Optuna trial ${change.meta.trial} of study ${change.meta.study || "?"}.`)
+          : null,
+        valuesTable(change),
+        related.length ? h("div", {}, h("h4", {}, findingId ? "The finding behind it"
+                                          : `Findings open on ${change.job}`),
+                            related.map(findingEvidence))
+          : h("p", { class: "muted" }, findingId ? `Finding ${findingId} is no longer active.`
+            : `No finding is open on ${change.job}.`)),
+      h("div", {},
+        plot,
+        h("label", { for: noteId }, "Comment (required to reject)"),
+        h("textarea", { id: noteId, name: "note", rows: 2 }),
+        h("div", { class: "row" },
+          h("button", { type: "button", class: "approve",
+                        "aria-label": `Approve change ${change.id} of job ${change.job}`,
+                        onclick: () => decide(change, "approve", card, { after: refresh }) },
+            "Approve"),
+          h("button", { type: "button", class: "reject",
+                        "aria-label": `Reject change ${change.id} of job ${change.job}`,
+                        onclick: () => decide(change, "reject", card, { after: refresh }) },
+            "Reject")),
+        h("p", { class: "card-status status", role: "status", "aria-live": "polite" }))));
   loadPlot(change, plot);
   return card;
+}
+
+function progress(change) {
+  if (!IN_FLIGHT.has(change.state)) {
+    const end = (change.plan && change.plan.ended_because) || "";
+    return end ? ` Ended because ${end}.` : "";
+  }
+  const plan = change.plan || {};
+  const arms = plan.arms || [];
+  if (!arms.length) return " Waiting for the job.";
+  return ` Window ${Number(plan.index || 0) + 1} of ${arms.length}`
+    + (plan.version ? ` (v${plan.version}, ${plan.acked ? "acked" : "waiting for ack"}).` : ".");
+}
+
+// The part of a change's card that moves as the change does (rebuilt on each refresh).
+function stateLines(change) {
+  return [
+    metaLine(change, ` · approved by ${change.approved_by || "–"}`),
+    h("p", { class: "effect" }, h("span", { class: `state state-${change.state}` },
+                                  change.state.replaceAll("_", " ")),
+      " · measured effect: ", effect(change), ".", progress(change))];
+}
+
+function changeCard(change) {
+  const plot = h("div", { class: "plot-holder" }, h("p", { class: "muted" }, "Loading plot…"));
+  const holder = h("div", { class: "events-holder", id: `events-${change.id}`, hidden: true });
+  const button = h("button", { type: "button", class: "link", "aria-expanded": "false",
+                               "aria-controls": `events-${change.id}`,
+                               "aria-label": `Show events of change ${change.id}`,
+                               onclick: () => toggleEvents(change, button, holder) },
+                   "Show events");
+  const card = h("article", { class: "card", "data-change-id": change.id,
+                              "aria-labelledby": `title-${change.id}` },
+    h("h3", { id: `title-${change.id}` }, `${change.job}: ${describe(change)}`),
+    h("div", { class: "card-state" }, stateLines(change)),
+    IN_FLIGHT.has(change.state)
+      ? h("p", { class: `applies applies-${change.scope}` }, applyText(change)) : null,
+    h("div", { class: "card-grid" }, plot, h("div", {}, button, holder)));
+  loadPlot(change, plot);
+  return card;
+}
+
+function updateCard(card, change, { live }) {
+  card.querySelector(".card-state").replaceChildren(...stateLines(change));
+  if (!live) return;  // a finished change's plot and events no longer move
+  loadPlot(change, card.querySelector(".plot-holder"));
+  const holder = card.querySelector(".events-holder");
+  if (!holder.hidden) loadEvents(change, holder);
 }
 
 // ---- sections ------------------------------------------------------------------------------
 
 function renderPending(pending, findings) {
-  const holder = $("pending");
   $("pending-count").textContent = pending.length ? String(pending.length) : "";
-  const ids = new Set(pending.map((c) => c.id));
-  for (const [id, card] of pendingCards) {
-    if (!ids.has(id)) { card.remove(); pendingCards.delete(id); }
-  }
-  if (pending.length === 0) {
-    holder.replaceChildren(h("p", { class: "muted" }, "Nothing waits for approval."));
-    return;
-  }
-  holder.querySelector(":scope > p.muted")?.remove();
-  for (const change of pending) {
-    let card = pendingCards.get(change.id);
-    if (!card) {
-      card = pendingCard(change, findings);
-      pendingCards.set(change.id, card);
-    } else {
-      loadPlot(change, card.querySelector(".plot-holder"));
-    }
-    holder.append(card);  // moves existing cards into order without rebuilding them
-  }
+  syncCards($("pending"), cards.pending, pending, {
+    build: (change) => pendingCard(change, findings),
+    update: (card, change) => loadPlot(change, card.querySelector(".plot-holder")),
+    empty: "Nothing waits for approval." });
+}
+
+function renderInflight(changes) {
+  syncCards($("inflight"), cards.inflight, changes, {
+    build: changeCard, update: (card, change) => updateCard(card, change, { live: true }),
+    empty: "No change is being applied or observed." });
 }
 
 function stateCell(change) {
   return h("td", {}, h("span", { class: `state state-${change.state}` },
-                       change.state.replace("_", " ")));
-}
-
-function renderInflight(changes) {
-  const rows = changes.map((c) => {
-    const plan = c.plan || {};
-    const arms = plan.arms || [];
-    const progress = arms.length ? `window ${Number(plan.index || 0) + 1} of ${arms.length}`
-      + (plan.version ? ` (v${plan.version}${plan.acked ? ", acked" : ", waiting for ack"})` : "")
-      : "waiting for the job";
-    return h("tr", {}, h("td", {}, c.job), h("td", {}, describe(c)), stateCell(c),
-             h("td", {}, progress), h("td", {}, effect(c)), h("td", {}, c.approved_by || "–"));
-  });
-  $("inflight").replaceChildren(table("Changes in progress",
-    ["job", "change", "state", "progress", "measured effect", "approved by"], rows,
-    "No change is being applied or observed."));
+                       change.state.replaceAll("_", " ")));
 }
 
 function renderFindings(findings) {
@@ -272,19 +327,7 @@ function renderTrials(changes) {
     "No trials yet."));
 }
 
-async function showEvents(change, button, holder) {
-  if (!holder.hidden) {
-    holder.hidden = true;
-    button.setAttribute("aria-expanded", "false");
-    button.setAttribute("aria-label", `Show events of change ${change.id}`);
-    button.textContent = "Show events";
-    return;
-  }
-  button.setAttribute("aria-expanded", "true");
-  button.setAttribute("aria-label", `Hide events of change ${change.id}`);
-  button.textContent = "Hide events";
-  holder.hidden = false;
-  holder.replaceChildren(h("p", { class: "muted" }, "Loading events…"));
+async function loadEvents(change, holder) {
   try {
     const body = await api(`/v1/changes/${encodeURIComponent(change.id)}`);
     const events = listOf(body, "events");
@@ -296,28 +339,25 @@ async function showEvents(change, button, holder) {
           ? ` [v${e.version_before ?? "–"} → v${e.version_after}]` : "")))
       : h("p", { class: "muted" }, "No events recorded."));
   } catch (err) {
-    holder.replaceChildren(h("p", { class: "error" }, err.message));
+    if (err.status !== 0) holder.replaceChildren(h("p", { class: "error" }, err.message));
   }
 }
 
+function toggleEvents(change, button, holder) {
+  const opening = holder.hidden;
+  holder.hidden = !opening;
+  button.setAttribute("aria-expanded", String(opening));
+  button.setAttribute("aria-label", `${opening ? "Hide" : "Show"} events of change ${change.id}`);
+  button.textContent = opening ? "Hide events" : "Show events";
+  if (!opening) return;
+  holder.replaceChildren(h("p", { class: "muted" }, "Loading events…"));
+  loadEvents(change, holder);
+}
+
 function renderHistory(changes) {
-  const done = changes.filter((c) => FINAL.has(c.state)).slice(-50).reverse();
-  const rows = done.flatMap((c) => {
-    const holder = h("div", { class: "events-holder", id: `events-${c.id}`, hidden: true });
-    const button = h("button", { type: "button", class: "link", "aria-expanded": "false",
-                                 "aria-controls": `events-${c.id}`,
-                                 "aria-label": `Show events of change ${c.id}`,
-                                 onclick: () => showEvents(c, button, holder) }, "Show events");
-    const end = (c.plan && c.plan.ended_because) || "";
-    return [h("tr", {}, h("td", {}, when(c.created_at_s)), h("td", {}, c.job),
-                h("td", {}, describe(c)), stateCell(c), h("td", {}, c.source),
-                h("td", {}, c.approved_by || "–"), h("td", {}, effect(c), end ? ` · ${end}` : ""),
-                h("td", {}, button)),
-            h("tr", { class: "events-row" }, h("td", { colspan: 8 }, holder))];
-  });
-  $("history").replaceChildren(table("Change history",
-    ["proposed", "job", "change", "state", "source", "approved by", "outcome", ""], rows,
-    "No finished changes yet."));
+  syncCards($("history"), cards.history, changes, {
+    build: changeCard, update: (card, change) => updateCard(card, change, { live: false }),
+    empty: "No finished changes yet." });
 }
 
 function renderStatus(status) {
@@ -342,6 +382,24 @@ function renderStatus(status) {
 
 // ---- refresh loop --------------------------------------------------------------------------
 
+// The sidecar gone (the network refused, not an HTTP error): one banner, and the page keeps the
+// last state it was shown instead of an error in every section.
+function gone() {
+  offlineSince ??= Date.now() / 1000;
+  const banner = $("offline");
+  banner.textContent = `The sidecar is not answering (since ${clock(offlineSince)}). `
+    + (lastGood === null ? "Nothing was loaded yet. "
+      : `This page shows what it said at ${clock(lastGood)}. `)
+    + `Trying again every ${REFRESH_MS / 1000} s.`;
+  banner.hidden = false;
+}
+
+function answered() {
+  offlineSince = null;
+  lastGood = Date.now() / 1000;
+  $("offline").hidden = true;
+}
+
 let refreshing = null;
 
 async function refresh() {
@@ -349,6 +407,11 @@ async function refresh() {
   refreshing = (async () => {
     const [status, changes, findings] = await Promise.allSettled(
       [api("/v1/status"), api("/v1/changes"), api("/v1/findings")]);
+    if ([status, changes, findings].some((r) => r.status === "rejected" && r.reason.status === 0)) {
+      gone();
+      return;
+    }
+    answered();
     if (status.status === "fulfilled") renderStatus(status.value);
     else $("sidecar-status").textContent = `Status: ${status.reason.message}`;
     const found = findings.status === "fulfilled" ? listOf(findings.value, "findings") : [];
@@ -363,14 +426,13 @@ async function refresh() {
       renderPending(all.filter((c) => c.state === "proposed"), found);
       renderInflight(all.filter((c) => IN_FLIGHT.has(c.state)));
       renderTrials(all);
-      renderHistory(all);
+      renderHistory(all.filter((c) => FINAL.has(c.state)).slice(-HISTORY).reverse());
     } else {
       for (const id of ["pending", "inflight", "trials", "history"]) {
         $(id).replaceChildren(h("p", { class: "error" }, changes.reason.message));
       }
     }
-    $("refreshed").textContent = `Refreshed ${new Date().toLocaleTimeString(undefined,
-      { hour12: false })}; every ${REFRESH_MS / 1000} s.`;
+    $("refreshed").textContent = `Refreshed ${clock(lastGood)}; every ${REFRESH_MS / 1000} s.`;
   })().finally(() => { refreshing = null; });
   return refreshing;
 }

@@ -38,9 +38,16 @@ export function fmt(value) {
 export const pct = (x) => (typeof x === "number" && Number.isFinite(x)
   ? `${x >= 0 ? "+" : ""}${(100 * x).toFixed(2)}%` : "–");
 
+// Times carry their zone: an on-call engineer and the job may be continents apart.
 export function when(seconds) {
   if (typeof seconds !== "number") return "–";
-  return new Date(seconds * 1000).toLocaleString(undefined, { hour12: false });
+  return new Date(seconds * 1000).toLocaleString(undefined,
+                                                 { hour12: false, timeZoneName: "short" });
+}
+
+export function clock(seconds) {
+  return new Date(seconds * 1000).toLocaleTimeString(undefined,
+                                                     { hour12: false, timeZoneName: "short" });
 }
 
 export function listOf(body, key) {
@@ -105,6 +112,41 @@ export function table(caption, heads, rows, empty) {
            h("tbody", {}, rows));
 }
 
+// Whether approving restarts the job, from the change's scope (a restart-scope knob is read
+// only when the job starts; the sidecar never restarts a job itself).
+export function applyText(change) {
+  return change.scope === "restart"
+    ? "Needs a restart: approving does not restart the job; the running job ignores this "
+      + "change until it is next started."
+    : "Applied live: approving switches the job at its next step boundary, without a "
+      + "restart, and rolls it back if it measures worse.";
+}
+
+// Keeps one card per item in `holder`, in the items' order, building only new ones: typing,
+// an open "Show events" and a loaded plot survive the refresh.
+export function syncCards(holder, cards, items, { key = (item) => item.id, build, update,
+  empty }) {
+  const ids = new Set(items.map(key));
+  for (const [id, card] of cards) {
+    if (!ids.has(id)) { card.remove(); cards.delete(id); }
+  }
+  if (items.length === 0) {
+    holder.replaceChildren(h("p", { class: "muted" }, empty));
+    return;
+  }
+  holder.querySelector(":scope > p.muted")?.remove();
+  for (const item of items) {
+    let card = cards.get(key(item));
+    if (!card) {
+      card = build(item);
+      cards.set(key(item), card);
+    } else if (update) {
+      update(card, item);
+    }
+    holder.append(card);  // moves existing cards into order without rebuilding them
+  }
+}
+
 export function describe(change) {
   return Object.entries(change.values || {})
     .map(([k, v]) => `${k}: ${fmt((change.baseline || {})[k])} → ${fmt(v)}`).join(", ");
@@ -124,6 +166,11 @@ export async function decide(change, verb, card, { base = "/v1/changes", after }
   if (verb === "reject" && !note) {
     say(status, "Give a reason in the comment box to reject.", "error");
     card.querySelector("textarea").focus();
+    return;
+  }
+  if (verb === "approve" && change.risk === "high" && !window.confirm(
+    `Approve a HIGH-RISK change?\n\n${change.job}: ${describe(change)}\n\n${applyText(change)}`)) {
+    say(status, "Not approved: cancelled at the high-risk confirmation.");
     return;
   }
   const body = verb === "approve" ? { by: actor, comment: note } : { by: actor, reason: note };

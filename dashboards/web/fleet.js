@@ -3,7 +3,8 @@
 // POST /v1/fleet/changes/{id}/approve | reject: this sidecar routes each to the job's owner.
 
 import {
-  $, REFRESH_MS, api, decide, describe, fmt, h, pct, setUpToken, startRefreshing, table, when,
+  $, REFRESH_MS, api, applyText, clock, decide, describe, fmt, h, pct, setUpToken,
+  startRefreshing, syncCards, table, when,
 } from "./common.js";
 
 const cards = new Map();  // change id -> card element, kept so typing survives refresh
@@ -57,6 +58,7 @@ function waitingCard(change, job, me) {
       + ` · id ${change.id}`),
     h("p", { class: "owner" }, `Held by sidecar ${ownerText(job.owner, me)}`,
       job.owner.alive ? "" : " — DOWN: a decision cannot reach it"),
+    h("p", { class: `applies applies-${change.scope}` }, applyText(change)),
     h("p", { class: "reason" }, h("strong", {}, "Why: "), change.reason),
     h("label", { for: noteId }, "Comment (required to reject)"),
     h("textarea", { id: noteId, name: "note", rows: 2 }),
@@ -77,21 +79,10 @@ function waitingCard(change, job, me) {
 
 function renderWaiting(view) {
   const waiting = view.jobs.flatMap((job) => job.waiting.map((change) => [change, job]));
-  const holder = $("waiting");
   $("waiting-count").textContent = waiting.length ? String(waiting.length) : "";
-  const ids = new Set(waiting.map(([change]) => change.id));
-  for (const [id, card] of cards) {
-    if (!ids.has(id)) { card.remove(); cards.delete(id); }
-  }
-  if (waiting.length === 0) {
-    holder.replaceChildren(h("p", { class: "muted" }, "Nothing waits for a person."));
-    return;
-  }
-  holder.querySelector(":scope > p.muted")?.remove();
-  for (const [change, job] of waiting) {
-    if (!cards.has(change.id)) cards.set(change.id, waitingCard(change, job, view.me));
-    holder.append(cards.get(change.id));  // moves existing cards without rebuilding them
-  }
+  syncCards($("waiting"), cards, waiting, {
+    key: ([change]) => change.id, build: ([change, job]) => waitingCard(change, job, view.me),
+    empty: "Nothing waits for a person." });
 }
 
 function renderSidecars(view) {
@@ -120,8 +111,8 @@ async function refresh() {
     } catch (err) {
       $("fleet-status").textContent = `Fleet: ${err.message}`;
     }
-    $("refreshed").textContent = `Refreshed ${new Date().toLocaleTimeString(undefined,
-      { hour12: false })}; every ${REFRESH_MS / 1000} s.`;
+    $("refreshed").textContent = `Refreshed ${clock(Date.now() / 1000)}; `
+      + `every ${REFRESH_MS / 1000} s.`;
   })().finally(() => { refreshing = null; });
   return refreshing;
 }

@@ -12,6 +12,7 @@ from seedancectl.cli import (  # noqa: F401 (their commands register on import)
     _fleet,
     _local,
     _remote,
+    _study,
 )
 from seedancectl.cli._app import app
 

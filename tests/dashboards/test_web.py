@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,13 @@ PLANTED = Finding(
                                        expected_effect="fewer loader waits"),))
 """A detector's verdict planted in the engine's finding store (no detector ran on the job)."""
 KNOBS = [{"name": "micro_batch", "default": 2, "choices": [1, 2, 4], "scope": "live",
-          "risk": "low"}]
+          "risk": "low"},
+         {"name": "offload", "default": False, "choices": [False, True], "scope": "restart",
+          "risk": "high"}]
+VIEWPORT = {"width": 1366, "height": 900}
+"""A laptop screen: what an on-call engineer sees without scrolling."""
+ZONE = "America/New_York"
+"""The browser's zone, so the test can tell that times carry theirs (EST or EDT)."""
 
 
 @pytest.fixture
@@ -102,7 +109,8 @@ class StandInJob:
         self.http = httpx.Client(base_url=url, timeout=10,
                                  headers={"Authorization": f"Bearer {TOKEN}"})
         body = self.http.post(f"/v1/jobs/{JOB}/attach", json={
-            "knobs": KNOBS, "baseline": {"micro_batch": 2}, "lease_ttl_s": 30}).json()
+            "knobs": KNOBS, "baseline": {"micro_batch": 2, "offload": False},
+            "lease_ttl_s": 30}).json()
         self.session = body["session"]
         self.version = body["config"]["version"]
         self.values = dict(body["config"]["values"])
@@ -145,8 +153,22 @@ class StandInJob:
         self.http.close()
 
 
+@dataclass
+class Running:
+    """The sidecar under test, its URL, and a way to take it away mid-test."""
+
+    side: Sidecar
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
 @pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[tuple[Sidecar, str]]:
+def sidecar(tmp_path: Path) -> Iterator[Running]:
     port = free_port()
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
@@ -168,9 +190,9 @@ def sidecar(tmp_path: Path) -> Iterator[tuple[Sidecar, str]]:
             return False
 
     until("the sidecar to be ready", ready)
-    yield side, url
-    server.should_exit = True
-    thread.join(15)
+    running = Running(side, url, server, thread)
+    yield running
+    running.stop()
 
 
 def change_state(url: str, change_id: str) -> dict[str, Any]:
@@ -179,34 +201,55 @@ def change_state(url: str, change_id: str) -> dict[str, Any]:
     return reply.json()  # type: ignore[no-any-return]
 
 
+def propose(url: str, values: dict[str, Any], reason: str) -> dict[str, Any]:
+    """An operator's change through the API; approval mode "suggest" makes it wait."""
+    reply = httpx.post(f"{url}/v1/jobs/{JOB}/changes", timeout=5,
+                       headers={"Authorization": f"Bearer {TOKEN}"},
+                       json={"by": "test", "reason": reason, "values": values})
+    assert reply.status_code == 201, reply.text
+    body: dict[str, Any] = reply.json()
+    assert body["state"] == "proposed"
+    return body
+
+
+def open_page(pw: Any, chromium_binary: str, url: str) -> tuple[Any, Any, list[str]]:
+    """Chromium at 1366x900 in New York time on the page; page errors are collected."""
+    browser = pw.chromium.launch(executable_path=chromium_binary, args=CHROMIUM_ARGS)
+    page = browser.new_context(viewport=VIEWPORT, locale="en-US",
+                               timezone_id=ZONE).new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/")
+    assert page.url.endswith("/ui/")
+    return browser, page, errors
+
+
+def refreshed_on_its_own(page: Any) -> None:
+    """Wait for the page's own 5 s refresh (not the button) to run once more."""
+    before = page.locator("#refreshed").inner_text()
+    until("an automatic refresh", lambda: page.locator("#refreshed").inner_text() != before,
+          timeout_s=15)
+
+
 def test_on_call_approves_a_pending_change_from_the_page(
-        sidecar: tuple[Sidecar, str], chromium_binary: str) -> None:
+        sidecar: Running, chromium_binary: str) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    side, url = sidecar
+    side, url = sidecar.side, sidecar.url
     job = StandInJob(url)
     try:
         until("the job's throughput in the store", lambda: (
             side.store is not None and len(side.store.query(TOKENS_PER_SECOND)) >= 8))
         assert side.engine is not None
         side.engine.findings.save(PLANTED)
-        proposed = httpx.post(f"{url}/v1/jobs/{JOB}/changes", timeout=5,
-                              headers={"Authorization": f"Bearer {TOKEN}"},
-                              json={"by": "test", "reason": "input-bound: try a larger batch",
-                                    "values": {"micro_batch": 4}})
-        assert proposed.status_code == 201, proposed.text
-        change = proposed.json()
-        assert change["state"] == "proposed"  # approval mode "suggest": waits for a person
+        change = propose(url, {"micro_batch": 4}, "input-bound: try a larger batch")
         card_sel = f'article[data-change-id="{change["id"]}"]'
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium_binary, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1100, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{url}/")
-            assert page.url.endswith("/ui/")
+            browser, page, errors = open_page(pw, chromium_binary, url)
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
 
             # The pending change with its evidence: the knob, before and after, the reason,
             # and the plot of the job's throughput drawn as an SVG path.
@@ -216,6 +259,12 @@ def test_on_call_approves_a_pending_change_from_the_page(
             expect(card.locator("table.values tbody td").nth(0)).to_have_text("2")
             expect(card.locator("table.values tbody td").nth(1)).to_have_text("4")
             expect(card).to_contain_text("input-bound: try a larger batch")
+            # Whether approving restarts the job, in words, from the change's scope.
+            expect(card.locator(".applies")).to_have_text(re.compile(
+                r"^Applied live: .*without a restart"))
+            # Times carry their zone.
+            expect(card.locator(".meta").first).to_contain_text(re.compile(
+                r"proposed \d+/\d+/\d+, \d\d:\d\d:\d\d E[SD]T"))
             # The finding open on the job, with its numbers and the bound they crossed.
             measured = card.locator("table.measurements tbody tr", has_text="wait_share")
             expect(measured).to_contain_text("0.31")
@@ -226,9 +275,15 @@ def test_on_call_approves_a_pending_change_from_the_page(
             expect(card.locator("svg.plot")).to_have_attribute(
                 "aria-label", re.compile(re.escape(TOKENS_PER_SECOND)))
 
+            # The first Approve button is on the first screen, unscrolled, at 1366x900.
+            approve = page.get_by_role("button", name=f"Approve change {change['id']}")
+            box = approve.bounding_box()
+            assert page.evaluate("window.scrollY") == 0
+            assert box is not None and box["y"] + box["height"] <= VIEWPORT["height"], box
+            page.screenshot(path=str(ARTIFACTS / "first-screen.png"))
+
             # No token: refused in words, nothing changes.
             page.get_by_label("Your name").fill("alice")
-            approve = page.get_by_role("button", name=f"Approve change {change['id']}")
             approve.focus()
             page.keyboard.press("Enter")
             expect(card.locator(".card-status")).to_contain_text("Token missing")
@@ -242,12 +297,14 @@ def test_on_call_approves_a_pending_change_from_the_page(
             assert after["state"] == "proposed" and after["approved_by"] is None
             assert [e["kind"] for e in after["events"]] == ["proposed"]
 
-            # The right token: approved, then applied to the job and observed.
+            # The right token: approved (a low-risk change asks no confirmation), then applied
+            # to the job and observed.
             page.get_by_label("API token").fill(TOKEN)
             assert "s3cret" not in page.url
             approve.click()
             expect(page.locator("#status")).to_contain_text(
                 f"Change {change['id']} approved by alice", timeout=WAIT_S * 1000)
+            assert dialogs == []
             # The stand-in sends no step times, so no window completes: it stays observing.
             moved = until("the change to be applied and acked", lambda: (
                 lambda c: c if c["state"] == "observing" else None)(
@@ -258,22 +315,29 @@ def test_on_call_approves_a_pending_change_from_the_page(
             assert approved["actor"] == "alice"
             assert moved["approved_by"] == "alice"
             assert job.values["micro_batch"] == 4 and job.version >= moved["plan"]["version"]
-            # The page moves it out of the approval queue into the work in progress.
-            expect(page.locator(card_sel)).to_have_count(0, timeout=WAIT_S * 1000)
+            # The page moves it out of the approval queue into the work in progress, where
+            # its card plots the effect: the job's throughput with the candidate window it
+            # is measuring now, and that window's mean.
+            expect(page.locator(card_sel).locator("textarea")).to_have_count(
+                0, timeout=WAIT_S * 1000)
             page.get_by_role("button", name="Refresh now").click()
-            row = page.locator("#inflight tr", has_text="micro_batch: 2 → 4")
-            expect(row).to_contain_text("observing")
-            expect(row).to_contain_text("alice")
+            inflight = page.locator("#inflight article", has_text="micro_batch: 2 → 4")
+            expect(inflight).to_contain_text("observing")
+            expect(inflight).to_contain_text("approved by alice")
+            expect(inflight.locator(".applies")).to_contain_text("Applied live")
+            expect(inflight.locator("svg.plot path.line").first).to_have_attribute(
+                "d", DRAWN_PATH, timeout=WAIT_S * 1000)
+            expect(inflight.locator("svg.plot rect.window-candidate.window-running")).to_have_count(
+                1, timeout=WAIT_S * 1000)
+            expect(inflight.locator(".window-means")).to_contain_text(
+                re.compile(r"candidate v\d+ \d+"), timeout=WAIT_S * 1000)
             expect(page.locator("#pending")).to_contain_text("Nothing waits for approval")
             page.screenshot(path=str(ARTIFACTS / "approved.png"), full_page=True)
 
             # Reject: a reason is required, then the change is rejected and in the history.
-            second = httpx.post(f"{url}/v1/jobs/{JOB}/changes", timeout=5,
-                                headers={"Authorization": f"Bearer {TOKEN}"},
-                                json={"by": "test", "reason": "smaller batch",
-                                      "values": {"micro_batch": 1}}).json()
+            second = propose(url, {"micro_batch": 1}, "smaller batch")
             page.get_by_role("button", name="Refresh now").click()
-            card = page.locator(f'article[data-change-id="{second["id"]}"]')
+            card = page.locator(f'#pending article[data-change-id="{second["id"]}"]')
             reject = card.get_by_role("button", name=f"Reject change {second['id']}")
             reject.click()
             expect(card.locator(".card-status")).to_contain_text("Give a reason")
@@ -286,17 +350,90 @@ def test_on_call_approves_a_pending_change_from_the_page(
             assert rejected["state"] == "rejected"
             assert rejected["events"][-1]["actor"] == "alice"
             assert rejected["events"][-1]["reason"] == "not during the launch"
-            history = page.locator("#history tr", has_text="micro_batch: 2 → 1")
+            # The history's card plots the job's throughput around it too.
+            history = page.locator("#history article", has_text="micro_batch: 2 → 1")
             expect(history).to_contain_text("rejected")
+            expect(history.locator("svg.plot path.line").first).to_have_attribute(
+                "d", DRAWN_PATH, timeout=WAIT_S * 1000)
+            # "Show events" stays open across the page's automatic refresh.
             history.get_by_role("button", name=f"Show events of change {second['id']}").click()
-            expect(page.locator(f"#events-{second['id']}")).to_contain_text(
-                "by alice: not during the launch")
+            events = page.locator(f"#events-{second['id']}")
+            expect(events).to_contain_text("by alice: not during the launch")
+            refreshed_on_its_own(page)
+            refreshed_on_its_own(page)
+            expect(events).to_be_visible()
+            expect(events).to_contain_text("by alice: not during the launch")
+            expect(history.get_by_role(
+                "button", name=f"Hide events of change {second['id']}")).to_be_visible()
             page.screenshot(path=str(ARTIFACTS / "history.png"), full_page=True)
             assert session_token(page) == TOKEN
             assert errors == []
             browser.close()
     finally:
         job.close()
+
+
+def test_high_risk_asks_first_and_a_lost_sidecar_is_one_banner(
+        sidecar: Running, chromium_binary: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url = sidecar.url
+    job = StandInJob(url)
+    try:
+        change = propose(url, {"offload": True}, "offload to save memory")
+        assert change["risk"] == "high" and change["scope"] == "restart"
+        with sync_playwright() as pw:
+            browser, page, errors = open_page(pw, chromium_binary, url)
+            card = page.locator(f'#pending article[data-change-id="{change["id"]}"]')
+            expect(card).to_be_visible(timeout=WAIT_S * 1000)
+            expect(card.locator(".applies")).to_have_text(re.compile(
+                r"^Needs a restart: approving does not restart the job"))
+            page.get_by_label("Your name").fill("bob")
+            page.get_by_label("API token").fill(TOKEN)
+            approve = card.get_by_role("button", name=f"Approve change {change['id']}")
+
+            # Cancelled at the confirmation: nothing is sent.
+            asked: list[str] = []
+            page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+            approve.click()
+            expect(card.locator(".card-status")).to_contain_text(
+                "cancelled at the high-risk confirmation")
+            assert len(asked) == 1 and "HIGH-RISK" in asked[0] and "offload" in asked[0]
+            assert "Needs a restart" in asked[0]
+            assert change_state(url, change["id"])["state"] == "proposed"
+            # Confirmed: approved.
+            page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
+            approve.click()
+            expect(page.locator("#status")).to_contain_text(
+                f"Change {change['id']} approved by bob", timeout=WAIT_S * 1000)
+            assert len(asked) == 2
+            assert change_state(url, change["id"])["approved_by"] == "bob"
+            page.get_by_role("button", name="Refresh now").click()
+            shown = page.locator(f'article[data-change-id="{change["id"]}"]')
+            expect(shown).to_have_count(1)
+            status_text = page.locator("#sidecar-status").inner_text()
+
+            # The sidecar goes away: one banner, the last state stays, no error anywhere.
+            sidecar.stop()
+            banner = page.locator("#offline")
+            expect(banner).to_be_visible(timeout=WAIT_S * 1000)
+            expect(banner).to_contain_text("The sidecar is not answering")
+            expect(banner).to_contain_text(re.compile(r"said at \d\d:\d\d:\d\d E[SD]T"))
+            refreshed_on_its_own_or_not(page)
+            expect(page.locator("[role=alert]:visible")).to_have_count(1)
+            expect(page.locator(".error")).to_have_count(0)
+            expect(shown).to_have_count(1)
+            expect(page.locator("#sidecar-status")).to_have_text(status_text)
+            page.screenshot(path=str(ARTIFACTS / "sidecar-gone.png"), full_page=True)
+            assert errors == []
+            browser.close()
+    finally:
+        job.close()
+
+
+def refreshed_on_its_own_or_not(page: Any) -> None:
+    """Two more refresh periods with the sidecar gone (nothing on the page may change)."""
+    page.wait_for_timeout(2 * 5000 + 500)
 
 
 def session_token(page: Any) -> str:

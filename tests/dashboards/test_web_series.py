@@ -114,7 +114,21 @@ def test_a_finished_change_ends_after_its_last_window(store: TimeSeriesStore) ->
     assert body["until_s"] == pytest.approx(T0_S + 40 + 60)
     assert body["windows"] == [{"arm": "candidate", "version": 5,
                                 "start_s": pytest.approx(T0_S + 10),
-                                "end_s": pytest.approx(T0_S + 40)}]
+                                "end_s": pytest.approx(T0_S + 40), "running": False}]
+
+
+def test_an_observed_change_shows_its_running_window_up_to_now(store: TimeSeriesStore) -> None:
+    plan = {"arms": ["candidate", "baseline", "candidate"], "index": 1, "version": 7,
+            "acked": True, "acked_at_s": T0_S + 50, "applied_at_s": T0_S + 20}
+    body = change_series(change(state="observing", plan=plan), store, now_s=T0_S + 80)
+    assert body["windows"] == [{"arm": "baseline", "version": 7, "start_s": T0_S + 50,
+                                "end_s": T0_S + 80, "running": True}]
+    assert body["marks"] == [{"t_s": T0_S, "label": "proposed"},
+                             {"t_s": T0_S + 20, "label": "applied"}]
+    # Sent but not acked yet: no window is running, nothing is drawn for it.
+    waiting = change_series(change(state="observing", plan={**plan, "acked": False}), store,
+                            now_s=T0_S + 80)
+    assert waiting["windows"] == []
 
 
 class Parts:
