@@ -562,6 +562,7 @@ def test_sidecar_bad_input(tmp_path: Path) -> None:
                             "replay:nonexistent")
     assert "nonexistent" in line and "h100_gpu_burn" in line
     assert "nvml" in _sidecar_refused(tmp_path, "--nvml", "sometimes")
+    assert "state_db" in _sidecar_refused(tmp_path, "--state-db", "nonsense")
     bad = tmp_path / "bad.toml"
     bad.write_text("[sidecar]\npolicy_interval_s = -1\n")
     line = _sidecar_refused(tmp_path, "--config", str(bad))
