@@ -34,10 +34,21 @@ RESOURCE_ATTRS: tuple[str, ...] = (
     ATTR_SEEDANCE_RANK,
     "seedance.job.kind",
 )
-"""Resource attributes copied onto every Point of that resource; others are dropped.
+"""Resource attributes the catalogue labels by (service.name is the job). Every other resource
+attribute is kept too, except those of :func:`kept_resource_attribute`."""
 
-``service.instance.id`` is left out on purpose: the SDK makes a random one per process, which
-would start new series at every restart; job, host and rank already name the process."""
+_PER_PROCESS_PREFIXES = ("telemetry.", "process.")
+
+
+def kept_resource_attribute(key: str) -> bool:
+    """Whether a resource attribute is copied onto every Point of that resource.
+
+    Kept: what the sender chose to say (deployment.environment, k8s.pod.name, cloud.region).
+    Dropped: ``service.instance.id``, which the SDK draws at random per process, and the SDK's
+    own ``telemetry.*`` and ``process.*`` (pid, command line): each would start new series at
+    every restart or only repeat the SDK's version; job, host and rank already name the
+    process."""
+    return key != "service.instance.id" and not key.startswith(_PER_PROCESS_PREFIXES)
 
 _NO_RECORDED_VALUE = metrics_pb2.DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
 
@@ -212,7 +223,7 @@ def points_from_request(request: ExportMetricsServiceRequest) -> DecodedMetrics:
     for resource_metrics in request.resource_metrics:
         resource: dict[str, str] = {}
         for kv in resource_metrics.resource.attributes:
-            if kv.key in RESOURCE_ATTRS:
+            if kept_resource_attribute(kv.key):
                 resource[kv.key] = render_value(kv.value)
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:

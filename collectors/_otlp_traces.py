@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from collectors._otlp_decode import RESOURCE_ATTRS, OtlpDecodeError, _any_to_py
+from collectors._otlp_decode import OtlpDecodeError, _any_to_py, kept_resource_attribute
 from collectors.names import ATTR_SERVICE_NAME
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
@@ -35,7 +35,8 @@ _STATUS = {trace_pb2.Status.STATUS_CODE_UNSET: "unset", trace_pb2.Status.STATUS_
 class SpanRecord:
     """One finished span. Ids are lowercase hex (32 / 16 digits); ``parent_span_id`` is "" for
     a root. ``attributes`` are the span's own (JSON values); ``resource`` the resource
-    attributes in :data:`RESOURCE_ATTRS` (service.name, host.name, seedance.rank, ...)."""
+    attributes (service.name, host.name, seedance.rank, ...) that
+    ``kept_resource_attribute`` keeps."""
 
     trace_id: str
     span_id: str
@@ -97,7 +98,7 @@ def spans_from_request(request: ExportTraceServiceRequest) -> list[SpanRecord]:
     out: list[SpanRecord] = []
     for resource_spans in request.resource_spans:
         resource = {kv.key: _any_to_py(kv.value) for kv in resource_spans.resource.attributes
-                    if kv.key in RESOURCE_ATTRS}
+                    if kept_resource_attribute(kv.key)}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 if len(span.trace_id) != 16 or len(span.span_id) != 8 or len(

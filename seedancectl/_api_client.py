@@ -57,9 +57,12 @@ class SidecarClient:
     def __init__(self, url: str, *, token: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         try:
-            httpx.URL(url)
+            scheme = httpx.URL(url).scheme
         except httpx.InvalidURL as exc:
             raise ConfigError(f"{url!r}: {exc}") from None
+        if scheme not in ("http", "https"):
+            raise ConfigError(f"{url!r}: expected http(s)://HOST:PORT, e.g. "
+                              f"http://{url.partition('://')[2] or url}")
         self.url = url
         self._token = token
         self._http = httpx.Client(timeout=timeout_s)

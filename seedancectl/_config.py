@@ -154,6 +154,7 @@ class SidecarConfig(_Section):
     store: Path = Path("seedance-data/metrics.db")
     store_max_mib: float | None = Field(default=None, ge=0.0625)
     state_db: str = "sqlite:///seedance-data/state.db"
+    """Default: ``state.db`` next to ``store``, so that one folder holds the sidecar's data."""
     upstream_otlp_endpoint: str | None = None
     prometheus_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_source: str = "store"
@@ -202,6 +203,13 @@ class SidecarConfig(_Section):
     rollout: RolloutSection = RolloutSection()
     jobs: dict[str, JobConfig] = Field(default_factory=dict)
     serving_slo: ServingSLOConfig = ServingSLOConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _state_db_beside_store(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("state_db") is None and data.get("store"):
+            return {**data, "state_db": f"sqlite:///{Path(data['store']).parent / 'state.db'}"}
+        return data
 
     @field_validator("webhook_url", "advertise_url")
     @classmethod

@@ -34,8 +34,10 @@ def read_token(path: Path) -> str:
 
 
 def find_token(token_file: Path | None = None,
-               environ: Mapping[str, str] | None = None) -> str | None:
-    """The caller's token in the order above; None when there is none."""
+               environ: Mapping[str, str] | None = None, *,
+               default_file: Path = DEFAULT_TOKEN_FILE) -> str | None:
+    """The caller's token in the order above; None when there is none. ``default_file`` is
+    where the last step looks (the CLI passes its configuration's token file)."""
     env = os.environ if environ is None else environ
     if token_file is not None:
         return read_token(token_file)
@@ -43,6 +45,6 @@ def find_token(token_file: Path | None = None,
         return env[TOKEN_ENV].strip()
     if env.get(TOKEN_FILE_ENV):
         return read_token(Path(env[TOKEN_FILE_ENV]))
-    if DEFAULT_TOKEN_FILE.is_file():
-        return read_token(DEFAULT_TOKEN_FILE)
+    if default_file.is_file():
+        return read_token(default_file)
     return None

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Column, Table
 from typer.core import TyperGroup
 
 from collectors import SeedanceError
@@ -70,10 +71,13 @@ app.add_typer(db_app, name="db")
 
 
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML configuration file.")
+    Path | None, typer.Option(
+        "--config", "-c", envvar="SEEDANCE_CONFIG",
+        help="TOML configuration file, the sidecar's: a flag wins over it, it wins over the "
+             "defaults.")
 ]
 StoreOption = Annotated[
-    Path, typer.Option("--store", help="Time-series store file.")
+    Path | None, typer.Option("--store", help="Time-series store file (default from config).")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 StateDbOption = Annotated[
@@ -99,6 +103,19 @@ def state_database(config: Path | None, state_db: str | None) -> Iterator[str]:
     except SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise UsageError(f"{url}: not a usable state database ({reason})") from None
+
+
+def folding_table(*columns: str | Column, **options: Any) -> Table:
+    """A table whose cells fold onto more lines where they do not fit, instead of being cut to
+    "…": at 80 columns Rich would otherwise shorten every cell to a few letters. A ``Column``
+    given keeps its own settings (``no_wrap`` for ids and times, which must stay whole)."""
+    return Table(*(c if isinstance(c, Column) else Column(c, overflow="fold") for c in columns),
+                 **options)
+
+
+def whole(header: str) -> Column:
+    """A column that never wraps: ids and timestamps, copied or read as one piece."""
+    return Column(header, no_wrap=True, min_width=len(header))
 
 
 def print_json(data: Any) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.markup import escape
-from rich.table import Column, Table
+from rich.table import Table
 
 from seedancectl._config import load_config
 from seedancectl._timeparse import parse_instant_ns
@@ -25,11 +25,16 @@ from seedancectl.cli._app import (
     dashboards_app,
     db_app,
     err,
+    folding_table,
     metrics_app,
     print_json,
     stdout,
     when,
+    whole,
 )
+
+if TYPE_CHECKING:
+    from collectors import Resolution
 
 
 @app.command()
@@ -39,7 +44,9 @@ def sidecar(
     listen: Annotated[
         str | None, typer.Option(help="HOST:PORT for the API and OTLP receiver.")
     ] = None,
-    store: Annotated[Path | None, typer.Option(help="Time-series store file.")] = None,
+    store: StoreOption = None,
+    state_db: Annotated[str | None, typer.Option(
+        "--state-db", help="State database URL (default: state.db next to the store).")] = None,
     upstream: Annotated[
         str | None, typer.Option("--upstream", help="Upstream OTLP/HTTP endpoint to forward to.")
     ] = None,
@@ -52,7 +59,8 @@ def sidecar(
 ) -> None:
     """Run the agent: OTLP receiver, NVML sampler, store, API on loopback."""
     settings = load_config(config, overrides={
-        "job": job, "listen": listen, "store": store, "upstream_otlp_endpoint": upstream,
+        "job": job, "listen": listen, "store": store, "state_db": state_db,
+        "upstream_otlp_endpoint": upstream,
         "prometheus_port": prometheus_port, "nvml": nvml,
     })
     from seedancectl._preflight import preflight
@@ -77,6 +85,11 @@ def config_check(path: Annotated[Path, typer.Argument(help="TOML file to check."
     print_json(settings.model_dump(mode="json"))
 
 
+def store_path(config: Path | None, store: Path | None) -> Path:
+    """``--store``, else the configuration's, else the default."""
+    return load_config(config, overrides={"store": store}).store
+
+
 def _open_store(path: Path) -> Any:
     from collectors import TimeSeriesStore
 
@@ -90,15 +103,15 @@ def _open_store(path: Path) -> Any:
 
 @metrics_app.command("list")
 def metrics_list(
-    store: StoreOption = Path("seedance-data/metrics.db"), json_out: JsonFlag = False
+    store: StoreOption = None, config: ConfigOption = None, json_out: JsonFlag = False
 ) -> None:
     """Every metric name in the store, with its series and point counts."""
-    with _open_store(store) as ts:
+    with _open_store(store_path(config, store)) as ts:
         frame = ts.metrics()
     if json_out:
         print_json(frame.to_dict(orient="records"))
         return
-    table = Table(Column("name", overflow="fold"), "series", "points", "first", "last")
+    table = folding_table("name", "series", "points", "first", "last")
     for row in frame.itertuples(index=False):
         table.add_row(str(row.name), str(row.series), str(row.points),
                       _short_time(row.first), _short_time(row.last))
@@ -132,40 +145,55 @@ def metrics_query(
     ] = None,
     resolution: Annotated[str, typer.Option(help="auto | raw | 1m | 1h")] = "auto",
     limit: Annotated[int, typer.Option(help="Rows to print in the table view.")] = 20,
-    store: StoreOption = Path("seedance-data/metrics.db"),
+    store: StoreOption = None,
+    config: ConfigOption = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Points of one metric, filtered by attributes and time range."""
+    """Points of one metric, filtered by attributes and time range; an OTel histogram's
+    count, sum and buckets."""
+    from seedancectl._metric_query import query_metric
+
     if resolution not in ("auto", "raw", "1m", "1h"):
         raise UsageError(f"--resolution {resolution!r}: expected auto, raw, 1m or 1h")
     filters = _parse_where(where or [])
     since_ns = parse_instant_ns(since)
     until_ns = parse_instant_ns(until) if until else None
-    with _open_store(store) as ts:
-        frame = ts.query(name, where=filters, since_ns=since_ns,
-                         until_ns=until_ns, resolution=resolution)
+    path = store_path(config, store)
+    with _open_store(path) as ts:
+        found = query_metric(ts, name, where=filters, where_from=str(path), since_ns=since_ns,
+                             until_ns=until_ns, resolution=cast("Resolution", resolution))
+    frame = found.frame
     if json_out:
         records = frame.assign(time=frame["time"].astype(str)).to_dict(orient="records")
-        print_json({"name": name, "points": records})
+        print_json({"name": name, "kind": "histogram" if found.histogram else "points",
+                    "points": records})
         return
     if frame.empty:
         stdout.print(f"no points for {name} in that range")
         return
-    value_columns = [c for c in ("value", "min", "max", "count") if c in frame.columns]
-    attributes = [c for c in frame.columns if c not in ("time", "last", *value_columns)]
-    table = Table("time", *value_columns, "attributes")
+    value_columns = (["count", "sum", "buckets"] if found.histogram else
+                     [c for c in ("value", "min", "max", "count") if c in frame.columns])
+    table = folding_table(whole("time"), *value_columns, "attributes")
     for _, row in frame.tail(limit).iterrows():
-        labels = ", ".join(f"{k}={row[k]}" for k in attributes if isinstance(row[k], str))
-        table.add_row(_short_time(row["time"]), *[f"{row[c]:.6g}" for c in value_columns],
+        labels = ", ".join(f"{k}={row[k]}" for k in found.attributes
+                           if isinstance(row[k], str) and row[k])
+        table.add_row(_short_time(row["time"]), *[_cell(row[c]) for c in value_columns],
                       labels)
     stdout.print(table)
     stdout.print(f"{len(frame)} points")
 
 
-def state_db_url(config: Path | None, state_db: str | None) -> str:
-    """``--state-db``, else the configuration's; a SQLite file that is not there is a
-    UsageError (opening it would create an empty one)."""
-    url = state_db or load_config(config).state_db
+def _cell(value: Any) -> str:
+    """A number to 6 significant digits; a histogram's buckets as ``le: count`` lines."""
+    if isinstance(value, dict):
+        return "\n".join(f"le {le}: {count:g}" for le, count in value.items())
+    return f"{value:.6g}"
+
+
+def state_db_url(config: Path | None, state_db: str | None, store: Path | None = None) -> str:
+    """``--state-db``, else the configuration's (next to ``store`` when only that is given);
+    a SQLite file that is not there is a UsageError (opening it would create an empty one)."""
+    url = load_config(config, overrides={"state_db": state_db, "store": store}).state_db
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         raise UsageError(f"{url}: no state database here (is the sidecar running for this job?)")
     return url
@@ -218,18 +246,31 @@ def findings(
     with _finding_store(config, state_db) as store:
         found = store.history(job=job) if all_ else [
             f for f in store.active() if job is None or f.job == job]
+        if job is not None and not found:
+            _check_job(store, job)
     if json_out:
         print_json([f.to_dict() for f in found])
         return
     if not found:
         stdout.print("no findings" + ("" if all_ else " open"))
         return
-    table = Table("id", "detector", "job", "resource", "severity", "opened", "closed")
+    table = folding_table(whole("id"), "detector", "job", "resource", "severity", "opened",
+                          "closed")
     for f in found:
         table.add_row(f.id, f.detector, f.job, ", ".join(f"{k}={v}" for k, v in
                                                           f.resource.items()),
                       f.severity, when(f.opened_at_ns), when(f.closed_at_ns))
     stdout.print(table)
+
+
+def _check_job(store: Any, job: str) -> None:
+    """A job that neither a finding nor the fleet's registry names is a typo, not a quiet job."""
+    from seedancectl._unknown import check_known
+    from tuner import FleetDirectory
+
+    with FleetDirectory(store.url) as fleet:
+        known = {f.job for f in store.history()} | {j.job for j in fleet.jobs()}
+    check_known("job", job, known, where=store.url)
 
 
 @app.command()
@@ -349,7 +390,7 @@ def report(
         str | None, typer.Option(help="Read series from this Prometheus URL, not the store "
                                  "(default: metrics_source of the configuration).")
     ] = None,
-    store: StoreOption = Path("seedance-data/metrics.db"),
+    store: StoreOption = None,
     config: ConfigOption = None,
     state_db: StateDbOption = None,
     json_out: JsonFlag = False,
@@ -369,11 +410,11 @@ def report(
         until_ns = parse_instant_ns(until) if until else parse_instant_ns("0s")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
-    settings = load_config(config)
-    prometheus = prometheus or settings.prometheus_url
+    settings = load_config(config, overrides={"store": store, "state_db": state_db})
+    store, prometheus = settings.store, prometheus or settings.prometheus_url
     if prometheus is None and not store.exists():
         raise UsageError(f"{store}: no store here (give --store or --prometheus)")
-    with _finding_store(config, state_db) as findings_db:
+    with _finding_store(config, settings.state_db) as findings_db:
         url = findings_db.url
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Column, Table
+from rich.table import Column
 
+from seedancectl._unknown import check_known
 from seedancectl.cli._app import (
+    ConfigOption,
     JsonFlag,
     UsageError,
     app,
     changes_app,
+    folding_table,
     kv_app,
     precision_app,
     print_json,
@@ -22,50 +25,58 @@ from seedancectl.cli._app import (
     stdout,
     tuning_app,
     when,
+    whole,
 )
 
 if TYPE_CHECKING:
     from seedancectl._api_client import SidecarClient
     from seedancectl._api_types import ChangeJSON
+    from seedancectl._config import SidecarConfig
 
 DEFAULT_SIDECAR = "http://127.0.0.1:4318"
 SidecarOption = Annotated[
-    str, typer.Option("--sidecar", envvar="SEEDANCE_SIDECAR", help="The sidecar's URL.")
+    str | None, typer.Option("--sidecar", envvar="SEEDANCE_SIDECAR", help=(
+        "The sidecar's URL, http(s)://HOST:PORT (default: the config's advertise_url or "
+        "listen)."))
 ]
 TokenFileOption = Annotated[
     Path | None, typer.Option("--token-file", help=(
         "File holding the API token (else $SEEDANCE_TOKEN, else the file "
-        "$SEEDANCE_TOKEN_FILE names, else seedance-data/token)."))
+        "$SEEDANCE_TOKEN_FILE names, else the config's token_file, else the token the "
+        "sidecar wrote next to its store)."))
 ]
 JobOption = Annotated[str, typer.Option("--job", help="The job (as it attached).")]
-ByOption = Annotated[str, typer.Option("--by", help="Who you are, for the audit log.")]
 UserOption = Annotated[
     str | None, typer.Option("--by", help="Who you are, for the audit log (default: $USER).")
 ]
 ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the audit log.")]
 
 
-def _token(token_file: Path | None) -> str:
-    from tuner import DEFAULT_TOKEN_FILE, TOKEN_ENV, TOKEN_FILE_ENV, find_token
+def _token(settings: SidecarConfig, token_file: Path | None) -> str:
+    from tuner import TOKEN_ENV, TOKEN_FILE_ENV, find_token
 
-    token = find_token(token_file)
+    default_file = settings.token_file or settings.state_dir / "token"
+    token = find_token(token_file, default_file=default_file)
     if token is None:
-        raise UsageError(f"this command needs the sidecar's API token: pass --token-file or set "
-                         f"{TOKEN_ENV} or {TOKEN_FILE_ENV} (a sidecar without a token_file "
-                         f"writes one to {DEFAULT_TOKEN_FILE})")
+        raise UsageError(f"this command needs the sidecar's API token: pass --token-file, set "
+                         f"{TOKEN_ENV} or {TOKEN_FILE_ENV}, or token_file in the config (no "
+                         f"token at {default_file}, where a sidecar without one writes it)")
     return token
 
 
-def _client(sidecar: str, token_file: Path | None = None, *,
+def _client(config: Path | None, sidecar: str | None, token_file: Path | None = None, *,
             writes: bool = False) -> SidecarClient:
-    """The sidecar's API at ``--sidecar``; a command that changes something needs the token
-    before it calls (a missing one is the user's to fix, not the sidecar's 401)."""
+    """The sidecar's API at ``--sidecar``, else where the configuration says it listens; a
+    command that changes something needs the token before it calls (a missing one is the
+    user's to fix, not the sidecar's 401)."""
     from collectors import ConfigError
     from seedancectl._api_client import SidecarClient
+    from seedancectl._config import load_config
 
-    token = _token(token_file) if writes else None
+    settings = load_config(config)
+    token = _token(settings, token_file) if writes else None
     try:
-        return SidecarClient(sidecar, token=token)
+        return SidecarClient(sidecar or settings.advertised_url, token=token)
     except ConfigError as exc:
         raise UsageError(f"--sidecar {exc}") from None
 
@@ -110,30 +121,34 @@ def _bool(text: str, option: str) -> bool:
     raise UsageError(f"{option} {text!r}: expected true or false")
 
 
-def _print_change(change: ChangeJSON, sidecar: str) -> None:
+def _print_change(change: ChangeJSON, api: SidecarClient) -> None:
     knobs = ", ".join(f"{k}: {change['baseline'].get(k)!r} -> {v!r}"
                       for k, v in sorted(change["values"].items()))
     stdout.print(f"change {change['id']} of job {change['job']}: [bold]{change['state']}[/] "
                  f"({change['scope']} scope, {change['risk']} risk) {knobs}", highlight=False,
                  soft_wrap=True)
     if change["state"] == "proposed":
-        target = "" if sidecar == DEFAULT_SIDECAR else f" --sidecar {sidecar}"
-        stdout.print(f"waits for a person: seedancectl approve {change['id']} --by NAME{target}",
+        target = "" if api.url == DEFAULT_SIDECAR else f" --sidecar {api.url}"
+        stdout.print(f"waits for a person: seedancectl approve {change['id']}{target}",
                      highlight=False, soft_wrap=True)
 
 
-def _propose(sidecar: str, token_file: Path | None, job: str, values: dict[str, Any],
-             by: str, reason: str, json_out: bool) -> None:
-    with _client(sidecar, token_file, writes=True) as api:
-        change = api.propose(job, values, by=by, reason=reason)
+def _propose(api: SidecarClient, job: str, values: dict[str, Any], by: str | None,
+             reason: str, json_out: bool) -> None:
+    with api:
+        change = api.propose(job, values, by=_user(by), reason=reason)
+    _show_change(change, api, json_out)
+
+
+def _show_change(change: ChangeJSON, api: SidecarClient, json_out: bool) -> None:
     if json_out:
         print_json(change)
         return
-    _print_change(change, sidecar)
+    _print_change(change, api)
 
 
-def _show_knobs(sidecar: str, job: str, prefix: str, json_out: bool) -> None:
-    with _client(sidecar) as api:
+def _show_knobs(api: SidecarClient, job: str, prefix: str, json_out: bool) -> None:
+    with api:
         found = api.knobs(job)
     knobs = [k for k in found["knobs"] if k["name"].startswith(prefix)]
     if json_out:
@@ -142,9 +157,9 @@ def _show_knobs(sidecar: str, job: str, prefix: str, json_out: bool) -> None:
     if not knobs:
         stdout.print(f"job {job} declares no {prefix}* knobs")
         return
-    table = Table("knob", "baseline", "desired", "domain", "scope", "risk",
-                  title=f"job {job}: baseline v{found['baseline']['version']}, desired "
-                        f"v{found['desired']['version']}")
+    table = folding_table("knob", "baseline", "desired", "domain", "scope", "risk",
+                          title=f"job {job}: baseline v{found['baseline']['version']}, "
+                                f"desired v{found['desired']['version']}")
     for k in knobs:
         domain = (", ".join(map(str, k["choices"])) if "choices" in k
                   else f"{k['low']:g} .. {k['high']:g}")
@@ -155,16 +170,16 @@ def _show_knobs(sidecar: str, job: str, prefix: str, json_out: bool) -> None:
 
 
 @app.command()
-def status(sidecar: SidecarOption = DEFAULT_SIDECAR, json_out: JsonFlag = False) -> None:
+def status(sidecar: SidecarOption = None, config: ConfigOption = None,
+           json_out: JsonFlag = False) -> None:
     """What the sidecar watches: jobs, their config versions, modes, open findings, changes."""
-    with _client(sidecar) as api:
+    with _client(config, sidecar) as api:
         found = api.status()
     if json_out:
         print_json(found)
         return
-    table = Table("job", "state", "config (desired/acked)", "mode", "tuning",
-                  Column("change", no_wrap=True),
-                  title=f"seedance sidecar {found['sidecar']['job']} at {sidecar}")
+    table = folding_table("job", "state", "config (desired/acked)", "mode", "tuning", "change",
+                          title=f"seedance sidecar {found['sidecar']['job']} at {api.url}")
     for job in found["jobs"]:
         change = job["change"]
         table.add_row(job["job"], job["state"],
@@ -183,23 +198,28 @@ def status(sidecar: SidecarOption = DEFAULT_SIDECAR, json_out: JsonFlag = False)
 def changes_list(
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     state: Annotated[list[str] | None, typer.Option(help="Only this state (repeatable).")] = None,
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Changes, oldest first."""
-    with _client(sidecar) as api:
+    with _client(config, sidecar) as api:
         found = api.changes(job=job, states=state)
+        if job is not None and not found:
+            check_known("job", job, (j["job"] for j in api.status()["jobs"]), where=api.url)
     if json_out:
         print_json(found)
         return
     if not found:
         stdout.print("no changes")
         return
-    table = Table(Column("id", no_wrap=True), "job", "state", "source", "scope/risk", "change",
-                  "created")
+    # Five columns, the state cell holding source and scope/risk on lines of their own: with
+    # seven, 80 columns left each a few letters.
+    table = folding_table(whole("id"), "job", Column("state", min_width=11, overflow="fold"),
+                          Column("change", min_width=18, overflow="fold"),
+                          Column("created", min_width=10, overflow="fold"))
     for c in found:
-        table.add_row(c["id"], c["job"], c["state"], c["source"], f"{c['scope']}/{c['risk']}",
-                      ", ".join(f"{k}={v}" for k, v in sorted(c["values"].items())),
+        table.add_row(c["id"], c["job"], f"{c['state']}\n{c['source']}\n{c['scope']}/{c['risk']}",
+                      "\n".join(f"{k}={v}" for k, v in sorted(c["values"].items())),
                       when(int(c["created_at_s"] * 1e9)))
     stdout.print(table)
 
@@ -207,21 +227,21 @@ def changes_list(
 @changes_app.command("show")
 def changes_show(
     change_id: Annotated[str, typer.Argument(help="Change id (see `seedancectl changes list`).")],
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """One change with its audit trail."""
-    with _client(sidecar) as api:
+    with _client(config, sidecar) as api:
         found = api.change(change_id)
     if json_out:
         print_json(found)
         return
-    _print_change(found, sidecar)
+    _print_change(found, api)
     stdout.print(f"reason: {found['reason']}", highlight=False, soft_wrap=True)
     if c := found.get("comparison"):
         stdout.print(f"measured gain {c['gain']:+.2%} [{c['ci_low']:+.2%}, {c['ci_high']:+.2%}]",
                      highlight=False)
-    table = Table("when", "event", "by", "versions", "reason")
+    table = folding_table(whole("when"), "event", "by", "versions", "reason")
     for e in found["events"]:
         versions = f"{e['version_before'] or '-'} -> {e['version_after'] or '-'}"
         table.add_row(when(e["at_ns"]), e["kind"], e["actor"], versions, e["reason"])
@@ -231,60 +251,50 @@ def changes_show(
 @app.command()
 def approve(
     change_id: Annotated[str, typer.Argument(help="The change to approve.")],
-    by: ByOption,
+    by: UserOption = None,
     comment: Annotated[str, typer.Option(help="A note for the audit log.")] = "",
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     token_file: TokenFileOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Approve a proposed change; the controller applies and measures it."""
-    with _client(sidecar, token_file, writes=True) as api:
-        change = api.approve(change_id, by=by, comment=comment)
-    if json_out:
-        print_json(change)
-        return
-    _print_change(change, sidecar)
+    with _client(config, sidecar, token_file, writes=True) as api:
+        change = api.approve(change_id, by=_user(by), comment=comment)
+    _show_change(change, api, json_out)
 
 
 @app.command()
 def reject(
     change_id: Annotated[str, typer.Argument(help="The change to reject.")],
-    by: ByOption,
     reason: ReasonOption,
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    by: UserOption = None,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     token_file: TokenFileOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Reject a proposed (or approved, not yet applied) change."""
-    with _client(sidecar, token_file, writes=True) as api:
-        change = api.reject(change_id, by=by, reason=reason)
-    if json_out:
-        print_json(change)
-        return
-    _print_change(change, sidecar)
+    with _client(config, sidecar, token_file, writes=True) as api:
+        change = api.reject(change_id, by=_user(by), reason=reason)
+    _show_change(change, api, json_out)
 
 
 @app.command()
 def rollback(
     job: JobOption,
-    by: ByOption,
     reason: ReasonOption,
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    by: UserOption = None,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     token_file: TokenFileOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Roll back the job's change in flight, else its last kept one."""
-    with _client(sidecar, token_file, writes=True) as api:
-        change = api.rollback(job, by=by, reason=reason)
-    if json_out:
-        print_json(change)
-        return
-    _print_change(change, sidecar)
+    with _client(config, sidecar, token_file, writes=True) as api:
+        change = api.rollback(job, by=_user(by), reason=reason)
+    _show_change(change, api, json_out)
 
 
-def _tuning(action: str, job: str, by: str | None, sidecar: str, token_file: Path | None,
-            json_out: bool) -> None:
-    with _client(sidecar, token_file, writes=True) as api:
+def _tuning(action: str, job: str, by: str | None, api: SidecarClient, json_out: bool) -> None:
+    with api:
         found = api.set_tuning(job, action, by=_user(by))
     if json_out:
         print_json(found)
@@ -293,18 +303,19 @@ def _tuning(action: str, job: str, by: str | None, sidecar: str, token_file: Pat
 
 
 @tuning_app.command("pause")
-def tuning_pause(job: JobOption, by: UserOption = None, sidecar: SidecarOption = DEFAULT_SIDECAR,
-                 token_file: TokenFileOption = None, json_out: JsonFlag = False) -> None:
+def tuning_pause(job: JobOption, by: UserOption = None, sidecar: SidecarOption = None,
+                 config: ConfigOption = None, token_file: TokenFileOption = None,
+                 json_out: JsonFlag = False) -> None:
     """Stop proposing new trials for the job (a change in flight runs to its end)."""
-    _tuning("pause", job, by, sidecar, token_file, json_out)
+    _tuning("pause", job, by, _client(config, sidecar, token_file, writes=True), json_out)
 
 
 @tuning_app.command("resume")
 def tuning_resume(job: JobOption, by: UserOption = None,
-                  sidecar: SidecarOption = DEFAULT_SIDECAR,
+                  sidecar: SidecarOption = None, config: ConfigOption = None,
                   token_file: TokenFileOption = None, json_out: JsonFlag = False) -> None:
     """Propose trials for the job again."""
-    _tuning("resume", job, by, sidecar, token_file, json_out)
+    _tuning("resume", job, by, _client(config, sidecar, token_file, writes=True), json_out)
 
 
 SCHEDULER_POLICIES = ("static", "dynamic-topo")
@@ -318,7 +329,7 @@ def scheduler_set(
     numa_aware: Annotated[str | None, typer.Option(help="true | false")] = None,
     by: UserOption = None,
     reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "scheduler set",
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     token_file: TokenFileOption = None,
     json_out: JsonFlag = False,
 ) -> None:
@@ -334,14 +345,15 @@ def scheduler_set(
         values["scheduler.numa_aware"] = _bool(numa_aware, "--numa-aware")
     if not values:
         raise UsageError("give at least one of --policy, --rdma-enable, --numa-aware")
-    _propose(sidecar, token_file, job, values, _user(by), reason, json_out)
+    _propose(_client(config, sidecar, token_file, writes=True), job, values, by, reason,
+             json_out)
 
 
 @precision_app.command("show")
-def precision_show(job: JobOption, sidecar: SidecarOption = DEFAULT_SIDECAR,
+def precision_show(job: JobOption, sidecar: SidecarOption = None, config: ConfigOption = None,
                    json_out: JsonFlag = False) -> None:
     """Each module group's precision: baseline, desired, allowed."""
-    _show_knobs(sidecar, job, "precision", json_out)
+    _show_knobs(_client(config, sidecar), job, "precision", json_out)
 
 
 @precision_app.command("set")
@@ -350,20 +362,21 @@ def precision_set(
     groups: Annotated[list[str], typer.Argument(help="GROUP=PRECISION, e.g. ffn=bf16.")],
     by: UserOption = None,
     reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "precision set",
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     token_file: TokenFileOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Propose new precisions for module groups (applied, measured, kept or rolled back)."""
-    _propose(sidecar, token_file, job, _values(groups, "precision.", "GROUP=PRECISION"),
-             _user(by), reason, json_out)
+    values = _values(groups, "precision.", "GROUP=PRECISION")
+    _propose(_client(config, sidecar, token_file, writes=True), job, values, by, reason,
+             json_out)
 
 
 @kv_app.command("show")
-def kv_show(job: JobOption, sidecar: SidecarOption = DEFAULT_SIDECAR,
+def kv_show(job: JobOption, sidecar: SidecarOption = None, config: ConfigOption = None,
             json_out: JsonFlag = False) -> None:
     """The KV cache knobs (kv.*): baseline, desired, allowed."""
-    _show_knobs(sidecar, job, "kv.", json_out)
+    _show_knobs(_client(config, sidecar), job, "kv.", json_out)
 
 
 @kv_app.command("set")
@@ -372,12 +385,13 @@ def kv_set(
     settings: Annotated[list[str], typer.Argument(help="key_bits=N value_bits=N (kv.* knobs).")],
     by: UserOption = None,
     reason: Annotated[str, typer.Option(help="Why, for the audit log.")] = "kv set",
-    sidecar: SidecarOption = DEFAULT_SIDECAR,
+    sidecar: SidecarOption = None, config: ConfigOption = None,
     token_file: TokenFileOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Propose KV cache settings (knobs kv.key_bits, kv.value_bits, ...)."""
-    _propose(sidecar, token_file, job, _values(settings, "kv.", "KEY=VALUE"), _user(by),
-             reason, json_out)
+    values = _values(settings, "kv.", "KEY=VALUE")
+    _propose(_client(config, sidecar, token_file, writes=True), job, values, by, reason,
+             json_out)
 
 

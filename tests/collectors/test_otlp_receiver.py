@@ -123,7 +123,8 @@ def _assert_good_request_accepted(rx: Receiver) -> None:
 def test_stock_sdk_exporter_in_another_process(rx: Receiver, compression: str) -> None:
     spec = {
         "resource": {"service.name": "sdk-sender", "service.instance.id": "i-1",
-                     "seedance.rank": 2, "process.pid": 1},
+                     "seedance.rank": 2, "process.pid": 1, "deployment.environment": "prod",
+                     "k8s.pod.name": "trainer-0"},
         "gauge": [[42.5, {"gpu.index": "0"}], [7, {"gpu.index": "1"}]],
         "counter": [3, 4],
         "histogram": [3.0, 7.0, 7.0, 300.0],
@@ -136,8 +137,10 @@ def test_stock_sdk_exporter_in_another_process(rx: Receiver, compression: str) -
     assert rx.encodings == ["identity" if compression == "none" else "gzip"]
     assert rx.stats.requests_accepted == 1
     (decoded,) = rx.sink.received
-    # The int rank is rendered as str; process.pid and service.instance.id are not copied.
-    res = {"service.name": "sdk-sender", "seedance.rank": "2"}
+    # The int rank is rendered as str; what the sender said beyond service.name is kept (#15),
+    # process.pid, service.instance.id and the SDK's telemetry.sdk.* are not copied.
+    res = {"service.name": "sdk-sender", "seedance.rank": "2",
+           "deployment.environment": "prod", "k8s.pod.name": "trainer-0"}
     attrs = {**res, "phase": "train", "ok": "true"}
     got = {(p.name, tuple(sorted(p.attributes.items()))): p.value for p in decoded.points}
 

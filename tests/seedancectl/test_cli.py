@@ -59,7 +59,7 @@ def test_precision_set_approve_show_and_rollback(live: Live) -> None:
     assert result.exit_code == 0, result.output
     assert "proposed" in result.output and "precision.ffn: 'fp32' -> 'bf16'" in result.output
     change_id = result.output.split("change ", 1)[1].split()[0]
-    assert f"seedancectl approve {change_id} --by NAME --sidecar {live.url}" in result.output
+    assert f"seedancectl approve {change_id} --sidecar {live.url}" in result.output
 
     listed = ok_json(live, "changes", "list", "--job", "gpt", "--state", "proposed")
     assert [c["id"] for c in listed] == [change_id]
@@ -171,3 +171,91 @@ def test_missing_required_option_is_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["reject", "abc", "--by", "x"])
     assert result.exit_code == 2 and "--reason" in result.output
     assert "Traceback" not in result.output
+
+
+# ---- one configuration for every command, and the rough edges of #15 ----------------------
+
+
+def _config_file(live: Live, tmp_path: Path, **extra: str) -> Path:
+    """A config whose [sidecar] section says where the live sidecar listens."""
+    lines = [f'listen = "{live.url.removeprefix("http://")}"',
+             *(f'{k} = "{v}"' for k, v in extra.items())]
+    path = tmp_path / "seedance.toml"
+    path.write_text("[sidecar]\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def _proposed(live: Live) -> str:
+    change = ok_json(live, "precision", "set", "--job", "gpt", "ffn=bf16", token=True)
+    return str(change["id"])
+
+
+def test_approve_by_defaults_to_the_user_and_reads_the_config(
+        live: Live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _config_file(live, tmp_path, token_file=str(live.token_file))
+    monkeypatch.setenv("LOGNAME", "carol")  # what getpass reads first, then USER
+    monkeypatch.setenv("USER", "carol")
+    change_id = _proposed(live)
+    result = CliRunner().invoke(app, ["approve", change_id, "-c", str(config), "--json"])
+    assert result.exit_code == 0, result.output  # no --sidecar, --token-file, --by
+    assert json.loads(result.stdout)["approved_by"] == "carol"
+
+
+@pytest.mark.parametrize("how", ["SEEDANCE_CONFIG", "SEEDANCE_TOKEN_FILE"])
+def test_token_and_sidecar_from_the_environment(live: Live, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                how: str) -> None:
+    if how == "SEEDANCE_CONFIG":
+        monkeypatch.setenv(how, str(_config_file(live, tmp_path,
+                                                 token_file=str(live.token_file))))
+    else:
+        monkeypatch.setenv(how, str(live.token_file))
+        monkeypatch.setenv("SEEDANCE_SIDECAR", live.url)
+    change_id = _proposed(live)
+    result = CliRunner().invoke(app, ["reject", change_id, "--reason", "not now", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["state"] == "rejected"
+
+
+def test_config_token_file_that_is_not_there_is_named(live: Live, tmp_path: Path) -> None:
+    missing = tmp_path / "no-token"
+    config = _config_file(live, tmp_path, token_file=str(missing))
+    one_line_error(CliRunner().invoke(app, ["tuning", "pause", "--job", "gpt", "-c",
+                                            str(config)]), "token_file", str(missing))
+
+
+def test_a_flag_wins_over_the_config(live: Live, tmp_path: Path) -> None:
+    config = tmp_path / "elsewhere.toml"
+    config.write_text(f'[sidecar]\nlisten = "127.0.0.1:{free_port()}"\n')
+    one_line_error(CliRunner().invoke(app, ["status", "-c", str(config)]), "no sidecar answers")
+    result = CliRunner().invoke(app, ["status", "-c", str(config), "--sidecar", live.url])
+    assert result.exit_code == 0, result.output
+
+
+def test_unknown_job_names_the_near_matches(live: Live) -> None:
+    one_line_error(run(live, "changes", "list", "--job", "gtp"), "unknown job 'gtp'",
+                   "did you mean 'gpt'")
+    assert ok_json(live, "changes", "list", "--job", "gpt") == []  # known, no changes yet
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:4318", "localhost:4318"])
+def test_sidecar_url_without_a_scheme_is_named(url: str) -> None:
+    result = CliRunner().invoke(app, ["status", "--sidecar", url])
+    one_line_error(result, "--sidecar", "expected http(s)://HOST:PORT", f"http://{url}")
+    assert "running" not in result.output
+
+
+def test_tables_stay_readable_at_80_columns(live: Live) -> None:
+    """Regression: at 80 columns Rich cut every cell to a few letters and "…"."""
+    change_id = _proposed(live)
+    for args in (["status"], ["changes", "list"], ["changes", "show", change_id],
+                 ["precision", "show", "--job", "gpt"]):
+        result = CliRunner().invoke(app, [*args, "--sidecar", live.url],
+                                    env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        table = [line for line in result.output.splitlines() if line[:1] in "┏┃┡│└"]
+        assert table and max(map(len, table)) <= 80, result.output
+        assert "…" not in result.output, result.output
+    listed = CliRunner().invoke(app, ["changes", "list", "--sidecar", live.url],
+                                env={"COLUMNS": "80"}).output
+    assert change_id in listed and "operator" in listed and "live/high" in listed

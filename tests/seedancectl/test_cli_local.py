@@ -164,8 +164,11 @@ def test_metrics_query_where_since_until_raw(filled: Filled) -> None:
     assert np.allclose([p["value"] for p in only_a], values[inside])
     assert len(both) == 2 * int(inside.sum())
     assert {p["service.name"] for p in both} == {"a", "b"}
-    assert _query(filled, LOSS, "--since", iso(lo_ns), "--until", iso(hi_ns),
-                  "--where", "service.name=a", "--where", "service.name=nobody") == []
+    one_line_error(invoke("metrics", "query", LOSS, "--store", str(filled.path),
+                          "--where", "service.name=nobody"),
+                   "unknown service.name 'nobody'", LOSS, "known: a, b")
+    assert _query(filled, LOSS, "--since", iso(T0_NS - 600 * NS), "--until",
+                  iso(T0_NS - NS), "--where", "service.name=a") == []  # known, quiet then
 
 
 def test_metrics_query_one_minute_rollups(filled: Filled) -> None:
@@ -204,10 +207,14 @@ def test_metrics_query_table(filled: Filled) -> None:
     assert "service.name=a" in table
 
 
-def test_unknown_metric_is_empty_not_an_error(filled: Filled) -> None:
-    assert _query(filled, "seedance.nope", "--since", "7d") == []
-    result = ok("metrics", "query", "seedance.nope", "--store", str(filled.path))
-    assert "no points for seedance.nope" in result.stdout
+def test_unknown_metric_names_the_near_matches(filled: Filled) -> None:
+    one_line_error(invoke("metrics", "query", "seedance.train.los", "--store",
+                          str(filled.path)),
+                   "unknown metric 'seedance.train.los'", f"did you mean '{LOSS}'")
+    one_line_error(invoke("metrics", "query", "zzz", "--store", str(filled.path), "--json"),
+                   "unknown metric 'zzz'", GPU)
+    result = ok("metrics", "query", LOSS, "--store", str(filled.path))  # known, not lately
+    assert f"no points for {LOSS}" in result.stdout
 
 
 @pytest.mark.parametrize(("args", "needles"), [
@@ -331,7 +338,6 @@ def test_findings_open_all_and_by_job(state_db: StateDb) -> None:
     assert _ids(*db, "--job", "a") == ["f-a-open"]
     assert _ids(*db, "--all") == ["f-a-closed", "f-a-open", "f-b-open"]
     assert _ids(*db, "--all", "--job", "a") == ["f-a-closed", "f-a-open"]
-    assert _ids(*db, "--job", "nobody") == []
     assert ok_json("findings", *db, "--all") == [f.to_dict() for f in
                                                 state_db.findings.values()]
 
@@ -339,7 +345,9 @@ def test_findings_open_all_and_by_job(state_db: StateDb) -> None:
     assert "f-a-open" in table and "f-b-open" in table and "f-a-closed" not in table
     assert "critical" in table and "gpu=0" in table
     assert "f-a-closed" in ok("findings", *db, "--all").stdout
-    assert ok("findings", *db, "--job", "nobody").stdout.strip() == "no findings open"
+    for args in (["--job", "nobody"], ["--job", "nobody", "--all", "--json"]):
+        one_line_error(invoke("findings", *db, *args), "unknown job 'nobody'", "known: a, b")
+    one_line_error(invoke("findings", *db, "--job", "bb"), "did you mean 'b'")
 
 
 def test_findings_state_db_from_the_config_file(state_db: StateDb, tmp_path: Path) -> None:
@@ -512,8 +520,19 @@ def test_report_bad_paths(week: RecordedWeek, tmp_path: Path) -> None:
                           str(afile / "sub")), "cannot create")
     one_line_error(invoke(*base, "--store", str(tmp_path / "none.db"), "--out",
                           str(tmp_path / "r")), "no store")
-    one_line_error(invoke("report", "--week", week.week, "--store", str(week.store_path),
-                          "--out", str(tmp_path / "r")), "no state database")
+    alone = tmp_path / "alone" / "metrics.db"  # no state.db next to it, none in the config
+    one_line_error(invoke("report", "--week", week.week, "--store", str(alone), "--prometheus",
+                          "http://127.0.0.1:9", "--out", str(tmp_path / "r")),
+                   "no state database", str(alone.parent / "state.db"))
+
+
+def test_report_reads_the_state_db_next_to_its_store(week: RecordedWeek,
+                                                     tmp_path: Path) -> None:
+    assert week.state_url == f"sqlite:///{week.store_path.parent / 'state.db'}"
+    printed = ok_json("report", "--week", week.week, "--store", str(week.store_path),
+                      "--out", str(tmp_path / "r"))
+    report = json.loads(Path(printed["json"]).read_text())
+    assert [j["job"] for j in report["jobs"]] == [week.job]
 
 
 # ---- demo and sidecar: bad input only (neither starts anything) ---------------------------
@@ -527,10 +546,11 @@ def test_demo_minutes_out_of_range(tmp_path: Path, minutes: str) -> None:
 
 
 def _sidecar_refused(tmp_path: Path, *args: str) -> str:
-    """The command returns (a started server would block) and wrote no store."""
+    """The command returns (a started server would block) and wrote no file into its data
+    folder (the store's, which the state database shares)."""
     store = tmp_path / "data" / "metrics.db"
     line = one_line_error(invoke("sidecar", "--store", str(store), *args))
-    assert not store.parent.exists()
+    assert not store.parent.exists() or not any(store.parent.iterdir())
     assert "listening" not in line
     return line
 
@@ -542,6 +562,7 @@ def test_sidecar_bad_input(tmp_path: Path) -> None:
                             "replay:nonexistent")
     assert "nonexistent" in line and "h100_gpu_burn" in line
     assert "nvml" in _sidecar_refused(tmp_path, "--nvml", "sometimes")
+    assert "state_db" in _sidecar_refused(tmp_path, "--state-db", "nonsense")
     bad = tmp_path / "bad.toml"
     bad.write_text("[sidecar]\npolicy_interval_s = -1\n")
     line = _sidecar_refused(tmp_path, "--config", str(bad))
