@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -67,16 +67,24 @@ class TrialWatch:
                 self.done.set()
 
 
-def job_series(tmp_path: Path, name: str, *, want: int = 1, timeout_s: float = 30.0
-               ) -> pd.DataFrame:
-    """JOB's raw points of ``name`` in the sidecar's store, once ``want`` have arrived (each
-    export is read once per interval: waits are bounded, no time is asserted)."""
+def counted(frame: pd.DataFrame) -> float:
+    """A cumulative counter's total over its series (one per config version)."""
+    if frame.empty:
+        return 0.0
+    return float(frame.groupby("seedance.config.version")["value"].max().sum())
+
+
+def job_series(tmp_path: Path, name: str,
+               until: Callable[[pd.DataFrame], bool] = lambda frame: not frame.empty,
+               timeout_s: float = 30.0) -> pd.DataFrame:
+    """JOB's raw points of ``name`` in the sidecar's store once ``until`` holds for them (the
+    last export lands after training ends: waits are bounded, no time is asserted)."""
     deadline = time.monotonic() + timeout_s
     while True:
         with TimeSeriesStore(tmp_path / "metrics.db", readonly=True) as store:
             frame = store.query(name, resolution="raw")
         if not frame.empty:
             frame = frame[frame["service.name"] == JOB]
-        if len(frame) >= want or time.monotonic() > deadline:
+        if until(frame) or time.monotonic() > deadline:
             return frame
         time.sleep(0.5)
