@@ -41,7 +41,7 @@ from tuner.integrations._held_step import Count, HeldStep, count_batch
 from tuner.job import ClientError, Session
 
 
-class SeedanceCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
+class SeedanceCallback(TrainerCallback):
     """Attaches the Trainer's model and optimizer to the sidecar as job ``job``.
 
     ``sidecar``: the sidecar's base URL (None: a null session that only runs the loop).
@@ -70,6 +70,7 @@ class SeedanceCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
+        """The optimizer exists now: attach the session and the forward hooks."""
         model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
         if not isinstance(model, nn.Module) or optimizer is None:
             raise ClientError(f"job {self.held.job}: the Trainer gave the callback no model or "
@@ -80,14 +81,17 @@ class SeedanceCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:
+        """An optimizer step begins: the newest config takes effect."""
         self.held.begin()
 
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState,
                               control: TrainerControl, **kwargs: Any) -> None:
+        """Backward is done (and the Trainer clipped): read the norms."""
         self.held.after_backward()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
+        """The optimizer stepped: the step is exported."""
         if self._logged_loss is not None and not self._model_loss:
             self.held.add_loss(self._logged_loss)
         self._logged_loss = None
@@ -95,6 +99,7 @@ class SeedanceCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Keep the logged loss for a model whose output has none."""
         # logged after on_step_end: the loss joins the next step, the one in progress when a
         # reader sees it
         if logs is not None and isinstance(logs.get("loss"), float):
@@ -102,6 +107,7 @@ class SeedanceCallback(TrainerCallback):  # type: ignore[misc]  # transformers i
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
+        """Give up the lease and take the hooks off."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []

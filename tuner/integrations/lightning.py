@@ -42,7 +42,7 @@ from tuner.integrations._held_step import Count, HeldStep, count_batch
 from tuner.job import ClientError, Session
 
 
-class SeedanceCallback(lightning.Callback):  # type: ignore[misc]  # lightning's base is Any here
+class SeedanceCallback(lightning.Callback):
     """Attaches the ``LightningModule`` and its optimizer to the sidecar as job ``job``.
 
     ``sidecar``: the sidecar's base URL (None: a null session that only runs the loop).
@@ -68,6 +68,7 @@ class SeedanceCallback(lightning.Callback):  # type: ignore[misc]  # lightning's
 
     def on_train_start(self, trainer: lightning.Trainer,
                        pl_module: lightning.LightningModule) -> None:
+        """The optimizer exists now: attach the session."""
         if len(trainer.optimizers) != 1:
             raise ClientError(f"job {self.held.job}: the callback drives one optimizer, the "
                               f"module has {len(trainer.optimizers)}")
@@ -76,6 +77,7 @@ class SeedanceCallback(lightning.Callback):  # type: ignore[misc]  # lightning's
     def on_train_batch_start(self, trainer: lightning.Trainer,
                              pl_module: lightning.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        """The first batch of an optimizer step begins the step; each counts."""
         if not self.held.in_step:
             self.held.begin()
             self._step_began_at = trainer.global_step
@@ -84,11 +86,13 @@ class SeedanceCallback(lightning.Callback):  # type: ignore[misc]  # lightning's
     def on_before_optimizer_step(self, trainer: lightning.Trainer,
                                  pl_module: lightning.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
+        """Backward is done, clipping not yet: read the norms."""
         self.held.after_backward()
 
     def on_train_batch_end(self, trainer: lightning.Trainer,
                            pl_module: lightning.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        """Keep the batch's loss; end the step once the optimizer stepped."""
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):
             # automatic optimisation hands over the loss divided by the accumulation
@@ -98,8 +102,10 @@ class SeedanceCallback(lightning.Callback):  # type: ignore[misc]  # lightning's
 
     def on_train_end(self, trainer: lightning.Trainer,
                      pl_module: lightning.LightningModule) -> None:
+        """Give up the lease."""
         self.held.close()
 
     def on_exception(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule,
                      exception: BaseException) -> None:
+        """Give up the lease: the run ends here."""
         self.held.close()

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 BATCH = 8
 
 
-class StopWhen(TrainerCallback):  # type: ignore[misc]
+class StopWhen(TrainerCallback):
     """Ends training once ``done`` is set or ``timeout_s`` passed (a bound, not a measure)."""
 
     def __init__(self, watch: TrialWatch | None, timeout_s: float) -> None:
