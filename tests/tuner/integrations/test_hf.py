@@ -60,6 +60,7 @@ def test_a_trainer_run_is_tuned_by_trials_the_sidecar_judges(tmp_path: Path) -> 
         trials = watch.stop()
         acks = live.get(f"/v1/jobs/{JOB}/acks")
     judged = [t for t in trials if t["state"] in JUDGED]
+    print([(t["values"], t["state"]) for t in trials])
     assert judged, trials
     assert all(list(t["values"]) == ["threads"] for t in trials), trials
     # the job put each trial's configs in force at step boundaries and acked them

@@ -77,6 +77,7 @@ def test_a_lightning_run_is_tuned_by_trials_the_sidecar_judges(tmp_path: Path) -
         trials = watch.stop()
         acks = live.get(f"/v1/jobs/{JOB}/acks")
     judged = [t for t in trials if t["state"] in JUDGED]
+    print([(t["values"], t["state"]) for t in trials])
     assert judged, trials
     assert all(list(t["values"]) == ["threads"] for t in trials), trials
     assert any(a["status"] == "applied" and a["version"] > 1 for a in acks), acks
