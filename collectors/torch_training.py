@@ -96,6 +96,15 @@ def assign_groups(names: Sequence[str],
     return out
 
 
+@dataclass(slots=True)
+class StepCounts:
+    """What one step processed. ``step()`` reads it when the step ends, so a framework loop that
+    fetches its batches inside the step (the HF Trainer, Lightning) adds them as they come."""
+
+    tokens: int = 0
+    samples: int = 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Row:
     """What one step measured; tensors may still live on the device."""
@@ -214,17 +223,20 @@ class TrainingInstrumentation:
                 self._wait_outside_s += waited
 
     @contextmanager
-    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
-        """Times one optimizer step and exports what it measured when it ends without error."""
+    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[StepCounts]:
+        """Times one optimizer step and exports what it measured when it ends without error;
+        the counts it yields may grow until then."""
         self._step_version = self.config_version
         self._in_step = True
         self._loss, self._grad, self._numel, self._has_scale = None, None, None, False
+        counts = StepCounts(tokens=tokens, samples=samples)
         start = time.perf_counter()
         try:
-            yield
+            yield counts
         finally:
             self._in_step = False
         duration_s = time.perf_counter() - start
+        tokens, samples = counts.tokens, counts.samples
         attrs = self._attrs(self._step_version)[0]
         self._h_step.record(duration_s, attrs)
         wall_s = duration_s + self._wait_outside_s
@@ -423,9 +435,9 @@ class NullTrainingInstrumentation:
         yield
 
     @contextmanager
-    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
+    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[StepCounts]:
         """Runs the block untimed; no metric is exported."""
-        yield
+        yield StepCounts(tokens=tokens, samples=samples)
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
         """Drops the loss."""
@@ -444,6 +456,7 @@ __all__ = [
     "DEFAULT_MODULE_GROUPS",
     "MODULE_GROUP_ATTR",
     "NullTrainingInstrumentation",
+    "StepCounts",
     "TrainingInstrumentation",
     "assign_groups",
 ]

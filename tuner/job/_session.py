@@ -30,6 +30,7 @@ from collectors.torch_fingerprint import job_fingerprint
 from collectors.torch_profile import ModuleGroupProfiler, dtype_speedups
 from collectors.torch_training import (
     NullTrainingInstrumentation,
+    StepCounts,
     TrainingInstrumentation,
     _unwrap,
 )
@@ -180,15 +181,16 @@ class Session:
     # ---- the loop ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[None]:
+    def step(self, *, tokens: int = 0, samples: int = 0) -> Iterator[StepCounts]:
         """One optimizer step; the newest config takes effect as it begins. An exception under
-        an experimental config skips the step instead of ending the job (module docstring)."""
+        an experimental config skips the step instead of ending the job (module docstring).
+        The counts it yields may grow until the step ends (a framework fetches batches in it)."""
         self._boundary()
         profiled = (self._profiler.step(self.steps_done) if self._profiler is not None
                     else contextlib.nullcontext())
         try:
-            with self.instrumentation.step(tokens=tokens, samples=samples), profiled:
-                yield
+            with self.instrumentation.step(tokens=tokens, samples=samples) as counts, profiled:
+                yield counts
         except Exception as exc:
             self._skip_or_raise(exc)
         else:
