@@ -25,7 +25,12 @@ class MetricSpec:
 
 
 G, S, H = MetricKind.GAUGE, MetricKind.SUM, MetricKind.HISTOGRAM
-_GPU = ("hw.id", "hw.name", "gpu.index", "gpu.pci_address", "host.name")
+_SIDECAR_JOB = "seedance.job"
+"""What the sidecar's own series say about a job carry the job's name here (Prometheus
+``seedance_job``), apart from their ``service.name`` (the sidecar's) and from Prometheus's
+own ``job`` target label."""
+_GPU = ("hw.id", "hw.name", "gpu.index", "gpu.pci_address", "host.name", _SIDECAR_JOB)
+"""``seedance.job``: the one job attached to the sidecar, while exactly one is."""
 _JOB = ("service.name", "host.name", "seedance.rank", "seedance.config.version")
 
 GPU_METRICS: tuple[MetricSpec, ...] = (
@@ -305,8 +310,9 @@ SCRAPE_METRICS: tuple[MetricSpec, ...] = (
 
 POLICY_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.findings.active", unit="{finding}", kind=G,
-               source="policy engine", attributes=("detector", "service.name"),
-               description="Findings open now, per detector"),
+               source="policy engine", attributes=("detector", "service.name", _SIDECAR_JOB),
+               description="Findings open now, per detector and job (0 for a detector with "
+               "none open on a job the engine judged in its last pass)"),
     MetricSpec(name="seedance.policy.errors", unit="{error}", kind=S,
                source="policy engine", attributes=("detector", "job", "stage", "service.name"),
                description="Evaluations that failed for one detector and job (stage evaluate: "
@@ -317,22 +323,27 @@ POLICY_METRICS: tuple[MetricSpec, ...] = (
 TUNING_METRICS: tuple[MetricSpec, ...] = (
     # Emitted by the rollout controller in the sidecar; service.name is the sidecar's resource.
     MetricSpec(name="seedance.tuning.trials", unit="{trial}", kind=S,
-               source="rollout controller", attributes=("service.name", "state"),
-               description="Search trials that reached a state (state complete|pruned|fail, "
-               "as Optuna names them)"),
+               source="rollout controller",
+               attributes=("service.name", _SIDECAR_JOB, "state"),
+               description="Changes the search proposed (source trial) that ended, by the "
+               "state they ended in (kept|rolled_back|rejected|expired|failed)"),
     MetricSpec(name="seedance.tuning.changes", unit="{change}", kind=S,
-               source="rollout controller", attributes=("service.name", "state"),
+               source="rollout controller",
+               attributes=("service.name", _SIDECAR_JOB, "state", "seedance.source"),
                description="Changes that entered a state (state proposed|approved|applying|"
-               "observing|kept|rolled_back|rejected|expired|failed|manual_intervention_required)"),
+               "observing|kept|rolled_back|rejected|expired|failed|manual_intervention_required"
+               "), by who proposed them (seedance.source trial|finding|operator)"),
     MetricSpec(name="seedance.tuning.rollbacks", unit="{rollback}", kind=S,
-               source="rollout controller", attributes=("service.name", "scope", "cause"),
-               description="Rollbacks, scope full|local|config (the trip's kind), cause the "
-               "guardrail or verdict that forced it"),
+               source="rollout controller",
+               attributes=("service.name", _SIDECAR_JOB, "scope", "cause"),
+               description="Rollbacks, scope full|local|config (the trip's kind), cause what "
+               "forced it: guardrail|verdict|pruned|job_failed|timeout|operator|stopped|"
+               "recovery"),
     MetricSpec(name="seedance.tuning.objective", unit="1", kind=G,
                source="rollout controller",
-               attributes=("service.name", CONFIG_VERSION_ATTR),
-               description="Objective value the last completed trial measured, in the "
-               "objective's own unit"),
+               attributes=("service.name", _SIDECAR_JOB, "state"),
+               description="Relative tokens/s gain (candidate over baseline, minus 1) the "
+               "last judged change of the job measured, state kept|rolled_back"),
 )
 
 HEALTH_METRICS: tuple[MetricSpec, ...] = (

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from collectors import Tracing, new_traceparent
+from collectors.names import ATTR_SEEDANCE_JOB
 from tuner._change import TRANSITIONS, Change
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def change_attributes(change: Change) -> dict[str, Any]:
 
 
 def _change_ids(change: Change) -> dict[str, Any]:
-    return {"seedance.change.id": change.id, "seedance.job": change.job}
+    return {"seedance.change.id": change.id, ATTR_SEEDANCE_JOB: change.job}
 
 
 def _ns(seconds: float) -> int:

@@ -23,7 +23,7 @@ import httpx
 from opentelemetry.trace import Span, Tracer
 
 from collectors import JobFingerprint, traceparent_context
-from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
+from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION, ATTR_SEEDANCE_JOB
 from tuner._knobs import Config, Knob, KnobValue
 from tuner._token import find_token
 
@@ -270,6 +270,6 @@ def apply_span(tracer: Tracer, update: LeaseUpdate, *, job: str,
         yield None
         return
     with tracer.start_as_current_span("job.apply", context=context, attributes={
-            ATTR_SEEDANCE_CONFIG_VERSION: update.config.version, "seedance.job": job,
+            ATTR_SEEDANCE_CONFIG_VERSION: update.config.version, ATTR_SEEDANCE_JOB: job,
             "seedance.change.id": update.change_id or "", **attributes}) as span:
         yield span
