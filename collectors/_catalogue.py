@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectors._points import CONFIG_VERSION_ATTR, MetricKind
+from collectors._points import MetricKind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,6 +38,7 @@ from collectors.names import (
     ATTR_HW_NAME,
     ATTR_NETWORK_IO_DIRECTION,
     ATTR_NUMA_NODE,
+    ATTR_SEEDANCE_JOB,
     GPU_CLOCK,
     GPU_CLOCK_MAX,
     GPU_INFO,
@@ -219,10 +220,13 @@ class GpuSampler:
         with self._lock:
             return list(self._by_name.get(name, ()))
 
-    def register(self, meter: Meter) -> None:
-        """Expose every GPU metric as an observable instrument whose callback reads the cache."""
+    def register(self, meter: Meter, *, job: Callable[[], str | None] = lambda: None) -> None:
+        """Expose every GPU metric as an observable instrument whose callback reads the cache.
+
+        ``job()``: the job these GPUs run now, if one is known, put on each observation as
+        ``seedance.job`` (the sidecar's own ``service.name`` does not name it)."""
         for spec in GPU_METRICS:
-            callback = self._callback(spec.name)
+            callback = self._callback(spec.name, job)
             if spec.kind is MetricKind.SUM:
                 meter.create_observable_counter(spec.name, [callback], unit=spec.unit,
                                                 description=spec.description)
@@ -230,9 +234,12 @@ class GpuSampler:
                 meter.create_observable_gauge(spec.name, [callback], unit=spec.unit,
                                               description=spec.description)
 
-    def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _callback(self, name: str, job: Callable[[], str | None]
+                  ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(p.value, dict(p.attributes)) for p in self.cached(name)]
+            running = job()
+            named = {} if running is None else {ATTR_SEEDANCE_JOB: running}
+            return [Observation(p.value, {**p.attributes, **named}) for p in self.cached(name)]
 
         return observe
 

@@ -3,8 +3,9 @@
 A finding opens after ``open_after`` consecutive bad evaluations of its (detector, job,
 resource) and closes after ``close_after`` consecutive clean ones, so one noisy window neither
 raises nor clears an alarm. Opened and closed findings are saved to the state database and
-exported: an OpenTelemetry observable gauge ``seedance.findings.active`` (attribute
-``detector``) and one OpenTelemetry log record per open and close.
+exported: an OpenTelemetry observable gauge ``seedance.findings.active`` (attributes
+``detector`` and ``seedance.job``, the job's name, as the sidecar's own ``service.name`` is not)
+and one OpenTelemetry log record per open and close.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from opentelemetry._logs import LoggerProvider, SeverityNumber, get_logger_provi
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from collectors import ConfigError
-from collectors.names import FINDINGS_ACTIVE, POLICY_ERRORS
+from collectors.names import ATTR_DETECTOR, ATTR_SEEDANCE_JOB, FINDINGS_ACTIVE, POLICY_ERRORS
 from policies._detector import Detector, SelfCheck
 from policies._findings import Finding, more_severe
 from policies._state_db import FindingStore
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE_FINDINGS_METRIC = FINDINGS_ACTIVE
 ERRORS_METRIC = POLICY_ERRORS
-"""Observable gauge: findings currently open, attribute ``detector``."""
+"""Observable gauge: findings currently open, attributes ``detector`` and ``seedance.job``."""
 FINDING_OPENED_EVENT = "seedance.finding.opened"
 FINDING_CLOSED_EVENT = "seedance.finding.closed"
 _SCOPE = "seedance.policies"
@@ -121,6 +122,7 @@ class PolicyEngine:
         self._evaluating = threading.Lock()  # one evaluation at a time
         self._tracks: dict[Key, _Track] = {
             f.key: _Track(finding=f) for f in self.findings.active()}
+        self._judged: frozenset[str] = frozenset()  # the jobs of the last pass
         meter = (meter_provider or metrics.get_meter_provider()).get_meter(_SCOPE)
         meter.create_observable_gauge(
             ACTIVE_FINDINGS_METRIC, callbacks=[self._observe_active], unit="{finding}",
@@ -154,6 +156,8 @@ class PolicyEngine:
             except Exception as e:  # a store that cannot be read: no detector can run
                 self._failed("*", "*", "jobs", e, report)
                 return report
+            with self._lock:
+                self._judged = frozenset(jobs)
             for job in sorted(jobs):
                 window = self.source.window(job, since, now)  # one per job: detectors share reads
                 for detector in self.detectors:
@@ -265,10 +269,16 @@ class PolicyEngine:
                     if t.finding is not None and self._owns(t.finding.job)]
 
     def _observe_active(self, _options: CallbackOptions) -> Iterable[Observation]:
-        counts = {d.name: 0 for d in self.detectors}
+        """Per detector and job, zeros included for the jobs of the last pass, so a job's
+        series exist (and read 0) before its first finding."""
+        with self._lock:
+            judged = self._judged
+        counts = {(d.name, job): 0 for d in self.detectors for job in judged}
         for finding in self.active():
-            counts[finding.detector] = counts.get(finding.detector, 0) + 1
-        return [Observation(n, {"detector": name}) for name, n in counts.items()]
+            key = (finding.detector, finding.job)
+            counts[key] = counts.get(key, 0) + 1
+        return [Observation(n, {ATTR_DETECTOR: name, ATTR_SEEDANCE_JOB: job})
+                for (name, job), n in counts.items()]
 
     def _emit(self, finding: Finding, event: str, now: int) -> None:
         opened = event == FINDING_OPENED_EVENT

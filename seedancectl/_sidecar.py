@@ -196,7 +196,8 @@ class Sidecar:
                                 export_interval_s=config.export_interval_s),
                 store_sink=self.sink,
             )
-            self._gpu_sampler.register(self._telemetry.meter("seedance.nvml"))
+            self._gpu_sampler.register(self._telemetry.meter("seedance.nvml"),
+                                       job=self._gpu_job)
             register_health_metrics(self._telemetry.meter("seedance.sidecar"), self)
             self._gpu_sampler.start()
             self._scrapers = build_scrapers(config, sink=self.sink)
@@ -212,6 +213,11 @@ class Sidecar:
             self.jobs.start()
             self._start_tuning()
             self._started = True
+
+    def _gpu_job(self) -> str | None:
+        """The job the host's GPUs run: the one attached, while exactly one is."""
+        attached = {s.job for s in self.jobs.jobs() if s.state == "attached"}
+        return next(iter(attached)) if len(attached) == 1 else None
 
     def _judges(self, job: str) -> bool:
         """Whether this sidecar's engine judges ``job``: its own self checks, and the jobs it
@@ -257,7 +263,8 @@ class Sidecar:
                     tokens_per_step=rollout.tokens_per_step, confidence=rollout.confidence,
                     loss_tolerance=rollout.loss_tolerance,
                     min_token_agreement=config.serving_slo.min_token_agreement)),
-            tracing=self.traces.tracing, owns=self.fleet.owns)
+            tracing=self.traces.tracing, owns=self.fleet.owns,
+            meter_provider=self._telemetry.provider)
         self.controller.recover()
         for job, job_config in config.jobs.items():
             if job_config.mode is not None and self.controller.mode(job) != job_config.mode:

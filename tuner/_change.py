@@ -21,6 +21,9 @@ Source = Literal["trial", "finding", "operator"]
 Mode = Literal["auto", "suggest", "off"]
 MANUAL: State = "manual_intervention_required"
 RollbackKind = Literal["config", "full", "local"]
+RollbackCause = Literal["guardrail", "verdict", "pruned", "job_failed", "timeout", "operator",
+                        "stopped", "recovery"]
+"""What forced a rollback, in a few words a dashboard can count (the reason says the rest)."""
 
 TRANSITIONS: Mapping[str, frozenset[str]] = {
     "proposed": frozenset({"approved", "rejected", "expired", "failed"}),

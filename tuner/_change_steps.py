@@ -27,6 +27,7 @@ from tuner._journal import ChangeJournal
 from tuner._lease import JobRegistry
 from tuner._lease_messages import AttachEvent, JobStatus
 from tuner._restore import RESTORE_KEY, Restore, restore_outcome
+from tuner._tuning_metrics import TuningMetrics
 from tuner._verdict import RolloutConfig
 from tuner._windows import Comparison
 
@@ -51,6 +52,7 @@ class ChangeSteps:
 
     registry: JobRegistry
     journal: ChangeJournal
+    metrics: TuningMetrics
     trace: ChangeTrace
     config: RolloutConfig
     _clock: Callable[[], float]
@@ -174,6 +176,7 @@ class ChangeSteps:
         log.info("change %s (%s): %s -> %s by %s: %s", change.id, change.job, change.state, to,
                  by, reason)
         self.trace.moved(change, moved, by, reason)
+        self.metrics.entered(moved, change.state)
         if (to in ENDED and change.state != MANUAL) or to == "kept":
             for observer in list(self._observers):
                 try:

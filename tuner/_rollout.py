@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.metrics import MeterProvider
+
 from collectors import StoreReader, Tracing, new_traceparent, null_tracing
 from collectors.names import ATTR_SEEDANCE_CONFIG_VERSION
 from tuner._change import (
@@ -23,6 +25,7 @@ from tuner._change import (
     STOPPED,
     Change,
     Mode,
+    RollbackCause,
     RolloutError,
     Source,
     Trip,
@@ -36,6 +39,7 @@ from tuner._journal import ChangeJournal
 from tuner._lease import JobRegistry
 from tuner._measure import measure_window, window_config
 from tuner._restore import RESTORE_KEY, Restore
+from tuner._tuning_metrics import TuningMetrics
 from tuner._verdict import RolloutConfig, auto_approvable, decide, interval_text
 from tuner._windows import Comparison
 
@@ -56,10 +60,12 @@ class RolloutController(ChangeSteps):
     def __init__(self, registry: JobRegistry, reader: StoreReader, *, db_url: str,
                  guardrails: Sequence[Guardrail] = (), clock: Callable[[], float] = time.time,
                  config: RolloutConfig | None = None, tracing: Tracing | None = None,
-                 owns: Callable[[str], bool] = lambda job: True) -> None:
+                 owns: Callable[[str], bool] = lambda job: True,
+                 meter_provider: MeterProvider | None = None) -> None:
         """``owns(job)``: whether this controller drives the job's changes. Sidecars sharing
         one state database see each other's changes in the journal; each moves only those of
-        the jobs it holds (``tuner._fleet``), so none fails another's change as unattached."""
+        the jobs it holds (``tuner._fleet``), so none fails another's change as unattached.
+        ``meter_provider``: where the tuning counters go (default: the global one)."""
         self.registry = registry
         self._owns = owns
         self.trace = ChangeTrace(tracing or null_tracing("seedance-rollout"), clock,
@@ -71,6 +77,7 @@ class RolloutController(ChangeSteps):
         self._lock = threading.RLock()
         self._observers = []
         self.journal = ChangeJournal(db_url, clock=clock)
+        self.metrics = TuningMetrics(meter_provider)
         self._restoring = set()
         registry.on_lapse(self._on_lapse)
         registry.on_attach(self._on_attach)
@@ -120,6 +127,7 @@ class RolloutController(ChangeSteps):
                                      "source": source, "meta": change.meta})
             self.trace.span(change, "propose",
                        attributes={**change_attributes(change), "seedance.actor": by})
+            self.metrics.entered(change, None)
             mode = self.mode(job)
             if mode == "off":
                 return self._move(change, "rejected", by="mode:off",
@@ -158,7 +166,7 @@ class RolloutController(ChangeSteps):
                 if not kept:
                     raise RolloutError(f"job {job}: no change in flight or kept to roll back")
                 current = kept[-1]
-            return self._roll_back(current, Trip(kind="config", reason=reason), by=by)
+            return self._roll_back(current, Trip(kind="config", reason=reason), "operator", by=by)
 
     def events(self, *, change_id: str | None = None,
                job: str | None = None) -> list[dict[str, Any]]:
@@ -215,25 +223,26 @@ class RolloutController(ChangeSteps):
         live = change.plan.get("live_version")
         trip = None if live is None else self._guardrail(change, int(live))
         if trip is not None:
-            self._roll_back(change, trip)
+            self._roll_back(change, trip, "guardrail")
             return
         if change.plan.get("acked"):
             failed = next((a for a in self.registry.acks(change.job)
                            if a.version == version and a.status == "failed"), None)
             if failed is not None:  # a step raised under it; the job is back on its baseline
                 self._roll_back(change, Trip(kind="config", job_failed=True, reason=(
-                    f"the job failed under v{version}: {failed.error}")))
+                    f"the job failed under v{version}: {failed.error}")), "job_failed")
                 return
         else:
             ack = self.registry.wait_ack(change.job, version, timeout_s=0.0)
             if ack is None:
                 if now - change.plan["sent_at_s"] > self.config.ack_timeout_s:
                     self._roll_back(change, Trip(kind="config", reason=(
-                        f"no ack of v{version} within {self.config.ack_timeout_s:g} s")))
+                        f"no ack of v{version} within {self.config.ack_timeout_s:g} s")),
+                        "timeout")
                 return
             if ack.status != "applied":
                 self._roll_back(change, Trip(kind="config", job_failed=True, reason=(
-                    f"the job failed to apply v{ack.version}: {ack.error}")))
+                    f"the job failed to apply v{ack.version}: {ack.error}")), "job_failed")
                 return
             plan = {**change.plan, "acked": True, "acked_at_s": now, "live_version": version}
             if change.state == "applying":
@@ -250,7 +259,7 @@ class RolloutController(ChangeSteps):
                                     reason=f"candidate v{version} acked")
             trip = self._guardrail(change, version)
             if trip is not None:
-                self._roll_back(change, trip)
+                self._roll_back(change, trip, "guardrail")
                 return
         self._observe(change, version, now)
 
@@ -307,7 +316,8 @@ class RolloutController(ChangeSteps):
         if window is None:
             if now - change.plan["acked_at_s"] > self.config.window_timeout_s:
                 self._roll_back(change, Trip(kind="config", reason=(
-                    f"window {index} got too few steps in {self.config.window_timeout_s:g} s")))
+                    f"window {index} got too few steps in {self.config.window_timeout_s:g} s")),
+                    "timeout")
             return
         windows = (*change.windows, window)
         comparison = compare(windows, self.config.measure)
@@ -337,7 +347,7 @@ class RolloutController(ChangeSteps):
         elapsed_s = now - float(change.plan.get("applied_at_s", now))
         verdict = decide(comparison, config, elapsed_s)
         if isinstance(verdict, Trip):
-            self._roll_back(change, verdict)
+            self._roll_back(change, verdict, "verdict")
             return True
         if verdict == "keep":
             self._keep(change, comparison)
@@ -349,7 +359,7 @@ class RolloutController(ChangeSteps):
                 log.exception("rollout observer %r failed on change %s", observer, change.id)
                 continue
             if stop:
-                self._roll_back(change, Trip(kind="config", reason=PRUNED))
+                self._roll_back(change, Trip(kind="config", reason=PRUNED), "pruned")
                 return True
         return False
 
@@ -389,8 +399,10 @@ class RolloutController(ChangeSteps):
             "seedance.config.version.after": desired.version})
         self.trace.end_trace(change)
 
-    def _roll_back(self, change: Change, trip: Trip, *, by: str = "controller") -> Change:
-        """Journal the rollback, then send the baseline (and the rollback action, if any)."""
+    def _roll_back(self, change: Change, trip: Trip, cause: RollbackCause, *,
+                   by: str = "controller") -> Change:
+        """Journal the rollback, then send the baseline (and the rollback action, if any);
+        ``cause`` is what forced it, for the rollback counter."""
         job, was, opened = change.job, change.state, change
         start_ns, span = self.trace.now_ns(), self.trace.child(change)
         attached = self._attached(job)
@@ -414,6 +426,7 @@ class RolloutController(ChangeSteps):
                                 "inconclusive": trip.inconclusive},
                             detail={"rollback": trip.kind, "group": trip.group,
                                     "action": action, "restore": restore}, spans={})
+        self.metrics.rolled_back(job, trip.kind, cause)
         self.trace.end_open(opened, error=f"rolled back: {trip.reason}")
         attributes: dict[str, Any] = {
             "seedance.actor": by, "seedance.rollback.cause": trip.reason,
@@ -451,7 +464,7 @@ class RolloutController(ChangeSteps):
                     continue
                 try:
                     drained.append(self._roll_back(change, Trip(kind="config", reason=STOPPED),
-                                                   by="shutdown"))
+                                                   "stopped", by="shutdown"))
                 except Exception:
                     log.exception("drain of change %s failed; recovery rolls it back", change.id)
         return drained
@@ -469,6 +482,7 @@ class RolloutController(ChangeSteps):
                 continue
             try:
                 self._roll_back(change, Trip(kind="config", reason=(
-                    f"controller restarted with the change in {change.state}")), by="recovery")
+                    f"controller restarted with the change in {change.state}")), "recovery",
+                    by="recovery")
             except Exception:
                 log.exception("recovery of change %s failed", change.id)

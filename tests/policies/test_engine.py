@@ -62,15 +62,17 @@ class Telemetry:
         self.loggers = LoggerProvider()
         self.loggers.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
 
-    def gauge(self) -> dict[str, int]:
+    def gauge(self) -> dict[tuple[str, str], int]:
+        """Open findings by (detector, job)."""
         data = self.reader.get_metrics_data()
-        out: dict[str, int] = {}
+        out: dict[tuple[str, str], int] = {}
         for rm in data.resource_metrics if data else ():
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     if metric.name == ACTIVE_FINDINGS_METRIC:
                         for p in metric.data.data_points:
-                            out[str(p.attributes["detector"])] = int(p.value)
+                            out[(str(p.attributes["detector"]),
+                                 str(p.attributes["seedance.job"]))] = int(p.value)
         return out
 
 
@@ -159,17 +161,20 @@ def test_active_findings_survive_a_restart(tmp_path: Path, telemetry: Telemetry)
     assert [c.id for c in closed] == [before.id]
 
 
-def test_gauge_counts_active_findings_per_detector(tmp_path: Path, telemetry: Telemetry) -> None:
+def test_gauge_counts_active_findings_per_detector_and_job(tmp_path: Path,
+                                                            telemetry: Telemetry) -> None:
+    """Named by the job (the sidecar's service.name is not the job's), zeros for every
+    detector on each job of the last pass."""
     detectors: list[Detector] = [LowUtilisationDetector("low"),
                                  LowUtilisationDetector("never", floor=0.0)]
     with _engine(tmp_path, _store("bbbggg"), telemetry, detectors) as engine:
-        assert telemetry.gauge() == {"low": 0, "never": 0}
+        assert telemetry.gauge() == {}  # no job judged yet
         for k in range(3):
             engine.evaluate_once(_segment_end(k))
-        assert telemetry.gauge() == {"low": 1, "never": 0}
+        assert telemetry.gauge() == {("low", "train-a"): 1, ("never", "train-a"): 0}
         for k in range(3, 6):
             engine.evaluate_once(_segment_end(k))
-        assert telemetry.gauge() == {"low": 0, "never": 0}
+        assert telemetry.gauge() == {("low", "train-a"): 0, ("never", "train-a"): 0}
 
 
 def test_one_log_record_per_open_and_close(tmp_path: Path, telemetry: Telemetry) -> None:
