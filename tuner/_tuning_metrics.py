@@ -8,6 +8,7 @@ journaled), so the series say exactly what the audit log says. Every series name
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 from opentelemetry import metrics
 from opentelemetry.metrics import MeterProvider
@@ -23,11 +24,12 @@ from collectors.names import (
     TUNING_ROLLBACKS,
     TUNING_TRIALS,
 )
-from tuner._change import ACTIVE, IN_FLIGHT, Change, RollbackCause, RollbackKind
+from tuner._change import ACTIVE, ENDED, IN_FLIGHT, Change, RollbackCause, RollbackKind, State
 
 _SCOPE_NAME = "seedance.tuner"
 JUDGED = frozenset({"kept", "rolled_back"})
 """The states a measured change is judged into: the objective gauge is set on entering one."""
+STATES: tuple[str, ...] = get_args(State)
 
 
 class TuningMetrics:
@@ -48,6 +50,8 @@ class TuningMetrics:
     def entered(self, change: Change, was: str | None) -> None:
         """``change`` entered its state from ``was`` (None: it was just proposed)."""
         job = {ATTR_SEEDANCE_JOB: change.job}
+        if was is None:
+            self._zeros(change)
         self._changes.add(1, {**job, ATTR_STATE: change.state,
                               ATTR_SEEDANCE_SOURCE: change.source})
         if was not in ACTIVE or change.state in ACTIVE:
@@ -57,6 +61,16 @@ class TuningMetrics:
         gain = float((change.comparison or {}).get("gain", math.nan))
         if was in IN_FLIGHT and change.state in JUDGED and math.isfinite(gain):
             self._objective.set(gain, {**job, ATTR_STATE: change.state})
+
+    def _zeros(self, change: Change) -> None:
+        """Every state's series of the job at 0 before its first count: Prometheus sees no
+        increase in a series that first appears at 1, and a dashboard's annotations and
+        ``increase()`` would miss the first kept change or rollback."""
+        job = {ATTR_SEEDANCE_JOB: change.job}
+        for state in STATES:
+            self._changes.add(0, {**job, ATTR_STATE: state, ATTR_SEEDANCE_SOURCE: change.source})
+            if change.source == "trial" and (state in ENDED or state == "kept"):
+                self._trials.add(0, {**job, ATTR_STATE: state})
 
     def rolled_back(self, job: str, scope: RollbackKind, cause: RollbackCause) -> None:
         self._rollbacks.add(1, {ATTR_SEEDANCE_JOB: job, ATTR_SCOPE: scope, ATTR_CAUSE: cause})

@@ -1,7 +1,9 @@
 """The five Grafana dashboards: GPUs, training, serving, tuning, findings.
 
-Every expression is written from catalogue names through :mod:`dashboards.grafana._names`; no
-Prometheus series or label name is spelled here.
+Every expression is written from catalogue names through :func:`collectors.prom_metric`; no
+Prometheus series or label name is spelled here. ``$job`` filters every panel on the attribute
+that names each metric's job (:data:`dashboards.grafana._model.JOB`), and every dashboard marks
+the job's kept changes and rollbacks.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from collectors.names import (
     ATTR_NETWORK_IO_DIRECTION,
     ATTR_SEEDANCE_COMM_BACKEND,
     ATTR_SEEDANCE_COMM_BUCKET,
-    ATTR_SEEDANCE_CONFIG_VERSION,
     ATTR_SEEDANCE_KV_PART,
     ATTR_SEEDANCE_MODULE_GROUP,
     ATTR_SEEDANCE_RANK,
-    ATTR_SERVICE_NAME,
+    ATTR_SEEDANCE_SOURCE,
+    ATTR_STATE,
     COMM_ALLREDUCE_ALGBW,
     COMM_ALLREDUCE_BUSBW,
     COMM_ALLREDUCE_BYTES,
@@ -69,6 +71,8 @@ from collectors.names import (
     TUNING_TRIALS,
 )
 from dashboards.grafana._model import (
+    JOB,
+    Annotation,
     DashboardSpec,
     PanelSpec,
     Query,
@@ -92,12 +96,27 @@ def _label_values(name: str, attribute: str, scope: Scope | None = None) -> str:
     """A variable query listing the values of ``attribute`` on metric ``name``."""
     metric = prom_metric(name)
     series = scope.series(metric, metric.series) if scope else metric.series
-    return f"label_values({series}, {metric.label(attribute)})"
+    (label,) = labels_of(name, (attribute,))
+    return f"label_values({series}, {label})"
 
 
 def _job_variable(name: str) -> Variable:
-    return Variable(name=JOB_VAR, label="Job", query=_label_values(name, ATTR_SERVICE_NAME),
+    return Variable(name=JOB_VAR, label="Job", query=_label_values(name, JOB),
                     multi=True)
+
+
+def _change_annotations() -> tuple[Annotation, ...]:
+    """A marker where a change of a selected job was kept, and where one was rolled back."""
+    changes = TUNING_CHANGES
+    scope = Scope(((JOB, JOB_VAR),))
+    metric = prom_metric(changes)
+    state = metric.label(ATTR_STATE)
+
+    def entered(to: str) -> str:
+        selector = scope.series(metric, metric.total, f'{state}="{to}"')
+        return f"{by(changes, (JOB,), 'sum', f'increase({selector}[$__interval])')} > 0"
+    return (Annotation(name="Changes kept", expr=entered("kept"), color="green"),
+            Annotation(name="Rollbacks", expr=entered("rolled_back"), color="red"))
 
 
 def _gauges(scope: Scope, title: str, description: str, unit: str,
@@ -116,11 +135,11 @@ def _quantiles(scope: Scope, title: str, description: str, name: str,
 
 
 def gpu_dashboard() -> DashboardSpec:
-    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR), (ATTR_GPU_INDEX, GPU_VAR)))
+    scope = Scope(((JOB, JOB_VAR), (ATTR_GPU_INDEX, GPU_VAR)))
     gpu = (ATTR_HOST_NAME, "GPU", ATTR_GPU_INDEX)
     up = HW_GPU_UP
     throttle = GPU_THROTTLE_REASONS
-    throttle_by = (ATTR_SERVICE_NAME, ATTR_HOST_NAME, ATTR_GPU_INDEX)
+    throttle_by = (JOB, ATTR_HOST_NAME, ATTR_GPU_INDEX)
     reason = prom_metric(throttle).label("reason")
     # No reason active gives no series at all; show that as reason="none" = 0 per GPU.
     throttle_expr = (
@@ -135,8 +154,9 @@ def gpu_dashboard() -> DashboardSpec:
         variables=(
             _job_variable(up),
             Variable(name=GPU_VAR, label="GPU",
-                     query=_label_values(up, ATTR_GPU_INDEX, Scope(((ATTR_SERVICE_NAME, JOB_VAR),))),
+                     query=_label_values(up, ATTR_GPU_INDEX, Scope(((JOB, JOB_VAR),))),
                      multi=True)),
+        annotations=_change_annotations(),
         rows=[
             ("Health", [
                 PanelSpec(title="GPUs up", description="GPUs answering NVML", unit="none",
@@ -181,13 +201,13 @@ def gpu_dashboard() -> DashboardSpec:
 
 
 def training_dashboard() -> DashboardSpec:
-    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR), (ATTR_SEEDANCE_RANK, RANK_VAR)))
+    scope = Scope(((JOB, JOB_VAR), (ATTR_SEEDANCE_RANK, RANK_VAR)))
     step = TRAIN_STEP_DURATION
     wait = TRAIN_DATA_WAIT_DURATION
-    rank = (ATTR_SERVICE_NAME, "rank", ATTR_SEEDANCE_RANK)
+    rank = (JOB, "rank", ATTR_SEEDANCE_RANK)
     group = (*rank, ATTR_SEEDANCE_MODULE_GROUP)
     comm = (*rank, ATTR_SEEDANCE_COMM_BACKEND)
-    job = (ATTR_SERVICE_NAME,)
+    job = (JOB,)
     allreduce = COMM_ALLREDUCE_DURATION
     return DashboardSpec(
         uid="seedance-training", title="seedance / Training",
@@ -195,7 +215,8 @@ def training_dashboard() -> DashboardSpec:
         variables=(
             _job_variable(step),
             Variable(name=RANK_VAR, label="Rank", multi=True, query=_label_values(
-                step, ATTR_SEEDANCE_RANK, Scope(((ATTR_SERVICE_NAME, JOB_VAR),))))),
+                step, ATTR_SEEDANCE_RANK, Scope(((JOB, JOB_VAR),))))),
+        annotations=_change_annotations(),
         rows=[
             ("Throughput", [
                 _quantiles(scope, "Step time", "Optimizer step wall time, p50 and p99 over "
@@ -250,20 +271,21 @@ def training_dashboard() -> DashboardSpec:
                                     legend=legend(COMM_ALLREDUCE_BYTES, *comm,
                                                   "bytes/s")))),
                 _quantiles(scope, "All-reduce latency", "One bucket's all-reduce, launch to "
-                           "completion", allreduce, (ATTR_SERVICE_NAME, ATTR_SEEDANCE_COMM_BACKEND)),
+                           "completion", allreduce, (JOB, ATTR_SEEDANCE_COMM_BACKEND)),
             ]),
         ])
 
 
 def serving_dashboard() -> DashboardSpec:
-    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR),))
-    job = (ATTR_SERVICE_NAME,)
+    scope = Scope(((JOB, JOB_VAR),))
+    job = (JOB,)
     hits, queries = SERVE_PREFIX_CACHE_HITS, SERVE_PREFIX_CACHE_QUERIES
     quant, dequant = SERVE_KV_QUANTIZE_DURATION, SERVE_KV_DEQUANTIZE_DURATION
     return DashboardSpec(
         uid="seedance-serving", title="seedance / Serving",
         description="What the serving instrumentation (or a scraped vLLM) measures, per job",
         variables=(_job_variable(GEN_AI_SERVER_REQUEST_DURATION),),
+        annotations=_change_annotations(),
         rows=[
             ("Latency", [
                 _quantiles(scope, "Time to first token", "p50 and p99",
@@ -308,11 +330,12 @@ def serving_dashboard() -> DashboardSpec:
 
 
 def tuning_dashboard() -> DashboardSpec:
-    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR),))
+    scope = Scope(((JOB, JOB_VAR),))
     trials, changes = TUNING_TRIALS, TUNING_CHANGES
     rollbacks = TUNING_ROLLBACKS
     objective = TUNING_OBJECTIVE
-    job = (ATTR_SERVICE_NAME,)
+    job = (JOB,)
+    entering = (*job, ATTR_STATE, ATTR_SEEDANCE_SOURCE)
 
     def in_range(name: str, attrs: tuple[str, ...], title: str, description: str,
                  span: int = 8) -> PanelSpec:
@@ -323,36 +346,40 @@ def tuning_dashboard() -> DashboardSpec:
 
     return DashboardSpec(
         uid="seedance-tuning", title="seedance / Tuning",
-        description="Search trials, changes through their states, rollbacks and the objective",
+        description="Search trials, changes through their states, rollbacks and the gain "
+        "each judged change measured",
         variables=(_job_variable(changes),),
+        annotations=_change_annotations(),
         rows=[
             ("In the time range", [
-                in_range(trials, ("state",), "Trials by state", "Trials that reached each "
-                         "state in the dashboard's time range"),
-                in_range(changes, ("state",), "Changes by state", "Changes that entered each "
-                         "state in the dashboard's time range"),
+                in_range(trials, (ATTR_STATE,), "Trials by state", "Changes the search "
+                         "proposed that ended in the dashboard's time range, by their end"),
+                in_range(changes, (ATTR_STATE,), "Changes by state", "Changes that entered "
+                         "each state in the dashboard's time range"),
                 in_range(rollbacks, ("scope", "cause"), "Rollbacks", "By scope and cause in "
                          "the dashboard's time range"),
             ]),
             ("Over time", [
                 PanelSpec(title="Changes entering each state", unit="none",
-                          description="Per hour", queries=(Query(
-                              expr=f"{by(changes, (*job, 'state'), 'sum', scope.rate(changes))}"
-                              " * 3600", legend=legend(changes, *job, "state")),)),
-                _gauges(scope, "Objective", "Objective value the last completed trial "
-                        "measured", "none",
-                        (objective, (*job, "v", ATTR_SEEDANCE_CONFIG_VERSION), "")),
+                          description="Per hour, by who proposed them", queries=(Query(
+                              expr=f"{by(changes, entering, 'sum', scope.rate(changes))}"
+                              " * 3600", legend=legend(changes, *entering)),)),
+                _gauges(scope, "Gain of the last judged change", "Relative tokens/s gain "
+                        "(candidate over baseline, minus 1) the job's last judged change "
+                        "measured, by the state it was judged into", "percentunit",
+                        (objective, (*job, ATTR_STATE), "")),
             ]),
         ])
 
 
 def findings_dashboard() -> DashboardSpec:
-    scope = Scope(((ATTR_SERVICE_NAME, JOB_VAR),))
+    scope = Scope(((JOB, JOB_VAR),))
     active = FINDINGS_ACTIVE
     return DashboardSpec(
         uid="seedance-findings", title="seedance / Findings",
         description="Findings the policy engine holds open, per detector",
         variables=(_job_variable(active),),
+        annotations=_change_annotations(),
         rows=[
             ("Open findings", [
                 PanelSpec(title="Open findings", description="All detectors", unit="none",
@@ -360,9 +387,9 @@ def findings_dashboard() -> DashboardSpec:
                               expr=f"sum({scope.gauge(active)})", legend="open"),)),
                 PanelSpec(title="Open findings by detector", description="Per detector",
                           unit="none", span=18, queries=(Query(
-                              expr=by(active, (ATTR_SERVICE_NAME, "detector"), "sum",
+                              expr=by(active, (JOB, "detector"), "sum",
                                       scope.gauge(active)),
-                              legend=legend(active, ATTR_SERVICE_NAME, "detector")),)),
+                              legend=legend(active, JOB, "detector")),)),
             ]),
         ])
 

@@ -2,7 +2,8 @@
 
 A :class:`Scope` is one dashboard's template filter (catalogue attribute -> variable): every
 selector it writes filters on those variables, with label names taken from the sidecar's
-translation, so a filter on an attribute a metric lacks fails generation.
+translation, so a filter on an attribute a metric lacks fails generation. :data:`JOB` stands
+for whichever attribute names a metric's job, so one ``$job`` filters every panel.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
 from collectors import ConfigError, PromMetric, prom_metric
+from collectors.names import ATTR_SEEDANCE_JOB, ATTR_SERVICE_NAME
 
 DATASOURCE_VAR = "datasource"
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VAR}}}")
 """Every panel and target names the data source through the ``datasource`` variable."""
+JOB = "(job)"
+"""The attribute that names a metric's job: ``seedance.job`` on the series the sidecar emits
+about a job (its own ``service.name`` is the sidecar's), else ``service.name`` (the job's)."""
 RATE_WINDOW = "$__rate_interval"
 RANGE_WINDOW = "$__range"
 WIDTH = 24
@@ -50,7 +55,8 @@ class Scope:
 
     def series(self, metric: PromMetric, name: str, *extra: str) -> str:
         """``name{label=~"$var",...}`` for this scope's filters plus ``extra`` matchers."""
-        matchers = [f'{metric.label(attr)}=~"${var}"' for attr, var in self.filters]
+        matchers = [f'{metric.label(_attribute(metric, attr))}=~"${var}"'
+                    for attr, var in self.filters]
         return f"{name}{{{', '.join([*matchers, *extra])}}}"
 
     def gauge(self, name: str, *extra: str) -> str:
@@ -80,10 +86,17 @@ class Scope:
                 f"(rate({self.series(metric, metric.bucket)}[{RATE_WINDOW}])))")
 
 
+def _attribute(metric: PromMetric, attribute: str) -> str:
+    """``attribute``, with :data:`JOB` resolved for ``metric``."""
+    if attribute != JOB:
+        return attribute
+    return ATTR_SEEDANCE_JOB if ATTR_SEEDANCE_JOB in metric.spec.attributes else ATTR_SERVICE_NAME
+
+
 def labels_of(name: str, attributes: Sequence[str]) -> list[str]:
     """Label names of ``attributes`` of catalogue metric ``name``."""
     metric = prom_metric(name)
-    return [metric.label(attr) for attr in attributes]
+    return [metric.label(_attribute(metric, attr)) for attr in attributes]
 
 
 def by(name: str, attributes: Sequence[str], agg: str, expr: str) -> str:
@@ -94,8 +107,9 @@ def by(name: str, attributes: Sequence[str], agg: str, expr: str) -> str:
 def legend(name: str, *parts: str) -> str:
     """A legend template; a part that is a catalogue attribute of ``name`` becomes its label."""
     metric = prom_metric(name)
+    resolved = [_attribute(metric, p) for p in parts]
     return " ".join(f"{{{{{metric.label(p)}}}}}" if p in metric.spec.attributes else p
-                    for p in parts)
+                    for p in resolved)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +142,15 @@ class Variable:
     multi: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Annotation:
+    """A Prometheus annotation: a marker wherever ``expr`` has a sample."""
+
+    name: str
+    expr: str
+    color: str
+
+
 @dataclass(slots=True, kw_only=True)
 class DashboardSpec:
     """One dashboard: identity, variables and rows of panels."""
@@ -137,6 +160,7 @@ class DashboardSpec:
     description: str
     variables: tuple[Variable, ...]
     rows: list[tuple[str, list[PanelSpec]]] = field(default_factory=list)
+    annotations: tuple[Annotation, ...] = ()
 
     def build(self) -> model.Dashboard:
         board = (gd.Dashboard(self.title).uid(self.uid).description(self.description)
@@ -150,6 +174,9 @@ class DashboardSpec:
                 .datasource(DATASOURCE).refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
                 .sort(model.VariableSort.ALPHABETICAL_ASC).multi(var.multi)
                 .include_all(var.multi))
+        for note in self.annotations:
+            board = board.annotation(gd.AnnotationQuery().name(note.name).datasource(DATASOURCE)
+                                     .enable(True).icon_color(note.color).expr(note.expr))
         panel_id = 0
         for title, panels in self.rows:
             panel_id += 1
