@@ -258,6 +258,29 @@ def test_one_poll_per_interval_however_many_readers() -> None:
     assert gauges["hw.errors"].data.is_monotonic  # a SUM in the catalogue: observable counter
 
 
+def test_observations_name_the_job_the_gpus_run_while_one_is_known() -> None:
+    """The sidecar's own service.name is not the job's: ``job()`` names it, read at every
+    collection, and a GPU with no known job is left unnamed."""
+    sampler = GpuSampler(ReplayBackend(trace_path("h100_gpu_burn")),
+                         config=GpuSamplerConfig(host_name="h"))
+    reader = InMemoryMetricReader()
+    running: list[str | None] = [None]
+    sampler.register(MeterProvider(metric_readers=[reader]).get_meter("test"),
+                     job=lambda: running[0])
+    sampler.poll_once()
+
+    def jobs() -> set[object]:
+        data = reader.get_metrics_data()
+        return {p.attributes.get("seedance.job") for rm in data.resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics if m.name == "hw.power"
+                for p in m.data.data_points}
+
+    assert jobs() == {None}
+    running[0] = "llm-train"
+    assert jobs() == {"llm-train"}
+    sampler.shutdown()
+
+
 def test_record_then_replay_gives_identical_snapshots(tmp_path: Path) -> None:
     path = tmp_path / "recorded.jsonl"
     recorder = RecordingBackend(ReplayBackend(trace_path("h100_gpu_burn")), path)
