@@ -1,12 +1,14 @@
-"""Run as a separate process by test_grafana: a stand-in job that keeps sending, with the stock
-OpenTelemetry SDK over OTLP/HTTP, every catalogue metric the dashboards read that a job, the
-policy engine or the rollout controller emits. Values are SIMULATED (random, varying every
-tick so rate() and histogram_quantile() have data); nothing here is measured.
+"""Run as a separate process by test_grafana: stand-in jobs that keep sending, with the stock
+OpenTelemetry SDK over OTLP/HTTP, every catalogue metric the dashboards read that a training
+job (with DDP) or a serving job emits. Values are SIMULATED (random, varying every tick so
+rate() and histogram_quantile() have data); nothing here is measured. What the sidecar emits
+itself (findings, tuning, GPUs) is never sent here: the test reads the real sidecar's.
 
 NVLink throughput has no replayable NVML trace (every capture lacks it), so it is sent here too,
-for the sidecar's GPU and labelled ``seedance.simulated="true"``.
+for the sidecar's GPU and the job it names (as the sidecar names its one attached job), labelled
+``seedance.simulated="true"``.
 
-Usage: python -m tests.dashboards.otel_sender ENDPOINT SIDECAR_SERVICE GPU_INDEX DURATION_S
+Usage: python -m tests.dashboards.otel_sender ENDPOINT GPU_INDEX GPU_JOB DURATION_S
 """
 
 from __future__ import annotations
@@ -25,10 +27,8 @@ from opentelemetry.sdk.resources import Resource
 from collectors import BY_NAME, RESOURCE_ATTRS, MetricKind, MetricSpec, histogram_views
 from collectors._catalogue import (
     COLLECTIVE_METRICS,
-    POLICY_METRICS,
     SERVING_METRICS,
     TRAINING_METRICS,
-    TUNING_METRICS,
 )
 
 SIMULATED = {"seedance.simulated": "true"}
@@ -40,22 +40,9 @@ VALUES: dict[str, tuple[str, ...]] = {
     "seedance.comm.backend": ("gloo",),
     "seedance.comm.bucket": ("0", "1"),
     "seedance.kv.part": ("key", "value"),
-    "scope": ("full",),
-    "cause": ("nonfinite_loss",),
-    "detector": ("input_bound", "memory_bound"),
     "network.io.direction": ("transmit", "receive"),
     "seedance.nonfinite.what": ("loss", "grad_norm"),
-    "job": ("train-a",),
-    "stage": ("evaluate",),
-    "source": ("http://127.0.0.1:9400/metrics",),
-    "signal": ("metrics",),
-    "outcome": ("failed", "dropped"),
-    "limit": ("metric", "job"),
-    "reason": ("any", "unauthorised"),
 }
-
-STATES = {"seedance.tuning.trials": ("complete", "pruned"),
-          "seedance.tuning.changes": ("kept", "rolled_back")}
 GPU_IDENTITY = ("hw.id", "hw.name", "gpu.pci_address")
 """Left off the simulated NVLink points: no panel filters or groups on them."""
 
@@ -67,7 +54,7 @@ def _attribute_sets(spec: MetricSpec, extra: dict[str, str]) -> list[dict[str, s
     for key in spec.attributes:
         if key in RESOURCE_ATTRS or key in extra or key in GPU_IDENTITY:
             continue
-        values = STATES[spec.name] if key == "state" else VALUES[key]
+        values = VALUES[key]
         sets = [{**s, key: value} for s in sets for value in values]
     return sets
 
@@ -107,20 +94,18 @@ def _provider(endpoint: str, resource: dict[str, str | int]) -> MeterProvider:
                          resource=Resource.create(resource))
 
 
-def main(endpoint: str, sidecar_service: str, gpu_index: str, duration_s: float) -> None:
+def main(endpoint: str, gpu_index: str, gpu_job: str, duration_s: float) -> None:
     train = _provider(endpoint, {"service.name": "llm-train", "seedance.rank": 0})
     serve = _provider(endpoint, {"service.name": "llm-serve", "seedance.rank": 0})
-    # Findings and tuning metrics come from the sidecar process itself, under its name.
-    sidecar = _provider(endpoint, {"service.name": sidecar_service})
+    nvlink = _provider(endpoint, {"service.name": "nvlink-stand-in"})
     recorders: list[Record] = []
     for provider, specs in ((train, TRAINING_METRICS + COLLECTIVE_METRICS),
-                            (serve, SERVING_METRICS),
-                            (sidecar, POLICY_METRICS + TUNING_METRICS)):
+                            (serve, SERVING_METRICS)):
         meter = provider.get_meter("seedance-dashboard-test")
         recorders += [_recorder(meter, spec, SIMULATED) for spec in specs]
     recorders.append(_recorder(
-        sidecar.get_meter("seedance-dashboard-test"), BY_NAME["seedance.gpu.nvlink.throughput"],
-        {**SIMULATED, "gpu.index": gpu_index}))
+        nvlink.get_meter("seedance-dashboard-test"), BY_NAME["seedance.gpu.nvlink.throughput"],
+        {**SIMULATED, "gpu.index": gpu_index, "seedance.job": gpu_job}))
     deadline = time.monotonic() + duration_s
     try:
         while time.monotonic() < deadline:
@@ -128,7 +113,7 @@ def main(endpoint: str, sidecar_service: str, gpu_index: str, duration_s: float)
                 record()
             time.sleep(TICK_S)
     finally:
-        for provider in (train, serve, sidecar):
+        for provider in (train, serve, nvlink):
             provider.shutdown()
 
 

@@ -1,10 +1,12 @@
-"""Generated Grafana dashboards: schema checks, and every expression against a real Prometheus
-scraping a real sidecar (replayed NVML trace) fed by a stand-in job over OTLP."""
+"""Generated Grafana dashboards: schema checks, and every expression and annotation against a
+real Prometheus scraping a real sidecar (replayed NVML trace) that tunes a real torch job, with a
+stand-in sender for the job-side series one CPU process cannot make."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,13 +14,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from collectors import CATALOGUE, prom_metric
 from dashboards.grafana import dashboard_json, write_grafana
-from tests.servers import free_port, query, start_prometheus, wait_for
+from tests.seedancectl._live import TOKEN, Live, live_sidecar
+from tests.servers import query, start_prometheus, wait_for
 
 BOARDS = dashboard_json()
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -136,37 +138,25 @@ def test_every_series_an_expression_names_is_one_the_sidecar_exposes() -> None:
 
 # ---- a real Prometheus scraping a real sidecar ------------------------------------------------
 
-SIDECAR_JOB = "dash"
-SIDECAR_SERVICE = f"{SIDECAR_JOB}-sidecar"  # the sidecar's own resource service.name
-GRAFANA_BUILTINS = {"__rate_interval": "10s", "__range": "1m"}
+TUNED = "tuned"
+"""The REAL torch job the sidecar tunes: its tuning, findings and GPU series are the real ones."""
+JOB_SCRIPT = Path(__file__).parents[1] / "seedancectl" / "prom_fleet_job.py"
+GRAFANA_BUILTINS = {"__rate_interval": "10s", "__range": "5m", "__interval": "5m"}
+RUN_S = 180.0
+SIDECAR_MADE = ("seedance-gpus", "seedance-tuning", "seedance-findings")
+"""Dashboards of series the sidecar emits about a job: ``$job`` must select the tuned job's."""
 
 
 @pytest.fixture
-def sidecar_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "sidecar.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "seedancectl.sidecar", "--job", SIDECAR_JOB,
-         "--listen", f"127.0.0.1:{port}", "--store", str(tmp_path / "metrics.db"),
-         "--nvml", "replay:h100_gpu_burn"],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + WAIT_S
-    try:
-        while True:
-            assert proc.poll() is None, (tmp_path / "sidecar.log").read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "sidecar never became ready"
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(15)
-        log.close()
+def live(tmp_path: Path) -> Iterator[Live]:
+    """A real sidecar that tunes TUNED (auto mode, one pair per trial), replaying an NVML trace."""
+    with live_sidecar(
+            tmp_path, job="dash", nvml="replay:h100_gpu_burn", export_interval_s=0.5,
+            policy_interval_s=1, policy_window_s=20, tuning_interval_s=0.5,
+            jobs={TUNED: {"mode": "auto", "tune": True}},
+            rollout={"warmup_steps": 2, "min_window_s": 2.0, "max_window_s": 6.0,
+                     "min_pairs": 1, "max_pairs": 1}) as sidecar:
+        yield sidecar
 
 
 def _substitute(text: str, values: dict[str, str]) -> str:
@@ -177,34 +167,77 @@ def _substitute(text: str, values: dict[str, str]) -> str:
     return VARIABLE.sub(one, text)
 
 
+def _values(label: str, result: list[dict[str, object]]) -> list[str]:
+    """The values of ``label`` in a query's result, as Grafana's ``label_values`` lists them
+    (series without the label list nothing)."""
+    return sorted({str(r["metric"][label]) for r in result  # type: ignore[index]
+                   if label in r["metric"]})  # type: ignore[operator]
+
+
 def _resolve(board: dict, api: str, proc: subprocess.Popen[bytes], deadline: float,
              log: Path) -> dict[str, str]:
-    """A real value for every variable, found by running its own query against Prometheus."""
+    """A real value for every variable, found by running its own query against Prometheus:
+    ``$job`` is TUNED on the dashboards of the sidecar's own series (which must list it), and
+    every job listed elsewhere (Grafana's "All"); another variable, its first value."""
     values = dict(GRAFANA_BUILTINS)
     for var in board["templating"]["list"]:
         if var["type"] == "datasource":
             values[var["name"]] = "unused"
             continue
         series, label = LABEL_VALUES.match(var["query"]).groups()  # type: ignore[union-attr]
-        found = wait_for(api, f"group by ({label}) ({_substitute(series, values)})", proc,
-                         deadline, log)
-        values[var["name"]] = sorted(r["metric"][label] for r in found)[0]  # type: ignore[index]
+        found = _values(label, wait_for(api, f"group by ({label}) ({_substitute(series, values)})",
+                                        proc, deadline, log))
+        if var["name"] != "job":
+            values[var["name"]] = found[0]
+        elif board["uid"] in SIDECAR_MADE:
+            while TUNED not in found and time.monotonic() < deadline:
+                time.sleep(0.5)
+                found = _values(label, query(api, f"group by ({label}) ({series})"))
+            assert TUNED in found, f"{board['uid']}: $job lists {found}"
+            values["job"] = TUNED
+        else:
+            values["job"] = "|".join(found)
     return values
+
+
+def _judged(live: Live, deadline: float, log: Path) -> set[str]:
+    """Wait for the search's first judged trial, then make sure one change was rolled back
+    (the operator undoes a kept one), so every tuning series has a real count; the states
+    the job's changes were judged into (whose annotations must show)."""
+    controller = live.sidecar.controller
+    assert controller is not None
+    while not (judged := [c for c in controller.changes(job=TUNED)
+                          if c.state in ("kept", "rolled_back")]):
+        assert time.monotonic() < deadline, f"no judged change: {log.read_text()[-2000:]}"
+        time.sleep(0.5)
+    if all(c.state == "kept" for c in judged):
+        reply = live.post(f"/v1/jobs/{TUNED}/rollback", {"by": "test", "reason": "annotation"})
+        assert reply.status_code == 200, reply.text
+    return {"kept" if c.state == "kept" else "rolled_back" for c in judged} | {"rolled_back"}
 
 
 @pytest.mark.integration
 def test_every_expression_returns_data_from_a_real_prometheus_scraping_the_sidecar(
-        sidecar_url: str, prometheus_binary: str, prometheus_dir: Path) -> None:
+        live: Live, tmp_path: Path, prometheus_binary: str, prometheus_dir: Path) -> None:
+    """Job-side series a one-process CPU job cannot make (DDP, serving, NVLink) come from the
+    SIMULATED sender; the sidecar's own (tuning, findings, GPUs) are real and name TUNED."""
+    gpu = "0"
     sender = subprocess.Popen(
-        [sys.executable, "-m", "tests.dashboards.otel_sender", f"{sidecar_url}/v1/metrics",
-         SIDECAR_SERVICE, "0", str(WAIT_S + 30)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [sys.executable, "-m", "tests.dashboards.otel_sender", f"{live.url}/v1/metrics",
+         gpu, TUNED, str(RUN_S)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    job_log = tmp_path / "job.log"
+    with job_log.open("wb") as out:
+        job = subprocess.Popen([sys.executable, str(JOB_SCRIPT), live.url, TUNED],
+                               stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, "SEEDANCE_TOKEN": TOKEN})
     proc, api = start_prometheus(prometheus_binary, prometheus_dir,
-                                 sidecar_url.removeprefix("http://"))
+                                 live.url.removeprefix("http://"))
     log = prometheus_dir / "prometheus.log"
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + RUN_S
     checked = 0
     try:
+        judged = _judged(live, deadline, job_log)
+        notes = {"kept": "Changes kept", "rolled_back": "Rollbacks"}
         for uid, board in sorted(BOARDS.items()):
             values = _resolve(board, api, proc, deadline, log)
             for panel, target in _targets(board):
@@ -213,14 +246,18 @@ def test_every_expression_returns_data_from_a_real_prometheus_scraping_the_sidec
                 result = wait_for(api, expr, proc, deadline, log)
                 assert result, f"{uid} / {panel['title']}: {expr}"
                 checked += 1
+            marks = {n["name"]: n["expr"] for n in board["annotations"]["list"]}
+            assert set(marks) == set(notes.values()), uid
+            for state in judged:
+                expr = _substitute(marks[notes[state]], {**values, "job": TUNED})
+                assert wait_for(api, expr, proc, deadline, log), f"{uid} / {notes[state]}"
         hit_rate = next(t["expr"] for p, t in _targets(BOARDS["seedance-serving"])
                         if p["title"] == "Prefix-cache hit rate")
         values = _resolve(BOARDS["seedance-serving"], api, proc, deadline, log)
         for row in query(api, _substitute(hit_rate, values)):
             assert 0.0 < float(row["value"][1]) <= 1.0  # type: ignore[index]
     finally:
-        sender.terminate()
-        sender.wait(15)
-        proc.terminate()
-        proc.wait(15)
+        for child in (sender, job, proc):
+            child.terminate()
+            child.wait(15)
     assert checked == sum(1 for board in BOARDS.values() for _ in _targets(board))
