@@ -38,7 +38,7 @@ from tuner.job import KV_BITS_KNOBS, ServeSession, attach_serving
 from tuner.kv_cache import KVCacheError
 
 JOB = "tiny"
-LAYOUT = {"group_size": 8, "residual_tokens": 8}
+LAYOUT: dict[str, Any] = {"group_size": 8, "residual_tokens": 8}
 PROMPT, NEW_TOKENS = 16, 24
 V3 = {ATTR_SEEDANCE_CONFIG_VERSION: 3}
 BOUND = 0.9
@@ -54,9 +54,10 @@ def tiny_llama() -> PreTrainedModel:
 
 
 def generate(model: PreTrainedModel, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0,
-                          **kwargs)
+    out: torch.Tensor = model.generate(  # type: ignore[operator]
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
+        eos_token_id=None, pad_token_id=0, **kwargs)
+    return out
 
 
 def test_every_nth_output_is_checked_and_counted_for_its_version() -> None:
