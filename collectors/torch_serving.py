@@ -48,6 +48,8 @@ from collectors.names import (
     SERVE_PREFIX_CACHE_HITS,
     SERVE_PREFIX_CACHE_MISSES,
     SERVE_PREFIX_CACHE_QUERIES,
+    SERVE_QUALITY_AGREEING_TOKENS,
+    SERVE_QUALITY_CHECKED_TOKENS,
     SERVE_QUEUE_DEPTH,
     SERVE_TOKENS_PER_SECOND,
 )
@@ -74,6 +76,8 @@ _MISSES = SERVE_PREFIX_CACHE_MISSES
 _EVICTIONS = SERVE_PREFIX_CACHE_EVICTIONS
 _DISTINCT = SERVE_PREFIX_CACHE_DISTINCT_PREFIXES
 _GENERATED = SERVE_GENERATION_TOKENS
+_CHECKED = SERVE_QUALITY_CHECKED_TOKENS
+_AGREEING = SERVE_QUALITY_AGREEING_TOKENS
 
 # Advised by the GenAI semantic conventions for these three metrics.
 _TTFT_BOUNDS_S = (
@@ -163,6 +167,8 @@ class ServingInstrumentation:
         self._evictions = meter.create_counter(_EVICTIONS, **_described(_EVICTIONS))
         self._distinct = meter.create_gauge(_DISTINCT, **_described(_DISTINCT))
         self._generated = meter.create_counter(_GENERATED, **_described(_GENERATED))
+        self._checked = meter.create_counter(_CHECKED, **_described(_CHECKED))
+        self._agreeing = meter.create_counter(_AGREEING, **_described(_AGREEING))
         meter.create_observable_gauge(
             _TOKENS_PER_S, callbacks=[self._observe_tokens_per_s],
             **_described(_TOKENS_PER_S),
@@ -255,6 +261,17 @@ class ServingInstrumentation:
             tokens = len(self._token_times_s)
         window_s = min(self._rate_window_s, now - self._created_s)
         return [Observation(tokens / window_s, self._attributes())] if window_s > 0 else []
+
+    def tokens_checked(self, checked: int, agreeing: int, *, version: int | None = None) -> None:
+        """Generated tokens checked against a cache-free full-precision forward and how many
+        it also picks, counted for ``version`` (default: the one in force). The serving
+        guardrail judges a config by these counts, so count only tokens made under it."""
+        if not 0 <= agreeing <= checked:
+            raise SeedanceError(f"agreeing tokens must be in [0, checked={checked}], "
+                                f"got {agreeing}")
+        attributes = self._attributes(version)
+        self._checked.add(checked, attributes)
+        self._agreeing.add(agreeing, attributes)
 
     # -- load and KV cache -------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 Public names load their module on first use; each is listed once, as a typed import under
 ``TYPE_CHECKING`` that ``collectors.lazy_exports`` reads. In-job modules that import torch
 (``tuner.job``'s sessions, ``tuner.precision``, ``tuner.checkpoint``, ``tuner.kv_cache``,
-``tuner.kv_decode``, ``tuner.kv_adaptive``) are imported by the job directly, never from here,
-so the sidecar stays torch-free.
+``tuner.kv_decode``, ``tuner.kv_adaptive``, and the framework adapters ``tuner.integrations.hf``,
+``tuner.integrations.lightning`` and ``tuner.integrations.hf_kv_cache``) are imported by the job
+directly, never from here, so the sidecar stays torch-free.
 """
 
 from __future__ import annotations

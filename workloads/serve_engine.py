@@ -29,11 +29,7 @@ from collectors.torch_serving import ServingInstrumentation
 from tuner import KnobValue
 from tuner.kv_cache import QuantizedKVCache
 from tuner.prefix_cache import PrefixCache, PrefixCacheConfig
-from tuner.serving_guardrails import (
-    AGREEING_TOKENS_METRIC,
-    CHECKED_TOKENS_METRIC,
-    QUALITY_METRIC,
-)
+from tuner.serving_guardrails import QUALITY_METRIC
 from workloads.gpt import GPT, Block, GPTConfig
 from workloads.loadgen import Request
 
@@ -222,13 +218,6 @@ class Engine:
             QUALITY_METRIC, callbacks=[self._observe_quality], unit="1",
             description="Share of sampled greedy tokens a cache-free full-precision forward "
             "also picks")
-        # the counts behind it, per config version: a judge needs the sample's size
-        self._checked_tokens = meter.create_counter(
-            CHECKED_TOKENS_METRIC, unit="{token}",
-            description="Generated tokens checked against a cache-free forward")
-        self._agreeing_tokens = meter.create_counter(
-            AGREEING_TOKENS_METRIC, unit="{token}",
-            description="Checked tokens the cache-free forward also picks")
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -376,9 +365,8 @@ class Engine:
         picks = self.model(sequence)[0, len(prompt) - 1:].argmax(-1).tolist()
         agrees = [p == t for p, t in zip(picks, r.tokens, strict=True)]
         self._checked.extend(agrees)
-        version = {ATTR_SEEDANCE_CONFIG_VERSION: self.instrumentation.config_version}
-        self._checked_tokens.add(len(agrees), version)
-        self._agreeing_tokens.add(sum(agrees), version)
+        # the counts behind the gauge, per config version: a judge needs the sample's size
+        self.instrumentation.tokens_checked(len(agrees), sum(agrees))
 
     def _observe_quality(self, options: CallbackOptions) -> list[Observation]:
         """The agreement over the checked tokens, once there are ``quality_min_tokens`` (a

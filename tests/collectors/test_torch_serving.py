@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
+from collectors import SeedanceError  # noqa: E402
 from collectors.torch_serving import ServingInstrumentation, tensor_bytes  # noqa: E402
 from tests.collectors._otel_points import metric_points  # noqa: E402
 
@@ -179,6 +180,21 @@ def test_load_kv_cache_and_prefix_cache(
                         ("seedance.serve.prefix_cache.queries", 3),
                         ("seedance.serve.prefix_cache.evictions", 3)):
         assert _only(points, name) == {"attributes": V1, "value": value}
+
+
+def test_checked_tokens_count_for_the_version_they_ran_under(
+    serving: ServingInstrumentation, reader: InMemoryMetricReader
+) -> None:
+    serving.tokens_checked(24, 20)
+    serving.tokens_checked(10, 10, version=2)
+    serving.tokens_checked(8, 7)
+    points = metric_points(reader)
+    for name, v1, v2 in (("seedance.serve.quality.checked_tokens", 32, 10),
+                         ("seedance.serve.quality.agreeing_tokens", 27, 10)):
+        assert sorted(points[name], key=lambda p: p["attributes"]["seedance.config.version"]) \
+            == [{"attributes": V1, "value": v1}, {"attributes": V2, "value": v2}]
+    with pytest.raises(SeedanceError, match=r"agreeing tokens must be in \[0, checked=3\]"):
+        serving.tokens_checked(3, 4)
 
 
 def test_quantise_timing_skips_blocks_that_raise(

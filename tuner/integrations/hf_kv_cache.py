@@ -11,7 +11,16 @@ two decode steps. Under the serving lease the widths are live knobs::
                     guard=AgreementGuard(model, sample_prompts, min_agreement=0.9))
     session = tuner.job.attach_serving(job="gen", sidecar=url, apply=kv.apply,
                                        knobs=tuner.job.KV_BITS_KNOBS, defaults=kv.defaults())
+    serving = ServingInstrumentation(meter, config_version=lambda: session.version)
+    check = ShadowCheck(model, serving, every=8)
+    version = session.version
     out = model.generate(ids, cache=kv.cache(), logits_processor=[DecodeBoundary(session)])
+    check(out, ids.shape[1], version=version)
+
+``ShadowCheck`` counts live traffic's token agreement (every 8th output, teacher-forced against
+the unquantised model) through the job's ``collectors.torch_serving.ServingInstrumentation``,
+as the demo serving engine does, so the sidecar's ``ServingSLOGuardrail`` rolls a width back
+on the job's own requests.
 
 Imported by the serving job only (torch and transformers), never by the sidecar.
 """
@@ -26,6 +35,7 @@ from tuner.integrations._kv_agreement import (
     token_agreement,
 )
 from tuner.integrations._kv_live import DecodeBoundary, LiveKVBits
+from tuner.integrations._kv_shadow import CheckedTokens, ShadowCheck
 
-__all__ = ["Agreement", "AgreementGuard", "DecodeBoundary", "KVAgreementError", "KiviCache",
-           "KiviLayer", "LiveKVBits", "token_agreement"]
+__all__ = ["Agreement", "AgreementGuard", "CheckedTokens", "DecodeBoundary", "KVAgreementError",
+           "KiviCache", "KiviLayer", "LiveKVBits", "ShadowCheck", "token_agreement"]
