@@ -6,6 +6,7 @@ orphans. A second, short run is interrupted with SIGINT."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +22,8 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from collectors._span_store import spans_table
-from tuner import ChangeJournal
+from seedancectl._demo import TUNING_AT_LEAST_S
+from tuner import ChangeJournal, RolloutConfig
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,9 +107,13 @@ def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(dem
     assert measured and all(t["objective"] > 0 for t in measured), summary["trials"]
     ran = [c for c in summary["changes"] if c["source"] == "trial"
            and c["state"] in ("kept", "rolled_back", "failed")]
-    # at least 4 trials, or every single move from the kept config tried (a CPU without
-    # bf16 instructions leaves the demo GPT two: threads and micro-batch)
-    assert len(ran) >= 4 or summary["training"]["search_moves_left"] == 0, summary["changes"]
+    # the tuning phase lasts TUNING_AT_LEAST_S and no trial outlasts its budget, so that many
+    # trials start in it at least (the last one finishes while the search is paused), unless
+    # every single move from the kept config was tried first (a CPU without bf16 instructions
+    # leaves the demo GPT two: threads and micro-batch); more are a matter of the box's noise
+    at_least = math.floor(TUNING_AT_LEAST_S / RolloutConfig().trial_budget_s) + 1
+    assert len(ran) >= at_least or summary["training"]["search_moves_left"] == 0, (
+        summary["changes"])
     for change in ran:  # one knob at a time, on the sidecar's default settings
         assert len(change["values"]) == 1, change
     incident = summary["incident"]
@@ -170,7 +176,7 @@ def test_the_report_of_the_run_has_its_sections_and_the_runs_changes(demo: Demo)
     report = demo.summary()["report"]
     markdown = Path(report["markdown"]).read_text()
     for section in (f"## Job {TRAIN_JOB}", "### Findings", "### Changes", "### Rollbacks",
-                    "### Throughput by config version", "### Time series"):
+                    "### Throughput by config", "### Time series"):
         assert section in markdown, section
     assert Path(report["html"]).stat().st_size > 0
     body = json.loads(Path(report["json"]).read_text())
