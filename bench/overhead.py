@@ -14,7 +14,7 @@ A/B ratio as ``ratio_with_export``, a worst case in which every export CPU secon
 Because a noisy shared box can hide a 0.5% effect in A/B, the instrumentation's own time per
 step is also timed alone on the real gradients (``direct_cost_per_step_s``).
 
-Run: python bench/overhead.py  [--pairs 80 --block-steps 1 --receiver sidecar]
+Run: python bench/overhead.py  [--pairs 80 --block-steps 1 --receiver sidecar --device cuda]
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def direct_cost_s(trainer: Any, *, steps: int, stats_every: int, seed: int) -> f
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         MetricExporter,
@@ -171,7 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     receiver = start_receiver(args.receiver, port, workdir)
     try:
         config = TrainConfig(global_batch=args.global_batch, micro_batch=args.micro_batch,
-                             seq_len=args.seq_len, threads=args.threads, seed=args.seed)
+                             seq_len=args.seq_len, threads=args.threads, seed=args.seed,
+                             device=args.device)
         trainer = Trainer(config)
         tconf = TelemetryConfig(job="overhead-bench", otlp_endpoint=f"http://127.0.0.1:{port}",
                                 otlp_protocol="http/protobuf",
@@ -193,6 +195,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.block_steps):
                 start = time.perf_counter()
                 trainer.step(arms[arm])
+                if trainer.device.type == "cuda":  # a CUDA step ends when its kernels do
+                    torch.cuda.synchronize(trainer.device)
                 times.append(time.perf_counter() - start)
             return statistics.median(times)
 
@@ -229,6 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     export_share = export_cpu_s / wall_s
     return {
         "benchmark": "training instrumentation overhead (interleaved A/B, same run)",
+        "device": str(trainer.device),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(),
                     "note": "shared 2-core box; other engineers' jobs ran at the same time",
@@ -270,6 +275,7 @@ def main() -> None:
                    help="steps of the instrumentation timed alone")
     p.add_argument("--bootstrap", type=int, default=5000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="torch device of the training job")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--serve-router", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -1,4 +1,5 @@
-"""The demo training job: a small GPT on generated text, on CPU, optionally DDP over gloo.
+"""The demo training job: a small GPT on generated text, on CPU (or `TrainConfig.device`),
+optionally DDP over gloo.
 
 ``python -m workloads.train --steps 200 --otlp-endpoint http://127.0.0.1:4318`` trains and
 exports the training metrics; ``--ddp 2`` runs two gloo ranks (or start it under torchrun).
@@ -62,6 +63,7 @@ class TrainConfig:
     seed: int = 0
     corpus_bytes: int = 1_000_000
     world_size: int = 1
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("steps", "global_batch", "micro_batch", "seq_len", "world_size",
@@ -80,6 +82,11 @@ class TrainConfig:
         if not self.loss_scale > 0 or self.loss_scale_growth_interval < 1:
             raise SeedanceError("TrainConfig.loss_scale must be > 0 and "
                                 "loss_scale_growth_interval >= 1")
+        try:
+            torch.device(self.device)
+        except RuntimeError as e:
+            raise SeedanceError(f"TrainConfig.device {self.device!r} is not a torch device: "
+                                f"{e}") from e
         if self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
             raise SeedanceError("TrainConfig.lr must be > 0, warmup_steps and grad_clip >= 0")
 
@@ -101,7 +108,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         model_config = model_config or GPTConfig(block_size=max(128, config.seq_len))
         self.corpus = Corpus.generate(CorpusConfig(n_bytes=config.corpus_bytes, seed=config.seed))
-        self.model = GPT(model_config)
+        self.device = torch.device(config.device)
+        self.model = GPT(model_config).to(self.device)
         self.ddp = (nn.parallel.DistributedDataParallel(self.model) if config.world_size > 1
                     else None)
         self.module: nn.Module = self.model if self.ddp is None else self.ddp
@@ -111,7 +119,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
         self.scaler = torch.amp.GradScaler(
-            "cpu", init_scale=config.loss_scale,
+            self.device.type, init_scale=config.loss_scale,
             growth_interval=config.loss_scale_growth_interval, enabled=config.grad_scaler)
         self.data_generator = torch.Generator().manual_seed(config.seed)
         self.steps_done = 0
@@ -122,7 +130,8 @@ class Trainer:
         x, y = Corpus.batch(self.corpus.train, batch_size=c.global_batch, seq_len=c.seq_len,
                             generator=self.data_generator)
         per_rank = c.global_batch // c.world_size
-        x, y = (t[self.rank * per_rank:(self.rank + 1) * per_rank] for t in (x, y))
+        x, y = (t[self.rank * per_rank:(self.rank + 1) * per_rank].to(self.device)
+                for t in (x, y))
         return x, y
 
     def next_batch(self, micro_batches: int | None = None) -> list[Batch]:
@@ -134,8 +143,8 @@ class Trainer:
 
     def forward_backward(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         """Accumulates the gradient of the mean loss over the micro-batches; returns that loss."""
-        total = torch.zeros(())
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16,
+        total = torch.zeros((), device=self.device)
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=self.config.precision == "bf16")
         for i, (x, y) in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
@@ -182,8 +191,8 @@ class Trainer:
         self.model.eval()
         g = torch.Generator().manual_seed(1234)
         losses = [
-            float(self.model(*Corpus.batch(self.corpus.held_out, batch_size=8,
-                                           seq_len=self.config.seq_len, generator=g)))
+            float(self.model(*(t.to(self.device) for t in Corpus.batch(
+                self.corpus.held_out, batch_size=8, seq_len=self.config.seq_len, generator=g))))
             for _ in range(batches)
         ]
         self.model.train()
