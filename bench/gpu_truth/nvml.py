@@ -127,7 +127,8 @@ def measure(part: Part, name: str, device: torch.device, *, seconds: float,
 
 def main(argv: list[str] | None = None) -> Path:
     p = parser(__doc__)
-    p.add_argument("--seconds", type=float, default=20.0, help="per load")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="per load; default 20 (2 with --cpu)")
     p.add_argument("--interval-ms", type=int, default=500)
     args = p.parse_args(argv)
     part = Part("nvml", args.out, simulated=args.cpu)
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> Path:
     part.data["target"] = "none given by the issue: differences reported as measured"
     for name in LOADS:
         with part.attempt(name):
-            measure(part, name, device, seconds=args.seconds, interval_ms=args.interval_ms,
+            measure(part, name, device, seconds=args.seconds or (2.0 if args.cpu else 20.0), interval_ms=args.interval_ms,
                     cpu=args.cpu)
     return part.write()
 
