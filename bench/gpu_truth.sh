@@ -15,8 +15,8 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$REPO/bench/results/gpu
 CPU=()
 PY=${PYTHON:-python3}
-BUDGET_S=${GPU_TRUTH_BUDGET_S:-470}
-DEFAULT_PARTS=("demo:420&" env:60 nvml:90 overhead:150 matmul:120 kv:90)
+BUDGET_S=${GPU_TRUTH_BUDGET_S:-465}
+DEFAULT_PARTS=("demo:460&" env:60 nvml:90 overhead:150 matmul:120 kv:90)
 PARTS=()
 while [ $# -gt 0 ]; do
   case $1 in

@@ -41,7 +41,7 @@ _VALUE = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)(?:\s*\S+)?\s*$")
 def smi_command(interval_ms: int = 500) -> list[str]:
     """The nvidia-smi command whose output ``parse_csv`` reads (header kept, units dropped)."""
     return ["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,nounits",
-            f"-lms={interval_ms}"]
+            f"--loop-ms={interval_ms}"]
 
 
 @dataclass(frozen=True, slots=True)

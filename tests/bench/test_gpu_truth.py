@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def test_parse_csv_reads_nounits_rows_and_skips_repeated_headers() -> None:
 
 def test_smi_command_asks_for_every_compared_field() -> None:
     command = _smi.smi_command(500)
-    assert command[0] == "nvidia-smi" and "-lms=500" in command
+    assert command[0] == "nvidia-smi" and "--loop-ms=500" in command
     assert set(_smi.COMPARED) <= set(command[1].split("=", 1)[1].split(","))
 
 
@@ -203,3 +204,30 @@ def test_script_records_parts_left_out_when_the_budget_is_spent(tmp_path: Path) 
         doc = json.loads((tmp_path / f"{part}.json").read_text())
         assert doc["errors"]["process"].startswith("timed out")
         assert f"{part} skipped" in done.stdout
+
+
+def test_run_demo_stops_a_demo_that_overruns(tmp_path: Path) -> None:
+    """Past its timeout the demo's whole process group is interrupted: the child it started
+    (standing in for the sidecar and jobs) does not outlive the part."""
+    pid_file = tmp_path / "child.pid"
+    command = [sys.executable, "-c",
+               "import pathlib, subprocess, sys, time\n"
+               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+               f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n"
+               "time.sleep(60)\n"]
+    with (tmp_path / "demo.log").open("wb") as log, pytest.raises(TimeoutError, match="ran past"):
+        demo.run_demo(command, log, 3.0)
+    child = int(pid_file.read_text())
+    for _ in range(50):  # SIGINT ends it; a zombie awaiting its reaper counts as ended
+        if not _running(child):
+            break
+        time.sleep(0.1)
+    assert not _running(child)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
