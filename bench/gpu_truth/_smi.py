@@ -89,7 +89,8 @@ def parse_csv(lines: Iterable[str]) -> list[Sample]:
     return samples
 
 
-def nvml_samples(polls: Sequence[tuple[int, Mapping[str, Any]]], gpu: int = 0) -> list[Sample]:
+def nvml_samples(polls: Sequence[tuple[int, Mapping[int, Mapping[str, Any]]]],
+                 gpu: int = 0) -> list[Sample]:
     """(time_ns, {index: readings}) polls of the backend as samples in nvidia-smi's units."""
     samples = []
     for time_ns, gpus in polls:

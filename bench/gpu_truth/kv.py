@@ -94,13 +94,14 @@ def main(argv: list[str] | None = None) -> Path:
         part.data["memcpy_bytes_per_s"] = memcpy
     for bits, target in TARGETS.items():
         with part.attempt(f"bits_{bits}"):
-            row: dict[str, object] = dict(measure(bits, (b, h, t, d), device, args.repeats))
-            ratio = None if memcpy is None else float(row["bytes_per_s"]) / memcpy
-            row["share_of_memcpy"] = check(ratio, target, peer="device-to-device memcpy "
-                                           "(bytes read + written per second)")
-            row["output_rate_vs_memcpy"] = (None if memcpy is None else
-                                            float(row["output_bytes_per_s"]) / (memcpy / 2))
-            rows[str(bits)] = row
+            measured = measure(bits, (b, h, t, d), device, args.repeats)
+            ratio = None if memcpy is None else measured["bytes_per_s"] / memcpy
+            rows[str(bits)] = {
+                **measured,
+                "share_of_memcpy": check(ratio, target, peer="device-to-device memcpy "
+                                         "(bytes read + written per second)"),
+                "output_rate_vs_memcpy": (None if memcpy is None else
+                                          measured["output_bytes_per_s"] / (memcpy / 2))}
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     for bits in TARGETS:  # a width that failed still shows its target, unmet
