@@ -154,6 +154,7 @@ class DemoRun:
         self.started_at_ns = time.time_ns()
         self._started = time.monotonic()
         self._serve: subprocess.Popen[bytes] | None = None
+        self._serve_started = 0.0
         self._serve_log: IO[bytes] | None = None
         self._view_api = SidecarClient(self.url, timeout_s=5.0)
         self._store: Any = None
@@ -173,8 +174,13 @@ class DemoRun:
         for log in self.logs.glob("*.log"):
             log.unlink()
         self.session.start()
+        self.start_serving()
+
+    def start_serving(self) -> None:
+        """The serving job: the demo's length of load, from now, exported to the sidecar."""
         self._serve_log = open(self.logs / "serve.log", "wb")  # noqa: SIM115 - closed in close()
         path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+        self._serve_started = time.monotonic()
         self._serve = subprocess.Popen(
             [sys.executable, "-m", "workloads.serve", "--replicas", str(self.config.replicas),
              "--rate-rps", str(self.config.serve_rate_rps),
@@ -246,7 +252,11 @@ class DemoRun:
 
     def finish(self, timeout_s: float = 120.0) -> None:
         """Read the sidecar's final state, stop the training job (it flushes its spans), let
-        the serving job drain, then stop the sidecar."""
+        the serving job end, then stop the sidecar.
+
+        The serving job replays the demo's length of load from its own start; when the phases
+        end early (the search tried every move) it still has that load to serve, so it gets
+        until its planned end plus ``timeout_s`` (its replicas' start and its drain)."""
         self.final = {
             "changes": self._read(SidecarClient.changes) or [],
             "findings": self._read(lambda api: api.findings(include_closed=True)) or [],
@@ -255,7 +265,8 @@ class DemoRun:
         stop_process(self.session.train, 20.0)
         if self._serve is not None:
             try:
-                self._serve.wait(max(1.0, timeout_s))
+                planned_end = self._serve_started + self.config.seconds + timeout_s
+                self._serve.wait(max(1.0, planned_end - time.monotonic()))
             except subprocess.TimeoutExpired:
                 stop_process(self._serve, 15.0, group=True)
         time.sleep(1.0)  # the job's last span export lands before the audit is read
