@@ -455,16 +455,25 @@ class RolloutController(ChangeSteps):
 
     def drain(self) -> list[Change]:
         """At shutdown: roll back this controller's changes in flight (the job's lease lapses
-        to its baseline when the sidecar is gone, so the candidate is no longer measured), so
-        none is left in flight for a fleet to find; their trials may be tried again."""
+        to its baseline when the sidecar is gone, so the candidate is no longer measured), and
+        withdraw the ones it approved itself but has not applied (no person stands behind
+        them, and the job's next owner proposes from its own search), so none is left active
+        for a fleet to find; their trials may be tried again. A person's approval stays: it
+        is a decision the next owner carries out."""
         drained = []
         with self._lock:
-            for change in self.changes(states=sorted(IN_FLIGHT)):
+            for change in self.changes(states=sorted(IN_FLIGHT | {"approved"})):
                 if not self._owns(change.job):
                     continue
                 try:
-                    drained.append(self._roll_back(change, Trip(kind="config", reason=STOPPED),
-                                                   "stopped", by="shutdown"))
+                    if change.state == "approved" and change.approved_by == "auto":
+                        drained.append(self._move(
+                            change, "rejected", by="shutdown", reason=STOPPED,
+                            plan={**change.plan, "ended_because": STOPPED}))
+                    elif change.state in IN_FLIGHT:
+                        drained.append(self._roll_back(
+                            change, Trip(kind="config", reason=STOPPED), "stopped",
+                            by="shutdown"))
                 except Exception:
                     log.exception("drain of change %s failed; recovery rolls it back", change.id)
         return drained

@@ -268,7 +268,7 @@ class SearchDriver(StudyTrials):
                       unsafe=True)
         elif change.state == "rolled_back" and change.plan.get("ended_because") == PRUNED:
             self.prune(number)
-        elif change.state == "rolled_back" and change.plan.get("ended_because") == STOPPED:
+        elif change.plan.get("ended_because") == STOPPED:  # rolled back or withdrawn
             self.fail(number, reason=STOPPED, unsafe=False, retry=True)
         elif change.state in ("kept", "rolled_back") and value is not None:
             # worth measuring again later: kept, or not answered in time (a measured

@@ -256,6 +256,31 @@ def test_a_sidecar_that_stops_rolls_back_its_change_in_flight_and_the_trial_may_
     assert again is not None and again.values == {"micro_batch": 2}
 
 
+def test_a_sidecar_that_stops_withdraws_its_own_unapplied_approvals_but_keeps_a_persons(
+        rollout: dict[str, Any]) -> None:
+    ctl, job, clock = rollout["ctl"], rollout["job"], rollout["clock"]
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name="withdraw", seed=0), clock=clock)
+    ctl.add_observer(search)
+    search.add_priors([Move(values={"micro_batch": 2})])
+    auto = search.propose_next(ctl, job.job)
+    assert auto is not None and auto.state == "approved" and auto.approved_by == "auto"
+    ctl.set_mode(job.job, "suggest", by="test")
+    asked = ctl.propose(job.job, {"micro_batch": 4}, reason="on-call asked", source="operator")
+    persons = ctl.approve(asked.id, by="alice")
+    (drained,) = ctl.drain()  # neither was applied: no tick ran
+    assert drained.id == auto.id and ctl.get(auto.id).state == "rejected"
+    assert ctl.events(change_id=auto.id)[-1]["actor"] == "shutdown"
+    assert ctl.get(persons.id).state == "approved"  # the next owner carries it out
+    (trial,) = search.study.trials
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["seedance:fail_reason"] == STOPPED
+    ctl.reject(persons.id, by="alice", reason="changed my mind")
+    ctl.set_mode(job.job, "auto", by="test")
+    again = search.propose_next(ctl, job.job)  # the next process tries it again
+    assert again is not None and again.values == {"micro_batch": 2}
+
+
 def test_a_search_that_stops_releases_its_running_trials_to_be_tried_again(
         state_db_url: str) -> None:
     search = SearchDriver(SPACE, storage_url=state_db_url, knobs=("micro_batch",),
