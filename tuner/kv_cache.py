@@ -29,6 +29,7 @@ from tuner._kv_codec import (
     quantize_groups,
     unpack_codes,
 )
+from tuner._kv_native import dequantize_into
 from tuner._kv_timer import CodecTimer, TimeCallback, codec_timer
 
 __all__ = [
@@ -270,24 +271,37 @@ class QuantizedKVCache:
         state.residual_k = k[:, :, flush:].clone() if flush else k
         state.residual_v = v[:, :, flush:].clone() if flush else v
 
-    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """All keys and values of ``layer``, dequantised: [batch, heads, seq_len, head_dim]."""
+    def keys_values(self, layer: int, *, then: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All keys and values of ``layer``, dequantised: [batch, heads, seq_len, head_dim].
+
+        With ``then`` (new keys and values, [batch, heads, new, head_dim]), those follow in the
+        same buffers, of their dtype: the attention's operands, built in one pass rather than
+        dequantised and then concatenated. Each stored part is written straight into its slice
+        (the fused kernel of ``tuner._kv_native`` on CPU float32, else the torch path).
+        """
         state = self._layers[self._check_layer(layer)]
-        ks: list[torch.Tensor] = []
-        vs: list[torch.Tensor] = []
+        extra = 0 if then is None else then[0].shape[2]
+        batch = self.batch or (0 if then is None else then[0].shape[0])
+        shape = (batch, self.n_heads, state.tokens + extra, self.head_dim)
+        dtype = self.dtype if then is None else then[0].dtype
+        keys = torch.empty(shape, device=self.device, dtype=dtype)
+        values = torch.empty(shape, device=self.device, dtype=dtype)
+        at = 0
         if state.segments:
             with self.timer.dequantize(self.device):
                 for seg in state.segments:
-                    ks.append(self._load_keys(seg))
-                    vs.append(self._load_values(seg))
-        if state.residual_k is not None:
-            ks.append(state.residual_k)
-            vs.append(state.residual_v)  # type: ignore[arg-type]
-        if not ks:
-            empty = torch.empty(0, self.n_heads, 0, self.head_dim, device=self.device,
-                                dtype=self.dtype)
-            return empty, empty
-        return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+                    span = slice(at, at + seg.tokens)
+                    self._decode_into(keys[:, :, span], seg.keys, seg.key_bits, keys=True)
+                    self._decode_into(values[:, :, span], seg.values, seg.value_bits,
+                                      keys=False)
+                    at += seg.tokens
+        parts = [] if state.residual_k is None else [(state.residual_k, state.residual_v)]
+        for k, v in parts + ([] if then is None else [then]):
+            keys[:, :, at:at + k.shape[2]].copy_(k)
+            values[:, :, at:at + k.shape[2]].copy_(v)  # type: ignore[arg-type]
+            at += k.shape[2]
+        return keys, values
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -319,19 +333,20 @@ class QuantizedKVCache:
         packed = pack_codes(q.codes.reshape(b, h, -1, self.head_dim), bits)
         return _Part(packed, q.scale, q.zero)
 
-    def _decode(self, part: _Part, bits: int, grouped: tuple[int, ...]) -> torch.Tensor:
+    def _decode_into(self, out: torch.Tensor, part: _Part, bits: int, *, keys: bool) -> None:
+        """Dequantise ``part`` into ``out``; the same numbers as dequantising to ``dtype`` and
+        then converting to ``out``'s dtype, whichever path does it."""
         if bits in UNQUANTIZED_DTYPES:
-            return part.data.to(self.dtype)
+            out.copy_(part.data.to(self.dtype))
+            return
         assert part.scale is not None
+        group = self.group_size if keys else self.value_group_size
+        if self.dtype == torch.float32 and dequantize_into(
+                out, part.data, part.scale, part.zero, bits, keys=keys, group=group):
+            return
         b, h, t = part.data.shape[:3]
+        grouped = (t // group, group, self.head_dim) if keys else (
+            t, self.head_dim // group, group)
         codes = unpack_codes(part.data, bits).reshape(b, h, *grouped)
         x = dequantize_groups(codes, part.scale, part.zero, bits)
-        return x.reshape(b, h, t, self.head_dim).to(self.dtype)
-
-    def _load_keys(self, seg: _Segment) -> torch.Tensor:
-        g = self.group_size
-        return self._decode(seg.keys, seg.key_bits, (seg.tokens // g, g, self.head_dim))
-
-    def _load_values(self, seg: _Segment) -> torch.Tensor:
-        g = self.value_group_size
-        return self._decode(seg.values, seg.value_bits, (seg.tokens, self.head_dim // g, g))
+        out.copy_(x.reshape(b, h, t, self.head_dim).to(self.dtype))

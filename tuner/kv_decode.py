@@ -94,9 +94,7 @@ def _attend(cache: QuantizedKVCache, layer: int, q: torch.Tensor, k: torch.Tenso
     """Causal attention of the new queries over cached + new keys; appends the new ones."""
     held = cache.layer_len(layer)
     if held:
-        old_k, old_v = cache.keys_values(layer)
-        keys = torch.cat((old_k.to(k.dtype), k), dim=2)
-        values = torch.cat((old_v.to(v.dtype), v), dim=2)
+        keys, values = cache.keys_values(layer, then=(k, v))
     else:
         keys, values = k, v
     t = q.shape[2]

@@ -52,11 +52,9 @@ class KiviLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         assert self.store is not None
         held = self.store.layer_len(0)
-        old = self.store.keys_values(0) if held else None
+        both = self.store.keys_values(0, then=(key_states, value_states)) if held else None
         self.store.append(0, key_states, value_states)
-        if old is None:
-            return key_states, value_states
-        return (torch.cat((old[0], key_states), dim=2), torch.cat((old[1], value_states), dim=2))
+        return (key_states, value_states) if both is None else both
 
     def set_bits(self, key_bits: int, value_bits: int) -> None:
         """The width of tokens quantised from now on (stored ones keep theirs)."""

@@ -1,0 +1,174 @@
+/* Fused dequantisation of the quantised KV cache (tuner/kv_cache.py's layout), CPU.
+ *
+ * One pass from packed codes to float32 rows written straight into the caller's
+ * [batch, heads, tokens, head_dim] buffer, instead of torch's chain of unpack, cast, addcmul,
+ * reshape and cat. Bit for bit the reference (tuner/_kv_codec.py): the product q * s is rounded
+ * before zero is added (no FMA contraction: built with -ffp-contract=off, and the AVX2 path
+ * multiplies and adds in separate instructions). The AVX2 path is chosen at run time; other
+ * CPUs take the portable one. Plain C with no torch headers, so it builds in about a second
+ * (tuner/_kv_native.py).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define AVX2 __attribute__((target("avx2")))
+#define INLINE static inline __attribute__((always_inline))
+#define MAX_D 1024
+
+/* Codes of channels [from, d) of one row, one byte each (LSB first, as pack_codes); ``from``
+ * is a multiple of the word's codes (4 at 2 and 6 bits, 2 at 4 bits). */
+INLINE void unpack_tail(const uint8_t *restrict p, int64_t from, int64_t d, int bits,
+                        uint8_t *restrict q) {
+    int64_t c;
+    switch (bits) {
+    case 2:
+        for (c = from; c < d; c += 4) {
+            const uint8_t b = p[c / 4];
+            q[c] = b & 3u; q[c + 1] = (b >> 2) & 3u; q[c + 2] = (b >> 4) & 3u; q[c + 3] = b >> 6;
+        }
+        break;
+    case 4:
+        for (c = from; c < d; c += 2) {
+            q[c] = p[c / 2] & 15u;
+            q[c + 1] = p[c / 2] >> 4;
+        }
+        break;
+    case 6:
+        for (c = from; c < d; c += 4) {
+            const uint8_t *w = p + c / 4 * 3;
+            const uint32_t word = w[0] | ((uint32_t)w[1] << 8) | ((uint32_t)w[2] << 16);
+            q[c] = word & 63u; q[c + 1] = (word >> 6) & 63u; q[c + 2] = (word >> 12) & 63u;
+            q[c + 3] = (uint8_t)(word >> 18);
+        }
+        break;
+    default:
+        memcpy(q + from, p + from, (size_t)(d - from));
+    }
+}
+
+/* The row's parameters: ``s``/``z`` hold one value per channel (``per`` = 1) or one per
+ * ``per`` channels (values' groups, ``per`` a multiple of 8 on the AVX2 path). */
+typedef struct {
+    const float *s, *z;
+    int64_t per;
+    float offset;
+} params;
+
+/* One row: out = zero + q s (asymmetric, as torch.addcmul) or (q - offset) s (symmetric). */
+INLINE void row_portable(const uint8_t *restrict p, int64_t d, int bits, params k,
+                         float *restrict o) {
+    uint8_t q[MAX_D];
+    unpack_tail(p, 0, d, bits, q);
+    if (k.per == 1) {
+        for (int64_t c = 0; c < d; ++c)
+            o[c] = k.z ? k.z[c] + (float)q[c] * k.s[c] : ((float)q[c] - k.offset) * k.s[c];
+        return;
+    }
+    for (int64_t g = 0; g < d / k.per; ++g) {
+        const float s = k.s[g], z = k.z ? k.z[g] : 0.0f;
+        for (int64_t c = g * k.per; c < (g + 1) * k.per; ++c)
+            o[c] = k.z ? z + (float)q[c] * s : ((float)q[c] - k.offset) * s;
+    }
+}
+
+AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params k,
+                          float *restrict o) {
+    uint8_t buffer[MAX_D];
+    const uint8_t *q = p;
+    int64_t c = 0;
+    if (bits == 4) {
+        const __m128i low = _mm_set1_epi8(0x0F);
+        for (; c + 32 <= d; c += 32) { /* 16 bytes -> 32 codes */
+            const __m128i v = _mm_loadu_si128((const __m128i *)(p + c / 2));
+            const __m128i lo = _mm_and_si128(v, low);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+            _mm_storeu_si128((__m128i *)(buffer + c), _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128((__m128i *)(buffer + c + 16), _mm_unpackhi_epi8(lo, hi));
+        }
+    } else if (bits == 2) {
+        const __m128i two = _mm_set1_epi8(0x03);
+        for (; c + 64 <= d; c += 64) { /* 16 bytes -> 64 codes */
+            const __m128i v = _mm_loadu_si128((const __m128i *)(p + c / 4));
+            const __m128i c0 = _mm_and_si128(v, two);
+            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(v, 2), two);
+            const __m128i c2 = _mm_and_si128(_mm_srli_epi16(v, 4), two);
+            const __m128i c3 = _mm_and_si128(_mm_srli_epi16(v, 6), two);
+            const __m128i a = _mm_unpacklo_epi8(c0, c1), b = _mm_unpacklo_epi8(c2, c3);
+            const __m128i e = _mm_unpackhi_epi8(c0, c1), f = _mm_unpackhi_epi8(c2, c3);
+            _mm_storeu_si128((__m128i *)(buffer + c), _mm_unpacklo_epi16(a, b));
+            _mm_storeu_si128((__m128i *)(buffer + c + 16), _mm_unpackhi_epi16(a, b));
+            _mm_storeu_si128((__m128i *)(buffer + c + 32), _mm_unpacklo_epi16(e, f));
+            _mm_storeu_si128((__m128i *)(buffer + c + 48), _mm_unpackhi_epi16(e, f));
+        }
+    }
+    if (bits != 8) {
+        unpack_tail(p, c, d, bits, buffer);
+        q = buffer;
+    }
+    const __m256 off = _mm256_set1_ps(k.offset);
+#define EMIT(S, Z)                                                                             \
+    do {                                                                                       \
+        const __m256 qf = _mm256_cvtepi32_ps(                                                  \
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c))));                  \
+        _mm256_storeu_ps(o + c, k.z ? _mm256_add_ps((Z), _mm256_mul_ps(qf, (S)))               \
+                                    : _mm256_mul_ps(_mm256_sub_ps(qf, off), (S)));             \
+    } while (0)
+    if (k.per == 1) { /* d is a multiple of 8 */
+        for (c = 0; c < d; c += 8)
+            EMIT(_mm256_loadu_ps(k.s + c), k.z ? _mm256_loadu_ps(k.z + c) : off);
+        return;
+    }
+    for (int64_t g = 0; g < d / k.per; ++g) { /* per is a multiple of 8 here */
+        const __m256 s = _mm256_set1_ps(k.s[g]), z = _mm256_set1_ps(k.z ? k.z[g] : 0.0f);
+        for (c = g * k.per; c < (g + 1) * k.per; c += 8)
+            EMIT(s, z);
+    }
+#undef EMIT
+}
+
+/* Keys (per-channel groups of ``group`` tokens) or values (per-token groups of ``group``
+ * channels) of ``blocks`` (batch x heads) blocks of ``t`` tokens. ``packed`` is
+ * [blocks, t, d * bits / 8]; ``scale`` and ``zero`` (NULL when symmetric) are float32, keys
+ * [blocks, t / group, d], values [blocks, t, d / group]; block i's row j is written to
+ * out + i * out_stride + j * d. Expanded once per row kernel, so each inlines its own. */
+#define DEQUANTIZE_BLOCKS(ROW)                                                                 \
+    const int64_t row_bytes = d * bits / 8;                                                    \
+    params k = {scale, zero, keys ? 1 : group, (float)(1 << (bits - 1))};                      \
+    for (int64_t blk = 0; blk < blocks; ++blk) {                                               \
+        const uint8_t *p = packed + blk * t * row_bytes;                                       \
+        float *o = out + blk * out_stride;                                                     \
+        for (int64_t j = 0, left = 0; j < t; ++j, p += row_bytes, o += d) {                    \
+            if (keys && left-- == 0) { /* the next group of tokens: its scales */              \
+                left = group - 1;                                                              \
+                k.s = scale + (blk * (t / group) + j / group) * d;                             \
+                k.z = zero ? zero + (k.s - scale) : NULL;                                      \
+            } else if (!keys) { /* this token's scales */                                      \
+                k.s = scale + (blk * t + j) * (d / group);                                     \
+                k.z = zero ? zero + (k.s - scale) : NULL;                                      \
+            }                                                                                  \
+            ROW(p, d, bits, k, o);                                                             \
+        }                                                                                      \
+    }
+
+#define BLOCK_ARGS const uint8_t *packed, const float *scale, const float *zero, int bits,     \
+    int keys, int64_t group, int64_t blocks, int64_t t, int64_t d, float *out, int64_t out_stride
+
+static void blocks_portable(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_portable) }
+
+AVX2 static void blocks_avx2(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_avx2) }
+
+/* Returns 0, or -1 for arguments it does not handle (the caller then takes the torch path).
+ * ``simd`` 0 keeps to the portable path (what a CPU without AVX2 runs; the tests check both). */
+EXPORT int seedance_kv_dequantize(BLOCK_ARGS, int simd) {
+    if ((bits != 2 && bits != 4 && bits != 6 && bits != 8) || d <= 0 || d > MAX_D || group <= 0
+        || d % 8 || (keys && t % group) || (!keys && d % group))
+        return -1;
+    __builtin_cpu_init();
+    if (simd && __builtin_cpu_supports("avx2") && (keys || group % 8 == 0))
+        blocks_avx2(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
+    else
+        blocks_portable(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
+    return 0;
+}
