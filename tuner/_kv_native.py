@@ -104,8 +104,10 @@ def dequantize_into(out: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     if out.stride(3) != 1 or out.stride(2) != d or out.stride(0) != h * out.stride(1):
         return False
     packed = packed.contiguous()
-    scale = scale.float().contiguous()  # vectorised by torch; 1/group of the output's size
-    zero = None if zero is None else zero.float().contiguous()
+    if scale.dtype != torch.float16:
+        return False
+    scale = scale.contiguous().view(torch.int16)  # the kernel reads the float16 bits
+    zero = None if zero is None else zero.contiguous().view(torch.int16)
     status = lib.seedance_kv_dequantize(
         packed.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(), bits,
         int(keys), group, b * h, t, d, out.data_ptr(), out.stride(1), int(simd))

@@ -138,3 +138,23 @@ def test_a_build_is_cached_by_source_and_compiler(monkeypatch: pytest.MonkeyPatc
     assert _kv_native.library() is not None
     assert [p.name for p in tmp_path.iterdir()] == [built.name] and \
         built.stat().st_mtime_ns == stamp  # loaded again, not rebuilt
+
+
+@pytest.mark.parametrize("simd", [True, False], ids=["avx2-if-present", "portable"])
+def test_every_float16_scale_and_zero_converts_exactly(simd: bool) -> None:
+    """Zeros and scales over all of float16's finite values, subnormals and -0 included."""
+    every = torch.arange(-(2 ** 15), 2 ** 15, dtype=torch.int32).to(torch.int16).view(
+        torch.float16)
+    finite = every[torch.isfinite(every)]
+    n = finite.numel() // 64 * 64
+    zero = finite[:n].reshape(1, 1, n // 64, 1, 64)  # keys: one per channel per group
+    scale = finite[:n].flip(0).abs().reshape(1, 1, n // 64, 1, 64)
+    codes = torch.randint(0, 16, (1, 1, n // 64, 16, 64), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(3))
+    reference = dequantize_groups(codes, scale, zero, 4).reshape(1, 1, n // 4, 64)
+    out = torch.empty_like(reference)
+    packed = pack_codes(codes.reshape(1, 1, n // 4, 64), 4)
+    assert _kv_native.dequantize_into(out, packed, scale, zero, 4, keys=True, group=16,
+                                      simd=simd)
+    assert torch.equal(out.isnan(), reference.isnan())
+    assert torch.equal(out.nan_to_num(), reference.nan_to_num())

@@ -13,9 +13,29 @@
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
-#define AVX2 __attribute__((target("avx2")))
+#define AVX2 __attribute__((target("avx2,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_D 1024
+
+/* IEEE binary16 to float, exactly (the portable path; AVX2 CPUs use F16C's instruction). */
+INLINE float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0x1Fu) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do { ++e; man <<= 1; } while (!(man & 0x400u));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* Codes of channels [from, d) of one row, one byte each (LSB first, as pack_codes); ``from``
  * is a multiple of the word's codes (4 at 2 and 6 bits, 2 at 4 bits). */
@@ -130,34 +150,37 @@ AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params
 
 /* Keys (per-channel groups of ``group`` tokens) or values (per-token groups of ``group``
  * channels) of ``blocks`` (batch x heads) blocks of ``t`` tokens. ``packed`` is
- * [blocks, t, d * bits / 8]; ``scale`` and ``zero`` (NULL when symmetric) are float32, keys
+ * [blocks, t, d * bits / 8]; ``scale`` and ``zero`` (NULL when symmetric) are float16, keys
  * [blocks, t / group, d], values [blocks, t, d / group]; block i's row j is written to
- * out + i * out_stride + j * d. Expanded once per row kernel, so each inlines its own. */
-#define DEQUANTIZE_BLOCKS(ROW)                                                                 \
-    const int64_t row_bytes = d * bits / 8;                                                    \
-    params k = {scale, zero, keys ? 1 : group, (float)(1 << (bits - 1))};                      \
+ * out + i * out_stride + j * d. Expanded once per row kernel and float16 conversion, so each
+ * inlines its own. */
+#define DEQUANTIZE_BLOCKS(ROW, HALF)                                                           \
+    float sbuf[MAX_D], zbuf[MAX_D];                                                            \
+    const int64_t row_bytes = d * bits / 8, n = keys ? d : d / group;                          \
+    const params k = {sbuf, zero ? zbuf : NULL, keys ? 1 : group, (float)(1 << (bits - 1))};   \
     for (int64_t blk = 0; blk < blocks; ++blk) {                                               \
         const uint8_t *p = packed + blk * t * row_bytes;                                       \
         float *o = out + blk * out_stride;                                                     \
         for (int64_t j = 0, left = 0; j < t; ++j, p += row_bytes, o += d) {                    \
-            if (keys && left-- == 0) { /* the next group of tokens: its scales */              \
+            if (!keys || left-- == 0) { /* keys: a new group of tokens; values: each token */  \
                 left = group - 1;                                                              \
-                k.s = scale + (blk * (t / group) + j / group) * d;                             \
-                k.z = zero ? zero + (k.s - scale) : NULL;                                      \
-            } else if (!keys) { /* this token's scales */                                      \
-                k.s = scale + (blk * t + j) * (d / group);                                     \
-                k.z = zero ? zero + (k.s - scale) : NULL;                                      \
+                const int64_t at = keys ? (blk * (t / group) + j / group) * d                  \
+                                        : (blk * t + j) * n;                                   \
+                for (int64_t i = 0; i < n; ++i) sbuf[i] = HALF(scale[at + i]);                 \
+                if (zero)                                                                      \
+                    for (int64_t i = 0; i < n; ++i) zbuf[i] = HALF(zero[at + i]);              \
             }                                                                                  \
             ROW(p, d, bits, k, o);                                                             \
         }                                                                                      \
     }
 
-#define BLOCK_ARGS const uint8_t *packed, const float *scale, const float *zero, int bits,     \
+#define BLOCK_ARGS const uint8_t *packed, const uint16_t *scale, const uint16_t *zero,        \
+    int bits,                                                                                  \
     int keys, int64_t group, int64_t blocks, int64_t t, int64_t d, float *out, int64_t out_stride
 
-static void blocks_portable(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_portable) }
+static void blocks_portable(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_portable, half_to_float) }
 
-AVX2 static void blocks_avx2(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_avx2) }
+AVX2 static void blocks_avx2(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_avx2, _cvtsh_ss) }
 
 /* Returns 0, or -1 for arguments it does not handle (the caller then takes the torch path).
  * ``simd`` 0 keeps to the portable path (what a CPU without AVX2 runs; the tests check both). */
@@ -166,7 +189,8 @@ EXPORT int seedance_kv_dequantize(BLOCK_ARGS, int simd) {
         || d % 8 || (keys && t % group) || (!keys && d % group))
         return -1;
     __builtin_cpu_init();
-    if (simd && __builtin_cpu_supports("avx2") && (keys || group % 8 == 0))
+    if (simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")
+        && (keys || group % 8 == 0))
         blocks_avx2(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
     else
         blocks_portable(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
