@@ -47,7 +47,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies import kv_decompression_cost_s, measure_dequantize_throughput  # noqa: E402
+from policies import (  # noqa: E402
+    kv_compression_tradeoff,
+    kv_decompression_cost_s,
+    measure_dequantize_throughput,
+)
+from policies.detectors import KvDecompressionConfig  # noqa: E402
 from tests.tuner.kv_model import held_out_windows, trained_gpt  # noqa: E402
 from tuner.kv_cache import QUANTIZED_BITS, QuantizedKVCache, layout_bytes_per_token  # noqa: E402
 from tuner.kv_decode import cache_for, decode_step, kv_quality  # noqa: E402
@@ -63,6 +68,9 @@ TARGET_MODEL_ERROR = 0.20
 TARGET_VS_COPY = {8: 0.5, 4: 0.5, 6: 0.3, 2: 0.3}
 TARGET_DECODE_AT_512 = 0.9
 CROSSOVER_BITS = 4
+SCENARIO_SEQUENCES_AT_16 = 8
+"""The decisions' scenario: the KV budget holds this many sequences of ``--context`` at 16 bits,
+and the demand is the detector's default batch cap."""
 
 
 @contextlib.contextmanager
@@ -167,6 +175,40 @@ def _copy_gbps(n_bytes: int, repeats: int, device: torch.device) -> float:
         _sync(device)
         best = min(best, time.perf_counter() - start)
     return n_bytes / best / 1e9
+
+
+def _decisions(rows: list[dict], dequant: dict[Arm, tuple[float, float]],
+               decode: dict[Arm, dict[str, float]], context: int) -> dict:
+    """What the KV decompression detector's trade-off decides per width when dequantising
+    costs what each path measured: the decisions that change with the kernel's speed. A
+    modelled scenario (module constant), not a serving run."""
+    cfg = KvDecompressionConfig()
+    by_bits = {r["bits"]: r for r in rows}
+    plain_step_s = decode[(32, "fused")]["step_s"]
+    bytes_16 = by_bits[16]["bytes_per_token"]
+    out: dict = {"scenario": (
+        f"KV budget = {SCENARIO_SEQUENCES_AT_16} sequences of {context} tokens at 16 bits; "
+        f"demand = {cfg.max_batch_size} sequences; decode step = the float32 step, "
+        f"{cfg.fixed_step_share:g} of it fixed; dequantise s/sequence = compressed bytes per "
+        "step / that path's measured throughput (modelled, not a serving run)"), "rows": []}
+    for width in QUANTIZED_BITS:
+        row: dict[str, float] = {"bits": width}
+        for path in PATHS:
+            arm = (width, path)
+            verdict = kv_compression_tradeoff(
+                kv_budget_bytes=SCENARIO_SEQUENCES_AT_16 * bytes_16 * context,
+                kv_bytes_per_token=bytes_16, context_tokens=context,
+                compression_ratio=bytes_16 / by_bits[width]["bytes_per_token"],
+                step_base_s=cfg.fixed_step_share * plain_step_s,
+                step_per_sequence_s=(1 - cfg.fixed_step_share) * plain_step_s,
+                decompress_s_per_sequence=kv_decompression_cost_s(
+                    decode[arm]["compressed_bytes_per_step"],
+                    dequantize_bytes_per_s=dequant[arm][0]),
+                max_batch=cfg.max_batch_size, min_gain=cfg.min_gain)
+            row[f"{path}_worth_it"] = verdict.worth_it
+            row[f"{path}_throughput_gain"] = verdict.throughput_gain
+        out["rows"].append(row)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -275,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
         "quality_model": f"2-layer GPT trained {args.train_steps} steps on generated text",
         "rows": rows,
         "crossover": crossover,
+        "decisions": _decisions(rows, dequant, decode, args.context),
         "crossover_context": faster[0] if faster else None,
         "targets": {
             "dequant_vs_copy": {str(w): t for w, t in TARGET_VS_COPY.items()},
@@ -312,6 +355,10 @@ def _print(rows: list[dict], result: dict) -> None:
     for c in result["crossover"]:
         print(f"context {c['context']:>5}: int{CROSSOVER_BITS} {c['tokens_per_s_ratio']:.2f}x "
               "float32 decode tokens/s")
+    for d in result["decisions"]["rows"]:
+        print(f"int{d['bits']}: compression worth it with the fused kernel: "
+              f"{d['fused_worth_it']} ({d['fused_throughput_gain']:+.0%}), with the torch path: "
+              f"{d['torch_worth_it']} ({d['torch_throughput_gain']:+.0%})")
     print(f"targets: {json.dumps(result['targets'])}")
 
 
