@@ -106,8 +106,8 @@ def dequantize_into(out: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     packed = packed.contiguous()
     if scale.dtype != torch.float16:
         return False
-    scale = scale.contiguous().view(torch.int16)  # the kernel reads the float16 bits
-    zero = None if zero is None else zero.contiguous().view(torch.int16)
+    scale = scale.contiguous()  # the kernel reads the float16 bits
+    zero = None if zero is None else zero.contiguous()
     status = lib.seedance_kv_dequantize(
         packed.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(), bits,
         int(keys), group, b * h, t, d, out.data_ptr(), out.stride(1), int(simd))

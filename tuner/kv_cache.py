@@ -290,16 +290,16 @@ class QuantizedKVCache:
         at = 0
         if state.segments:
             with self.timer.dequantize(self.device):
-                for seg in state.segments:
-                    span = slice(at, at + seg.tokens)
-                    self._decode_into(keys[:, :, span], seg.keys, seg.key_bits, keys=True)
-                    self._decode_into(values[:, :, span], seg.values, seg.value_bits,
-                                      keys=False)
+                for seg in state.segments:  # narrow: a view at a fraction of [:, :, a:b]'s cost
+                    self._decode_into(keys.narrow(2, at, seg.tokens), seg.keys, seg.key_bits,
+                                      keys=True)
+                    self._decode_into(values.narrow(2, at, seg.tokens), seg.values,
+                                      seg.value_bits, keys=False)
                     at += seg.tokens
         parts = [] if state.residual_k is None else [(state.residual_k, state.residual_v)]
         for k, v in parts + ([] if then is None else [then]):
-            keys[:, :, at:at + k.shape[2]].copy_(k)
-            values[:, :, at:at + k.shape[2]].copy_(v)  # type: ignore[arg-type]
+            keys.narrow(2, at, k.shape[2]).copy_(k)
+            values.narrow(2, at, k.shape[2]).copy_(v)  # type: ignore[arg-type]
             at += k.shape[2]
         return keys, values
 

@@ -5,16 +5,19 @@
  * reshape and cat. Bit for bit the reference (tuner/_kv_codec.py): the product q * s is rounded
  * before zero is added (no FMA contraction: built with -ffp-contract=off, and the AVX2 path
  * multiplies and adds in separate instructions). The AVX2 path is chosen at run time; other
- * CPUs take the portable one. Plain C with no torch headers, so it builds in about a second
- * (tuner/_kv_native.py).
+ * CPUs, and other architectures (where it is not compiled), take the portable one. Plain C
+ * with no torch headers, so it builds in about a second (tuner/_kv_native.py).
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
-#define AVX2 __attribute__((target("avx2,f16c")))
 #define INLINE static inline __attribute__((always_inline))
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define X86 1
+#define AVX2 __attribute__((target("avx2,f16c")))
+#endif
 #define MAX_D 1024
 
 /* IEEE binary16 to float, exactly (the portable path; AVX2 CPUs use F16C's instruction). */
@@ -93,6 +96,7 @@ INLINE void row_portable(const uint8_t *restrict p, int64_t d, int bits, params 
     }
 }
 
+#ifdef X86
 AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params k,
                           float *restrict o) {
     uint8_t buffer[MAX_D];
@@ -148,6 +152,8 @@ AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params
 #undef EMIT
 }
 
+#endif /* X86 */
+
 /* Keys (per-channel groups of ``group`` tokens) or values (per-token groups of ``group``
  * channels) of ``blocks`` (batch x heads) blocks of ``t`` tokens. ``packed`` is
  * [blocks, t, d * bits / 8]; ``scale`` and ``zero`` (NULL when symmetric) are float16, keys
@@ -175,12 +181,14 @@ AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params
     }
 
 #define BLOCK_ARGS const uint8_t *packed, const uint16_t *scale, const uint16_t *zero,        \
-    int bits,                                                                                  \
-    int keys, int64_t group, int64_t blocks, int64_t t, int64_t d, float *out, int64_t out_stride
+    int bits, int keys, int64_t group, int64_t blocks, int64_t t, int64_t d, float *out,       \
+    int64_t out_stride
 
 static void blocks_portable(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_portable, half_to_float) }
 
+#ifdef X86
 AVX2 static void blocks_avx2(BLOCK_ARGS) { DEQUANTIZE_BLOCKS(row_avx2, _cvtsh_ss) }
+#endif
 
 /* Returns 0, or -1 for arguments it does not handle (the caller then takes the torch path).
  * ``simd`` 0 keeps to the portable path (what a CPU without AVX2 runs; the tests check both). */
@@ -188,11 +196,16 @@ EXPORT int seedance_kv_dequantize(BLOCK_ARGS, int simd) {
     if ((bits != 2 && bits != 4 && bits != 6 && bits != 8) || d <= 0 || d > MAX_D || group <= 0
         || d % 8 || (keys && t % group) || (!keys && d % group))
         return -1;
+#ifdef X86
     __builtin_cpu_init();
     if (simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")
-        && (keys || group % 8 == 0))
+        && (keys || group % 8 == 0)) {
         blocks_avx2(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
-    else
-        blocks_portable(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
+        return 0;
+    }
+#else
+    (void)simd;
+#endif
+    blocks_portable(packed, scale, zero, bits, keys, group, blocks, t, d, out, out_stride);
     return 0;
 }
