@@ -93,7 +93,9 @@ def test_a_job_that_dies_mid_trial_fails_the_trial_never_leaves_it_running(
         # the study bars the config that was in force when the job died
         storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'state.db'}")
         study = optuna.load_study(study_name=trial["meta"]["study"], storage=storage)
-        failed = study.trials[trial["meta"]["trial"]]
+        # the search hears of the change's end just after the journal records it
+        failed = sidecar.wait_for("the study to end the trial", lambda: (
+            t := study.trials[trial["meta"]["trial"]]).state.is_finished() and t, timeout_s=30)
         assert failed.state == optuna.trial.TrialState.FAIL
         assert "the job died" in failed.user_attrs["seedance:fail_reason"]
         assert config_key(failed.params) in unsafe_keys(StudyRecords(storage, study.study_name))
