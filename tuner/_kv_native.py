@@ -95,20 +95,20 @@ def dequantize_into(out: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     """Write the float32 reconstruction of one stored part into ``out`` [b, h, t, d] (a view
     whose (b, h) blocks are evenly spaced rows of ``d``); False, with ``out`` untouched, when
     the kernel is unavailable or the tensors are not on the CPU. ``simd=False`` takes the
-    portable path that CPUs without AVX2 run."""
+    portable path that CPUs without AVX2 run. Called per stored part on every decode step,
+    so it checks with the cheapest tensor calls."""
     lib = library()
-    if lib is None or out.dtype != torch.float32 or out.device.type != "cpu" \
-            or packed.device.type != "cpu":
+    if lib is None or out.dtype is not torch.float32 or out.is_cuda or packed.is_cuda \
+            or scale.dtype is not torch.float16:
         return False
     b, h, t, d = out.shape
-    if out.stride(3) != 1 or out.stride(2) != d or out.stride(0) != h * out.stride(1):
+    blocks, block, row, one = out.stride()
+    if one != 1 or row != d or blocks != h * block:
         return False
-    packed = packed.contiguous()
-    if scale.dtype != torch.float16:
-        return False
-    scale = scale.contiguous()  # the kernel reads the float16 bits
-    zero = None if zero is None else zero.contiguous()
+    parts = [x if x.is_contiguous() else x.contiguous() for x in (packed, scale)]
+    if zero is not None:  # float16 like the scale: the kernel reads their bits
+        parts.append(zero if zero.is_contiguous() else zero.contiguous())
     status = lib.seedance_kv_dequantize(
-        packed.data_ptr(), scale.data_ptr(), None if zero is None else zero.data_ptr(), bits,
-        int(keys), group, b * h, t, d, out.data_ptr(), out.stride(1), int(simd))
+        parts[0].data_ptr(), parts[1].data_ptr(), parts[2].data_ptr() if zero is not None
+        else None, bits, keys, group, b * h, t, d, out.data_ptr(), block, simd)
     return status == 0

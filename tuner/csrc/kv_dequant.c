@@ -97,61 +97,82 @@ INLINE void row_portable(const uint8_t *restrict p, int64_t d, int bits, params 
 }
 
 #ifdef X86
-AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params k,
-                          float *restrict o) {
-    uint8_t buffer[MAX_D];
-    const uint8_t *q = p;
-    int64_t c = 0;
-    if (bits == 4) {
-        const __m128i low = _mm_set1_epi8(0x0F);
-        for (; c + 32 <= d; c += 32) { /* 16 bytes -> 32 codes */
-            const __m128i v = _mm_loadu_si128((const __m128i *)(p + c / 2));
-            const __m128i lo = _mm_and_si128(v, low);
-            const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-            _mm_storeu_si128((__m128i *)(buffer + c), _mm_unpacklo_epi8(lo, hi));
-            _mm_storeu_si128((__m128i *)(buffer + c + 16), _mm_unpackhi_epi8(lo, hi));
-        }
-    } else if (bits == 2) {
-        const __m128i two = _mm_set1_epi8(0x03);
-        for (; c + 64 <= d; c += 64) { /* 16 bytes -> 64 codes */
-            const __m128i v = _mm_loadu_si128((const __m128i *)(p + c / 4));
-            const __m128i c0 = _mm_and_si128(v, two);
-            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(v, 2), two);
-            const __m128i c2 = _mm_and_si128(_mm_srli_epi16(v, 4), two);
-            const __m128i c3 = _mm_and_si128(_mm_srli_epi16(v, 6), two);
-            const __m128i a = _mm_unpacklo_epi8(c0, c1), b = _mm_unpacklo_epi8(c2, c3);
-            const __m128i e = _mm_unpackhi_epi8(c0, c1), f = _mm_unpackhi_epi8(c2, c3);
-            _mm_storeu_si128((__m128i *)(buffer + c), _mm_unpacklo_epi16(a, b));
-            _mm_storeu_si128((__m128i *)(buffer + c + 16), _mm_unpackhi_epi16(a, b));
-            _mm_storeu_si128((__m128i *)(buffer + c + 32), _mm_unpacklo_epi16(e, f));
-            _mm_storeu_si128((__m128i *)(buffer + c + 48), _mm_unpackhi_epi16(e, f));
-        }
+/* 8 codes of channels [c, c + 8) as 32-bit lanes, straight from the packed bytes (an earlier
+ * version unpacked a row to memory and loaded it back, and stalled on store forwarding). */
+AVX2 INLINE __m256i codes8(const uint8_t *restrict p, int64_t c, int bits) {
+    if (bits == 8)
+        return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c)));
+    if (bits == 4) { /* 4 bytes -> 8 codes */
+        int32_t word;
+        memcpy(&word, p + c / 2, sizeof word);
+        const __m128i v = _mm_cvtsi32_si128(word), low = _mm_set1_epi8(15);
+        return _mm256_cvtepu8_epi32(
+            _mm_unpacklo_epi8(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low)));
     }
-    if (bits != 8) {
-        unpack_tail(p, c, d, bits, buffer);
-        q = buffer;
+    if (bits == 2) { /* 2 bytes -> 8 codes */
+        uint16_t word;
+        memcpy(&word, p + c / 4, sizeof word);
+        const __m128i v = _mm_cvtsi32_si128(word), two = _mm_set1_epi8(3);
+        const __m128i a = _mm_unpacklo_epi8(_mm_and_si128(v, two),
+                                            _mm_and_si128(_mm_srli_epi16(v, 2), two));
+        const __m128i b = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), two),
+                                            _mm_and_si128(_mm_srli_epi16(v, 6), two));
+        return _mm256_cvtepu8_epi32(_mm_unpacklo_epi16(a, b));
     }
-    const __m256 off = _mm256_set1_ps(k.offset);
-#define EMIT(S, Z)                                                                             \
-    do {                                                                                       \
-        const __m256 qf = _mm256_cvtepi32_ps(                                                  \
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c))));                  \
-        _mm256_storeu_ps(o + c, k.z ? _mm256_add_ps((Z), _mm256_mul_ps(qf, (S)))               \
-                                    : _mm256_mul_ps(_mm256_sub_ps(qf, off), (S)));             \
-    } while (0)
-    if (k.per == 1) { /* d is a multiple of 8 */
-        for (c = 0; c < d; c += 8)
-            EMIT(_mm256_loadu_ps(k.s + c), k.z ? _mm256_loadu_ps(k.z + c) : off);
-        return;
-    }
-    for (int64_t g = 0; g < d / k.per; ++g) { /* per is a multiple of 8 here */
-        const __m256 s = _mm256_set1_ps(k.s[g]), z = _mm256_set1_ps(k.z ? k.z[g] : 0.0f);
-        for (c = g * k.per; c < (g + 1) * k.per; c += 8)
-            EMIT(s, z);
-    }
-#undef EMIT
+    /* 6 bits: two 3-byte words -> 8 codes; lane k takes the bytes of word k / 4 */
+    uint64_t six = 0;
+    memcpy(&six, p + c / 4 * 3, 6);
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((int64_t)six));
+    const __m256i spread = _mm256_setr_epi8(
+        0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1,
+        3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1);
+    const __m256i shifts = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, spread), shifts),
+                            _mm256_set1_epi32(63));
 }
 
+/* out = zero + q s (asymmetric, as torch.addcmul) or (q - offset) s (symmetric), 8 lanes. */
+AVX2 INLINE __m256 affine8(__m256i codes, __m256 s, __m256 z, __m256 off, int symmetric) {
+    const __m256 q = _mm256_cvtepi32_ps(codes);
+    return symmetric ? _mm256_mul_ps(_mm256_sub_ps(q, off), s)
+                     : _mm256_add_ps(z, _mm256_mul_ps(q, s));
+}
+
+/* One row at a constant width and quantiser, so each expansion has no branch in its loops:
+ * keys read a scale and zero per channel, values one per group of k.per channels. */
+#define ROW_AVX2(BITS, SYMMETRIC)                                                              \
+    do {                                                                                       \
+        if (k.per == 1) {                                                                      \
+            for (int64_t c = 0; c < d; c += 8)                                                 \
+                _mm256_storeu_ps(o + c, affine8(codes8(p, c, BITS), _mm256_loadu_ps(k.s + c),  \
+                                                SYMMETRIC ? off : _mm256_loadu_ps(k.z + c),    \
+                                                off, SYMMETRIC));                              \
+            break;                                                                             \
+        }                                                                                      \
+        for (int64_t g = 0, c = 0; g < d / k.per; ++g) {                                       \
+            const __m256 s = _mm256_set1_ps(k.s[g]);                                           \
+            const __m256 z = SYMMETRIC ? off : _mm256_set1_ps(k.z[g]);                         \
+            for (const int64_t end = c + k.per; c < end; c += 8)                               \
+                _mm256_storeu_ps(o + c, affine8(codes8(p, c, BITS), s, z, off, SYMMETRIC));    \
+        }                                                                                      \
+    } while (0)
+
+AVX2 INLINE void row_avx2(const uint8_t *restrict p, int64_t d, int bits, params k,
+                          float *restrict o) {
+    const __m256 off = _mm256_set1_ps(k.offset);
+    const int symmetric = k.z == NULL;
+    switch (bits * 2 + symmetric) {
+    case 4: ROW_AVX2(2, 0); break;
+    case 5: ROW_AVX2(2, 1); break;
+    case 8: ROW_AVX2(4, 0); break;
+    case 9: ROW_AVX2(4, 1); break;
+    case 12: ROW_AVX2(6, 0); break;
+    case 13: ROW_AVX2(6, 1); break;
+    case 16: ROW_AVX2(8, 0); break;
+    default: ROW_AVX2(8, 1);
+    }
+}
+#undef ROW_AVX2
 #endif /* X86 */
 
 /* Keys (per-channel groups of ``group`` tokens) or values (per-token groups of ``group``
