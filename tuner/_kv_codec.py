@@ -49,8 +49,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """
     if bits not in QUANTIZED_BITS:
         raise KVCacheError(f"bits must be one of {list(QUANTIZED_BITS)}, got {bits}")
-    if bits == 8:
-        return codes.to(torch.uint8)
+    if bits == 8:  # contiguous like the other widths' words: the fused reader wants rows
+        return codes.to(torch.uint8).contiguous()
     n_codes, n_bytes = _word(bits)
     if codes.shape[-1] % n_codes:
         raise KVCacheError(f"{codes.shape[-1]} codes do not fill whole {bits}-bit words "

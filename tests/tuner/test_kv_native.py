@@ -40,7 +40,7 @@ def _part(x: torch.Tensor, bits: int, *, keys: bool, group: int, symmetric: bool
 @pytest.mark.parametrize("simd", [True, False], ids=["avx2-if-present", "portable"])
 @pytest.mark.parametrize("bits", [2, 4, 6, 8])
 @pytest.mark.parametrize("symmetric", [False, True], ids=["asymmetric", "symmetric"])
-@pytest.mark.parametrize(("head_dim", "group"), [(64, 16), (40, 8), (128, 32), (96, 4)])
+@pytest.mark.parametrize(("head_dim", "group"), [(64, 16), (40, 8), (128, 32), (96, 4), (8, 8)])
 def test_the_kernel_reproduces_the_torch_reference_bit_for_bit(
         simd: bool, bits: int, symmetric: bool, head_dim: int, group: int) -> None:
     gen = torch.Generator().manual_seed(bits * 1000 + head_dim)

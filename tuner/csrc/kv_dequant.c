@@ -99,7 +99,7 @@ INLINE void row_portable(const uint8_t *restrict p, int64_t d, int bits, params 
 #ifdef X86
 /* 8 codes of channels [c, c + 8) as 32-bit lanes, straight from the packed bytes (an earlier
  * version unpacked a row to memory and loaded it back, and stalled on store forwarding). */
-AVX2 INLINE __m256i codes8(const uint8_t *restrict p, int64_t c, int bits) {
+AVX2 INLINE __m256i codes8(const uint8_t *restrict p, int64_t c, int64_t d, int bits) {
     if (bits == 8)
         return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c)));
     if (bits == 4) { /* 4 bytes -> 8 codes */
@@ -119,10 +119,20 @@ AVX2 INLINE __m256i codes8(const uint8_t *restrict p, int64_t c, int bits) {
                                             _mm_and_si128(_mm_srli_epi16(v, 6), two));
         return _mm256_cvtepu8_epi32(_mm_unpacklo_epi16(a, b));
     }
-    /* 6 bits: two 3-byte words -> 8 codes; lane k takes the bytes of word k / 4 */
-    uint64_t six = 0;
-    memcpy(&six, p + c / 4 * 3, 6);
-    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((int64_t)six));
+    /* 6 bits: two 3-byte words -> 8 codes; lane k takes the bytes of word k / 4. Read with
+     * one 8-byte load: past the 6 bytes while the row goes on, else ending at them. */
+    const uint8_t *w = p + c / 4 * 3;
+    __m128i six;
+    if (c + 8 < d) {
+        six = _mm_loadl_epi64((const __m128i *)w);
+    } else if (c >= 8) {
+        six = _mm_srli_epi64(_mm_loadl_epi64((const __m128i *)(w - 2)), 16);
+    } else { /* a row of 8 channels: 6 bytes in all */
+        uint64_t word = 0;
+        memcpy(&word, w, 6);
+        six = _mm_cvtsi64_si128((int64_t)word);
+    }
+    const __m256i bytes = _mm256_broadcastsi128_si256(six);
     const __m256i spread = _mm256_setr_epi8(
         0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1,
         3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1);
@@ -144,7 +154,7 @@ AVX2 INLINE __m256 affine8(__m256i codes, __m256 s, __m256 z, __m256 off, int sy
     do {                                                                                       \
         if (k.per == 1) {                                                                      \
             for (int64_t c = 0; c < d; c += 8)                                                 \
-                _mm256_storeu_ps(o + c, affine8(codes8(p, c, BITS), _mm256_loadu_ps(k.s + c),  \
+                _mm256_storeu_ps(o + c, affine8(codes8(p, c, d, BITS), _mm256_loadu_ps(k.s + c),  \
                                                 SYMMETRIC ? off : _mm256_loadu_ps(k.z + c),    \
                                                 off, SYMMETRIC));                              \
             break;                                                                             \
@@ -153,7 +163,7 @@ AVX2 INLINE __m256 affine8(__m256i codes, __m256 s, __m256 z, __m256 off, int sy
             const __m256 s = _mm256_set1_ps(k.s[g]);                                           \
             const __m256 z = SYMMETRIC ? off : _mm256_set1_ps(k.z[g]);                         \
             for (const int64_t end = c + k.per; c < end; c += 8)                               \
-                _mm256_storeu_ps(o + c, affine8(codes8(p, c, BITS), s, z, off, SYMMETRIC));    \
+                _mm256_storeu_ps(o + c, affine8(codes8(p, c, d, BITS), s, z, off, SYMMETRIC));    \
         }                                                                                      \
     } while (0)
 
