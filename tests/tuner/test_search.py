@@ -230,13 +230,19 @@ def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, An
     assert trial.intermediate_values  # one report per candidate window
 
 
+def _driver_trying_micro_batch_2(rollout: dict[str, Any], study: str) -> SearchDriver:
+    """A search on the rollout's controller whose first proposal is micro_batch=2."""
+    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
+                          config=SearchConfig(study_name=study, seed=0), clock=rollout["clock"])
+    rollout["ctl"].add_observer(search)
+    search.add_priors([Move(values={"micro_batch": 2})])
+    return search
+
+
 def test_a_sidecar_that_stops_rolls_back_its_change_in_flight_and_the_trial_may_run_again(
         rollout: dict[str, Any]) -> None:
-    ctl, job, clock = rollout["ctl"], rollout["job"], rollout["clock"]
-    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
-                          config=SearchConfig(study_name="drain", seed=0), clock=clock)
-    ctl.add_observer(search)
-    search.add_priors([Move(values={"micro_batch": 2})])
+    ctl, job = rollout["ctl"], rollout["job"]
+    search = _driver_trying_micro_batch_2(rollout, "drain")
     change = search.propose_next(ctl, job.job)
     assert change is not None
     ctl.tick()
@@ -258,11 +264,8 @@ def test_a_sidecar_that_stops_rolls_back_its_change_in_flight_and_the_trial_may_
 
 def test_a_sidecar_that_stops_withdraws_its_own_unapplied_approvals_but_keeps_a_persons(
         rollout: dict[str, Any]) -> None:
-    ctl, job, clock = rollout["ctl"], rollout["job"], rollout["clock"]
-    search = SearchDriver(SPACE, storage_url=rollout["url"], knobs=("micro_batch",),
-                          config=SearchConfig(study_name="withdraw", seed=0), clock=clock)
-    ctl.add_observer(search)
-    search.add_priors([Move(values={"micro_batch": 2})])
+    ctl, job = rollout["ctl"], rollout["job"]
+    search = _driver_trying_micro_batch_2(rollout, "withdraw")
     auto = search.propose_next(ctl, job.job)
     assert auto is not None and auto.state == "approved" and auto.approved_by == "auto"
     ctl.set_mode(job.job, "suggest", by="test")
