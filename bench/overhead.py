@@ -40,6 +40,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead.json"
+TARGET_MEDIAN_RATIO = 1.003
+TARGET_CI_HIGH = 1.006
+"""Issue #16: NCCL's profiler plugin costs about 0.3%; the CI's upper bound must stay close."""
 
 
 def _free_port() -> int:
@@ -252,8 +255,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_with_export": median_ratio + export_share,
         "direct_cost_per_step_s": direct_s,
         "direct_cost_share_of_bare_step": direct_s / statistics.median(p["bare"] for p in pairs),
-        "target_median_ratio": 1.005,
-        "meets_target": median_ratio <= 1.005,
+        "target_median_ratio": TARGET_MEDIAN_RATIO,
+        "target_ci95_high": TARGET_CI_HIGH,
+        "meets_target": median_ratio <= TARGET_MEDIAN_RATIO and high <= TARGET_CI_HIGH,
         "per_pair_s": pairs,
     }
 
