@@ -77,9 +77,9 @@ def library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or e
+        said = (str(getattr(e, "stderr", "") or "").strip().splitlines() or [str(e)])[-1]
         log.warning("building %s failed, the KV cache dequantises with the slower torch "
-                    "path: %s", SOURCE.name, str(detail).strip().splitlines()[-1:])
+                    "path: %s", SOURCE.name, said)
         return None
     fn = lib.seedance_kv_dequantize
     fn.restype = ctypes.c_int
