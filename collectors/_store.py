@@ -4,7 +4,7 @@ One writer process (the sidecar) buffers points and commits them once per flush;
 processes open the file with ``readonly=True`` and never wait for the writer. Raw points are
 kept ``raw_retention_s`` (2 days by default), 1-minute rollups 30 days, 1-hour rollups a year.
 This module puts together the file (:mod:`collectors._store_file`), the rollups
-(:mod:`collectors._store_rollups`), the writer (:mod:`collectors._store_writer`), retention
+(:mod:`collectors._store_rollups`), the points journal (:mod:`collectors._store_points_journal`), the writer (:mod:`collectors._store_writer`), retention
 (:mod:`collectors._store_retention`) and queries (:mod:`collectors._store_query`) as
 :class:`TimeSeriesStore`.
 
@@ -22,6 +22,7 @@ import pandas as pd
 
 from collectors._points import Point
 from collectors._store_file import StoreConfig, StoreFile
+from collectors._store_points_journal import PointsJournalView
 from collectors._store_query import StoreQueries
 from collectors._store_reader import Resolution
 from collectors._store_rollups import JournalView
@@ -50,9 +51,9 @@ class TimeSeriesStore:
         self.path = Path(path)
         self.readonly = readonly
         self._file = StoreFile(self.path, readonly=readonly, config=self.config)
-        journal = JournalView()
-        self._writer = StoreWriter(self._file, journal)
-        self._queries = StoreQueries(self._file, journal, self._writer.flush)
+        journal, points = JournalView(), PointsJournalView()
+        self._writer = StoreWriter(self._file, journal, points)
+        self._queries = StoreQueries(self._file, journal, points, self._writer.flush)
         if not readonly:
             self._writer.start_flusher()
 

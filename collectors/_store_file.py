@@ -3,8 +3,9 @@
 Tables (why each is shaped so: :mod:`collectors._store`): ``series`` (name, canonical JSON
 attributes, point count and time span), ``times`` (encoded timestamp columns by content hash),
 ``chunks`` (raw points per series and 2-hour block), ``rollups`` (per series 1-minute and
-1-hour buckets) and ``rollup_journal`` (each flush's 1-minute buckets of every series, not
-folded into ``rollups`` yet).
+1-hour buckets), ``rollup_journal`` (each flush's 1-minute buckets of every series, not
+folded into ``rollups`` yet) and ``points_journal`` (each flush's raw points of the series
+with few of them, not folded into ``chunks`` yet: :mod:`collectors._store_points_journal`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from collectors._errors import SeedanceError
 _T = TypeVar("_T")
 
 _FORMAT = "seedance-tsdb"
-_FORMAT_VERSION = "2"
-_READABLE_VERSIONS = ("1", "2")  # 1: no rollup_journal (every rollup already in rollups)
+_FORMAT_VERSION = "3"
+_READABLE_VERSIONS = ("1", "2", "3")  # 1: no journals; 2: no points_journal
 
 _SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,8 +46,12 @@ CREATE TABLE rollups(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
 CREATE INDEX rollups_by_series ON rollups(series_id, step_s, block_ns);
 """
 # AUTOINCREMENT: a journal row id is never reused, so decoded rows can be cached by id.
-_JOURNAL_TABLE = """CREATE TABLE rollup_journal(id INTEGER PRIMARY KEY AUTOINCREMENT,
-                                               n INTEGER NOT NULL, data BLOB NOT NULL)"""
+_JOURNAL_TABLES = {
+    "rollup_journal": """CREATE TABLE rollup_journal(id INTEGER PRIMARY KEY AUTOINCREMENT,
+                                                 n INTEGER NOT NULL, data BLOB NOT NULL)""",
+    "points_journal": """CREATE TABLE points_journal(id INTEGER PRIMARY KEY AUTOINCREMENT,
+                                                 n INTEGER NOT NULL, data BLOB NOT NULL)""",
+}
 
 
 class StoreError(SeedanceError):
@@ -169,7 +174,7 @@ class StoreFile:
             conn.execute("PRAGMA journal_mode=WAL")
             with transaction(conn):
                 if not conn.execute("SELECT 1 FROM sqlite_master").fetchone():
-                    for statement in [*_SCHEMA.split(";"), _JOURNAL_TABLE]:
+                    for statement in [*_SCHEMA.split(";"), *_JOURNAL_TABLES.values()]:
                         if statement.strip():
                             conn.execute(statement)
                     conn.executemany("INSERT INTO meta VALUES(?, ?)",
@@ -185,9 +190,11 @@ class StoreFile:
         if not self.readonly:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            if found["version"] != _FORMAT_VERSION:  # 1 -> 2: add the (empty) journal
+            if found["version"] != _FORMAT_VERSION:  # 1 or 2 -> 3: add the (empty) journals
                 with transaction(conn):
-                    conn.execute(_JOURNAL_TABLE)
+                    for table, statement in _JOURNAL_TABLES.items():
+                        if table not in tables:
+                            conn.execute(statement)
                     conn.execute("UPDATE meta SET value = ? WHERE key = 'version'",
                                  (_FORMAT_VERSION,))
 

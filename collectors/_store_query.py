@@ -19,6 +19,7 @@ import pandas as pd
 
 from collectors import _store_codec as codec
 from collectors._store_file import StoreError, StoreFile, canonical_attrs
+from collectors._store_points_journal import PointsJournalView
 from collectors._store_reader import Resolution
 from collectors._store_rollups import (
     AGG_FIELDS,
@@ -77,9 +78,11 @@ class StoreQueries:
     """The reads of one store file; ``flush`` is called first so a writer reads its own
     writes (on a read-only file it does nothing)."""
 
-    def __init__(self, file: StoreFile, journal: JournalView, flush: Callable[[], None]) -> None:
+    def __init__(self, file: StoreFile, journal: JournalView, points: PointsJournalView,
+                 flush: Callable[[], None]) -> None:
         self._file = file
         self._journal = journal
+        self._points = points
         self._flush = flush
         self._decoded = DecodedCache(_DECODED_CACHE_BYTES)
         self._parsed_attrs: dict[str, dict[str, str]] = {}
@@ -150,15 +153,24 @@ class StoreQueries:
         for sid, n, digest, data, vals in rows:
             if sid in by_series:
                 by_series[sid].append((n, digest, data, vals))
-        return {sid: self._decode_raw(chunks, lo, hi) for sid, chunks in by_series.items()}
+        journal = self._points.of_series(conn, sids)
+        return {sid: self._decode_raw(chunks, journal.get(sid), lo, hi)
+                for sid, chunks in by_series.items()}
 
-    def _decode_raw(self, chunks: list[tuple[int, bytes, bytes, bytes]], lo: int,
+    def _decode_raw(self, chunks: list[tuple[int, bytes, bytes, bytes]],
+                    journal: tuple[np.ndarray, np.ndarray] | None, lo: int,
                     hi: int) -> dict[str, np.ndarray]:
+        """A series' chunks, then its journal points (not folded yet); the frame sorts."""
         cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
-        t = np.concatenate([cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n))
-                            for n, digest, data, _ in chunks] or [np.empty(0, "i8")])
-        v = np.concatenate([cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n))
-                            for n, _, _, vals in chunks] or [np.empty(0)])
+        ts = [cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n))
+              for n, digest, data, _ in chunks]
+        vs = [cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n))
+              for n, _, _, vals in chunks]
+        if journal is not None:
+            ts.append(journal[0])
+            vs.append(journal[1])
+        t = np.concatenate(ts or [np.empty(0, "i8")])
+        v = np.concatenate(vs or [np.empty(0)])
         keep = (t >= lo) & (t <= hi)
         return {"time": t[keep], "value": v[keep]}
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from collectors import _store_codec as codec
+from collectors import _store_points_journal as points_journal
 from collectors._generations import GenerationalMap
 from collectors._points import Point
 from collectors._store_file import (
@@ -102,9 +103,11 @@ class StoreWriter:
     serialised on the file's lock. On a read-only file ``flush`` and ``fold`` do nothing.
     """
 
-    def __init__(self, file: StoreFile, journal: JournalView) -> None:
+    def __init__(self, file: StoreFile, journal: JournalView,
+                 points: points_journal.PointsJournalView) -> None:
         self._file = file
         self._journal = journal
+        self._points = points
         self._lock = threading.Lock()  # guards the pending buffer
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._buffered = 0
@@ -251,29 +254,56 @@ class StoreWriter:
         conn = self._file.conn
         with transaction(conn):
             times_ids: dict[bytes, int] = {}
-            sids, all_t, all_v = [], [], []
+            sids, all_t, all_v, few = [], [], [], []
             for (name, akey), pending in batch.items():
                 sid = self._series_id(name, akey)
-                t = np.concatenate(pending.times)
-                v = np.concatenate(pending.values)
-                if (t[1:] < t[:-1]).any():
-                    order = np.argsort(t, kind="stable")
-                    t, v = t[order], v[order]
-                for block, part, sealed in split_by_block(t, RAW_BLOCK_NS):
-                    self._append_chunk(sid, block, t[part], v[part], times_ids, sealed)
+                t = (pending.times[0] if len(pending.times) == 1
+                     else np.concatenate(pending.times))
+                v = (pending.values[0] if len(pending.values) == 1
+                     else np.concatenate(pending.values))
+                if t.shape[0] >= points_journal.DIRECT_AT_POINTS:
+                    self._append_series(sid, t, v, times_ids)
+                else:
+                    few.append(len(sids))
                 sids.append(np.full(t.shape[0], sid, dtype=np.int64))
                 all_t.append(t)
                 all_v.append(v)
-                conn.execute(
-                    "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?),"
-                    " ?), last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
-                    (int(t.shape[0]), int(t[0]), int(t[0]), int(t[-1]), int(t[-1]), sid))
-            agg = points_agg(np.concatenate(all_t), np.concatenate(all_v), 60 * NS,
-                             np.concatenate(sids))
+            series, times, values = (np.concatenate(sids), np.concatenate(all_t),
+                                     np.concatenate(all_v))
+            self._count_points(series, times)
+            if few:
+                points_journal.append(conn, *(np.concatenate([c[i] for i in few])
+                                              for c in (sids, all_t, all_v)))
+                self._journal_rows += 1
+            agg = points_agg(times, values, 60 * NS, series)
             if agg["bucket"].shape[0]:
                 conn.execute("INSERT INTO rollup_journal(n, data) VALUES(?, ?)",
                              (int(agg["bucket"].shape[0]), encode_journal(agg)))
                 self._journal_rows += 1
+
+    def _count_points(self, series: np.ndarray, times: np.ndarray) -> None:
+        """Add this flush's points to each series' count and time span, in one statement."""
+        order = np.argsort(series, kind="stable")
+        series, times = series[order], times[order]
+        starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
+        counts = np.diff(np.r_[starts, series.shape[0]])
+        first = np.minimum.reduceat(times, starts)
+        last = np.maximum.reduceat(times, starts)
+        self._file.conn.executemany(
+            "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?), ?), "
+            "last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
+            [(n, f, f, la, la, sid) for sid, n, f, la in zip(
+                series[starts].tolist(), counts.tolist(), first.tolist(), last.tolist(),
+                strict=True)])
+
+    def _append_series(self, sid: int, t: np.ndarray, v: np.ndarray,
+                       times_ids: dict[bytes, int]) -> None:
+        """Append one series' points to its chunks, a chunk per 2-hour block they reach."""
+        if (t[1:] < t[:-1]).any():
+            order = np.argsort(t, kind="stable")
+            t, v = t[order], v[order]
+        for block, part, sealed in split_by_block(t, RAW_BLOCK_NS):
+            self._append_chunk(sid, block, t[part], v[part], times_ids, sealed)
 
     def _series_id(self, name: str, akey: str) -> int:
         sid = self._series_ids.get((name, akey))
@@ -370,6 +400,15 @@ class StoreWriter:
 
         def attempt() -> None:
             with transaction(conn):
+                series, times, values = self._points.columns(conn)
+                if series.shape[0]:
+                    times_ids: dict[bytes, int] = {}
+                    starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
+                    for start, stop in zip(starts.tolist(), [*starts[1:].tolist(),
+                                                             series.shape[0]], strict=True):
+                        self._append_series(int(series[start]), times[start:stop],
+                                            values[start:stop], times_ids)
+                    conn.execute("DELETE FROM points_journal")
                 minute = self._journal.agg(conn)
                 for sid, part in by_series(minute):
                     self._merge_rollup(sid, 60, part)

@@ -212,6 +212,62 @@ def test_the_decoded_chunk_cache_stays_within_its_byte_budget() -> None:
     assert decoded == 10_001
 
 
+def _rows(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def test_flushes_of_one_point_per_series_write_one_journal_row_each_and_read_the_same_folded(
+        tmp_path: Path) -> None:
+    """An OTLP export carries each series once: a flush of 500 series x 1 point must cost one
+    row, not 500 chunks, and every reader must see the same points before and after the fold."""
+    path = tmp_path / "s.db"
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(6, 500))
+    with _store(path) as store:
+        store.write_series("first", {}, np.array([T0]), np.array([1.0]))
+        store.flush()  # the first flush also runs retention, which folds: done with it
+        for flush in range(6):
+            store.write([Point("m", float(values[flush, s]), T0 + flush * NS + s,
+                               {"s": str(s)}) for s in range(500)])
+            store.flush()
+        # a series with many points in one flush still goes straight to its chunks
+        store.write_series("busy", {}, T0 + np.arange(100) * NS, np.arange(100.0))
+        store.flush()
+        assert _rows(path, "points_journal") == 6
+        assert _rows(path, "chunks") == 2
+        before = store.query("m", resolution="raw")
+        with TimeSeriesStore(path, readonly=True) as reader:  # another reader, unfolded rows
+            pd.testing.assert_frame_equal(reader.query("m", resolution="raw"), before)
+        store.fold()
+        assert _rows(path, "points_journal") == 0
+        assert _rows(path, "chunks") == 502
+        pd.testing.assert_frame_equal(store.query("m", resolution="raw"), before)
+        assert store.query("busy", resolution="raw")["value"].tolist() == list(range(100))
+    assert len(before) == 3000
+    got = before.pivot(index="time", columns="s", values="value")
+    for s in (0, 17, 499):
+        assert got[str(s)].dropna().tolist() == values[:, s].tolist()
+
+
+def test_journal_points_left_by_a_crash_are_read_and_folded_by_the_next_writer(
+        tmp_path: Path) -> None:
+    """A writer that dies between a flush and a fold leaves journal rows: nothing is lost."""
+    path, copy = tmp_path / "s.db", tmp_path / "crashed.db"
+    with _store(path) as store:
+        store.flush()  # the first flush also runs retention, which folds: done with it
+        store.write([Point("m", float(s), T0 + s, {"s": str(s)}) for s in range(50)])
+        store.flush()
+        with sqlite3.connect(path) as live, sqlite3.connect(copy) as dest:
+            live.backup(dest)  # the file as a crash would leave it: flushed, not folded
+    assert _rows(copy, "points_journal") == 1
+    with _store(copy) as writer:
+        assert sorted(writer.query("m", resolution="raw")["value"]) == list(range(50))
+    assert _rows(copy, "points_journal") == 0
+    with TimeSeriesStore(copy, readonly=True) as reader:
+        assert sorted(reader.query("m", resolution="raw")["value"]) == list(range(50))
+
+
 def test_a_format_1_store_is_read_and_upgraded_in_place(tmp_path: Path) -> None:
     """Stores written before the rollup journal (format 1) open read-only as they are, and a
     writer upgrades them with their rollups intact."""
@@ -226,7 +282,9 @@ def test_a_format_1_store_is_read_and_upgraded_in_place(tmp_path: Path) -> None:
     with _store(path) as writer:
         assert writer.query(name, resolution="1m").equals(before)
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "2"
+        assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "3"
+        assert {"rollup_journal", "points_journal"} <= {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
     with TimeSeriesStore(path, readonly=True) as reader:
         pd.testing.assert_frame_equal(reader.query(name, resolution="1m"), before)
 
