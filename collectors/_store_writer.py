@@ -85,15 +85,22 @@ def _as_values(values: object, n: int) -> np.ndarray:
     return arr
 
 
-class _Pending:
-    """Points of one series waiting for the next flush."""
+SeriesKey = tuple[str, str]
+"""(metric name, canonical attributes): one row of ``series``."""
 
-    __slots__ = ("attrs", "times", "values")
 
-    def __init__(self, attrs: dict[str, str]) -> None:
-        self.attrs = attrs
-        self.times: list[np.ndarray] = []
-        self.values: list[np.ndarray] = []
+class _Batch:
+    """The points of one write waiting for the next flush: the series they belong to and
+    one column per point, so a write of thousands of one-point series is a few arrays."""
+
+    __slots__ = ("index", "keys", "times", "values")
+
+    def __init__(self, keys: list[SeriesKey], index: np.ndarray, times: np.ndarray,
+                 values: np.ndarray) -> None:
+        self.keys = keys
+        self.index = index  # per point: its series in ``keys``
+        self.times = times
+        self.values = values
 
 
 class StoreWriter:
@@ -109,7 +116,7 @@ class StoreWriter:
         self._journal = journal
         self._points = points
         self._lock = threading.Lock()  # guards the pending buffer
-        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._pending: list[_Batch] = []
         self._buffered = 0
         # per-series caches forget series idle for _SERIES_IDLE_S: each trial starts new ones
         self._attr_keys: GenerationalMap[tuple[str, tuple[tuple[object, object], ...]], str] = \
@@ -128,7 +135,11 @@ class StoreWriter:
 
     def write(self, points: Iterable[Point]) -> None:
         """Buffer points; they are committed by the next flush."""
-        groups: dict[tuple[str, str], tuple[list[object], list[float]]] = {}
+        slots: dict[SeriesKey, int] = {}
+        keys: list[SeriesKey] = []
+        index: list[int] = []
+        times: list[object] = []
+        values: list[float] = []
         attr_keys = self._attr_keys
         attr_keys.expire()
         for p in points:
@@ -137,14 +148,16 @@ class StoreWriter:
             if akey is None:
                 _check_name(p.name)
                 akey = attr_keys[cache_key] = canonical_attrs(p.attributes)
-            group = groups.get((p.name, akey))
-            if group is None:
-                group = groups[(p.name, akey)] = ([], [])
-            group[0].append(p.time_ns)
-            group[1].append(p.value)
-        for (name, akey), (times, values) in groups.items():
-            t = _as_times(times)
-            self._add(name, akey, t, _as_values(values, t.shape[0]))
+            slot = slots.get((p.name, akey))
+            if slot is None:
+                slot = slots[(p.name, akey)] = len(keys)
+                keys.append((p.name, akey))
+            index.append(slot)
+            times.append(p.time_ns)
+            values.append(p.value)
+        t = _as_times(times)
+        self._add(_Batch(keys, np.asarray(index, dtype=np.intp), t,
+                         _as_values(values, t.shape[0])))
         self._flush_if_full()
 
     def write_series(self, name: str, attributes: Mapping[str, str], times_ns: np.ndarray,
@@ -152,14 +165,15 @@ class StoreWriter:
         """Buffer one series' points given as columns (the fast path)."""
         _check_name(name)
         akey = canonical_attrs(attributes)
-        t = _as_times(times_ns)
-        self._add(name, akey, t.copy(), _as_values(values, t.shape[0]).copy())
+        t = _as_times(times_ns).copy()
+        self._add(_Batch([(name, akey)], np.zeros(t.shape[0], dtype=np.intp), t,
+                         _as_values(values, t.shape[0]).copy()))
         self._flush_if_full()
 
-    def _add(self, name: str, akey: str, times_ns: np.ndarray, values: np.ndarray) -> None:
+    def _add(self, batch: _Batch) -> None:
         self._file.check_writable()
         self._file.check_open()
-        if times_ns.shape[0] == 0:
+        if batch.times.shape[0] == 0:
             return
         with self._lock:
             if self.write_error is not None and self._buffered >= \
@@ -167,12 +181,8 @@ class StoreWriter:
                 raise StoreUnavailable(
                     f"store {self._file.path} cannot commit ({self.write_error}); "
                     f"{self._buffered} points wait: retry later")
-            pending = self._pending.get((name, akey))
-            if pending is None:
-                pending = self._pending[(name, akey)] = _Pending(json.loads(akey))
-            pending.times.append(times_ns)
-            pending.values.append(values)
-            self._buffered += times_ns.shape[0]
+            self._pending.append(batch)
+            self._buffered += batch.times.shape[0]
 
     @property
     def buffered(self) -> int:
@@ -182,10 +192,16 @@ class StoreWriter:
     def buffered_by(self, attribute: str) -> dict[str, int]:
         """Points waiting for the next flush, by the value of ``attribute`` ("" without it)."""
         out: dict[str, int] = {}
+        parsed: dict[str, str] = {}
         with self._lock:
-            for pending in self._pending.values():
-                key = str(pending.attrs.get(attribute, ""))
-                out[key] = out.get(key, 0) + sum(t.shape[0] for t in pending.times)
+            batches = list(self._pending)
+        for batch in batches:
+            counts = np.bincount(batch.index, minlength=len(batch.keys)).tolist()
+            for (_, akey), count in zip(batch.keys, counts, strict=True):
+                value = parsed.get(akey)
+                if value is None:
+                    value = parsed[akey] = str(json.loads(akey).get(attribute, ""))
+                out[value] = out.get(value, 0) + count
         return out
 
     # -- flushing ------------------------------------------------------------------------
@@ -201,7 +217,7 @@ class StoreWriter:
             return
         with self._file.lock:
             with self._lock:
-                batch, self._pending, self._buffered = self._pending, {}, 0
+                batch, self._pending, self._buffered = self._pending, [], 0
             if batch:
                 try:
                     self._series_ids.expire()
@@ -223,13 +239,10 @@ class StoreWriter:
             if time.monotonic() - self._last_maintenance >= _MAINTENANCE_EVERY_S:
                 self.prune()
 
-    def _requeue(self, batch: dict[tuple[str, str], _Pending]) -> None:
+    def _requeue(self, batch: list[_Batch]) -> None:
         with self._lock:
-            for key, old in batch.items():
-                pending = self._pending.setdefault(key, _Pending(old.attrs))
-                pending.times[:0] = old.times
-                pending.values[:0] = old.values
-                self._buffered += sum(t.shape[0] for t in old.times)
+            self._pending[:0] = batch
+            self._buffered += sum(b.times.shape[0] for b in batch)
 
     def start_flusher(self) -> None:
         """Flush every ``flush_interval_s`` from a background thread until :meth:`stop_flusher`."""
@@ -250,30 +263,26 @@ class StoreWriter:
             except Exception:  # the loop never dies; the batch stays queued for the next try
                 log.exception("store %s: background flush failed", self._file.path)
 
-    def _commit(self, batch: dict[tuple[str, str], _Pending]) -> None:
+    def _commit(self, batch: list[_Batch]) -> None:
         conn = self._file.conn
         with transaction(conn):
-            times_ids: dict[bytes, int] = {}
-            sids, all_t, all_v, few = [], [], [], []
-            for (name, akey), pending in batch.items():
-                sid = self._series_id(name, akey)
-                t = (pending.times[0] if len(pending.times) == 1
-                     else np.concatenate(pending.times))
-                v = (pending.values[0] if len(pending.values) == 1
-                     else np.concatenate(pending.values))
-                if t.shape[0] >= points_journal.DIRECT_AT_POINTS:
-                    self._append_series(sid, t, v, times_ids)
-                else:
-                    few.append(len(sids))
-                sids.append(np.full(t.shape[0], sid, dtype=np.int64))
-                all_t.append(t)
-                all_v.append(v)
-            series, times, values = (np.concatenate(sids), np.concatenate(all_t),
-                                     np.concatenate(all_v))
-            self._count_points(series, times)
-            if few:
-                points_journal.append(conn, *(np.concatenate([c[i] for i in few])
-                                              for c in (sids, all_t, all_v)))
+            series = np.concatenate([
+                np.array([self._series_id(name, akey) for name, akey in b.keys],
+                         dtype=np.int64)[b.index] for b in batch])
+            series, times, values = points_journal.sort_columns(
+                series, np.concatenate([b.times for b in batch]),
+                np.concatenate([b.values for b in batch]))
+            starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
+            stops = np.r_[starts[1:], series.shape[0]]
+            self._count_points(series, starts, stops, times)
+            many = (stops - starts) >= points_journal.DIRECT_AT_POINTS
+            if many.any():
+                times_ids: dict[bytes, int] = {}
+                for a, b in zip(starts[many].tolist(), stops[many].tolist(), strict=True):
+                    self._append_series(int(series[a]), times[a:b], values[a:b], times_ids)
+            if not many.all():
+                few = np.repeat(~many, stops - starts)
+                points_journal.append(conn, series[few], times[few], values[few])
                 self._journal_rows += 1
             agg = points_agg(times, values, 60 * NS, series)
             if agg["bucket"].shape[0]:
@@ -281,20 +290,16 @@ class StoreWriter:
                              (int(agg["bucket"].shape[0]), encode_journal(agg)))
                 self._journal_rows += 1
 
-    def _count_points(self, series: np.ndarray, times: np.ndarray) -> None:
-        """Add this flush's points to each series' count and time span, in one statement."""
-        order = np.argsort(series, kind="stable")
-        series, times = series[order], times[order]
-        starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
-        counts = np.diff(np.r_[starts, series.shape[0]])
-        first = np.minimum.reduceat(times, starts)
-        last = np.maximum.reduceat(times, starts)
+    def _count_points(self, series: np.ndarray, starts: np.ndarray, stops: np.ndarray,
+                      times: np.ndarray) -> None:
+        """Add this flush's points (sorted by series, time) to each series' count and time
+        span, in one statement."""
         self._file.conn.executemany(
             "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?), ?), "
             "last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
-            [(n, f, f, la, la, sid) for sid, n, f, la in zip(
-                series[starts].tolist(), counts.tolist(), first.tolist(), last.tolist(),
-                strict=True)])
+            [(b - a, f, f, la, la, sid) for sid, a, b, f, la in zip(
+                series[starts].tolist(), starts.tolist(), stops.tolist(),
+                times[starts].tolist(), times[stops - 1].tolist(), strict=True)])
 
     def _append_series(self, sid: int, t: np.ndarray, v: np.ndarray,
                        times_ids: dict[bytes, int]) -> None:
