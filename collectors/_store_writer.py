@@ -1,10 +1,12 @@
-"""The store's one writer: buffers points in memory and commits them, folds the rollup
-journal into rollups, and deletes data past its retention.
+"""The store's one writer: buffers points in memory and commits them, folds the journals
+into chunks and rollups, and deletes data past its retention.
 
-A flush commits every buffered point in one ``BEGIN IMMEDIATE`` transaction: each series'
-raw chunk (merged with its block's earlier chunks at 8, or once the series moves on to a
-later block) and ONE rollup-journal row of every series' 1-minute buckets. About once a
-minute the journal is folded into per-series rollups, and a retention pass runs.
+Each write is buffered as one batch of columns. A flush commits every buffered point in one
+``BEGIN IMMEDIATE`` transaction: a raw chunk for each series with many points in it (merged
+with its block's earlier chunks at 8, or once the series moves on to a later block), ONE
+points-journal row for the other series' points, and ONE rollup-journal row of every series'
+1-minute buckets. About once a minute the journals are folded into per-series chunks and
+rollups, and a retention pass runs.
 """
 
 from __future__ import annotations
