@@ -79,6 +79,19 @@ def _role(name: str, metrics: Mapping[str, MetricInfo]) -> tuple[str, str] | Non
     return None
 
 
+_UNKNOWN: tuple[str, str] = ("", "")
+_LABELS_MAX = 200_000
+"""Attribute sets whose labels are kept computed: the same series arrive every export."""
+
+
+def _labels_of(role: str, attributes: Mapping[str, str]) -> tuple[str, LabelKey]:
+    """(the ``le`` or ``quantile`` bound, or ""; the other attributes as a label key)."""
+    attrs = dict(attributes)
+    bound = attrs.pop("le", "") if role == "bucket" else \
+        attrs.pop("quantile", "") if role == "quantile" else ""
+    return bound, tuple(sorted(prometheus_labels(attrs).items()))
+
+
 class LatestValueCollector(Collector):
     """A prometheus_client collector holding the latest value of every received series.
 
@@ -96,6 +109,7 @@ class LatestValueCollector(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}
+        self._labels: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, LabelKey]] = {}
         self.idle_s = idle_s
         self._swept_s = clock()
 
@@ -105,24 +119,37 @@ class LatestValueCollector(Collector):
         if self.idle_s is not None and now - self._swept_s >= self.idle_s / 4:
             self._swept_s = now
             self.expire(self.idle_s)
+        roles: dict[str, tuple[str, str] | None] = {}
+        families: dict[str, _Family] = {}
+        labels = self._labels
         with self._lock:
             for point in decoded.points:
-                named = _role(point.name, decoded.metrics)
+                named = roles.get(point.name, _UNKNOWN)
+                if named is _UNKNOWN:
+                    named = roles[point.name] = _role(point.name, decoded.metrics)
                 if named is None:
                     continue
                 name, role = named
-                info = decoded.metrics[name]
-                family = self._families.get(name)
-                if family is None or family.info.otlp_type != info.otlp_type:
-                    family = self._families[name] = _Family(info)
-                family.info = info
-                attrs = dict(point.attributes)
-                bound = attrs.pop("le", "") if role == "bucket" else \
-                    attrs.pop("quantile", "") if role == "quantile" else ""
-                key: LabelKey = tuple(sorted(prometheus_labels(attrs).items()))
-                series = family.series.setdefault(key, _Series())
+                family = families.get(name)
+                if family is None:
+                    info = decoded.metrics[name]
+                    family = self._families.get(name)
+                    if family is None or family.info.otlp_type != info.otlp_type:
+                        family = self._families[name] = _Family(info)
+                    family.info = info
+                    families[name] = family
+                items = tuple(point.attributes.items())
+                found = labels.get((role, items))
+                if found is None:
+                    if len(labels) >= _LABELS_MAX:
+                        labels.clear()
+                    found = labels[(role, items)] = _labels_of(role, point.attributes)
+                bound, key = found
+                series = family.series.get(key)
+                if series is None:
+                    series = family.series[key] = _Series()
                 sample = (role, bound)
-                if info.temporality is Temporality.DELTA and role != "quantile":
+                if family.info.temporality is Temporality.DELTA and role != "quantile":
                     series.samples[sample] = series.samples.get(sample, 0.0) + point.value
                 else:
                     series.samples[sample] = point.value

@@ -1,0 +1,287 @@
+"""Benchmark: one sidecar ingesting from N concurrent OTLP/HTTP exporters, end to end.
+
+For each N in ``--exporters`` (default 1, 8, 64) and each encoding (protobuf, JSON), a fresh
+``seedancectl sidecar`` process on loopback (default settings but for the listen port, store
+and ``nvml = "off"``) receives, for ``--seconds`` after ``--warmup-s``, from N exporters
+running at once (coroutines of one load process, so the sidecar, not the client, is measured):
+
+- every exporter is its own job (``service.name``) with ``--series`` series (``--metrics``
+  gauge names x attribute sets), each export carrying every series once at a new timestamp, as
+  an OpenTelemetry SDK's periodic export does: the shape where the store pays per series;
+- closed loop: each exporter sends its next export as soon as the last is answered, so the
+  figures are the sidecar's capacity, and the latency includes the queueing at that load.
+
+Reported per run: accepted points/s (points of 200-answered requests per second), request
+latency p50 and p99, answers by status (429 and 503 are the sidecar pushing back), the
+sidecar's CPU share and its RSS (max of 0.5 s samples).
+
+With ``--base REV`` every (N, encoding) also runs on the code at REV (a git worktree),
+interleaved with this tree's run, and the JSON gives the ratio of points/s.
+
+Target (issue #16): 600,000 points/s end to end at any N. The JSON states it and whether the
+best run met it.
+
+Run: python bench/otlp_ingest.py [--exporters 1,8,64 --seconds 15 --base REV]
+Results: bench/results/otlp_ingest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.servers import free_port  # noqa: E402
+
+TARGET_POINTS_PER_S = 600_000
+T0 = 1_800_000_000_000_000_000  # a placeholder timestamp each export replaces with its own
+ENCODINGS = {"protobuf": "application/x-protobuf", "json": "application/json"}
+
+
+def _kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def export_body(exporter: int, metrics: int, series: int, encoding: str) -> bytes:
+    """One export of one exporter: ``series`` gauges, all stamped T0 (replaced per send)."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    rm.resource.attributes.extend([_kv("service.name", f"ingest-{exporter}"),
+                                   _kv("host.name", "bench"), _kv("seedance.rank", "0")])
+    out = rm.scope_metrics.add().metrics
+    per_metric = max(1, series // metrics)
+    for m in range(metrics):
+        gauge = out.add(name=f"bench.ingest.m{m}", unit="1").gauge
+        for s in range(per_metric):
+            gauge.data_points.add(time_unix_nano=T0, as_double=(m * 7 + s) * 0.25,
+                                  attributes=[_kv("module", f"layer{s}"),
+                                              _kv("seedance.config.version", "1")])
+    if encoding == "json":
+        return json_format.MessageToJson(request, indent=None).encode()
+    return request.SerializeToString()
+
+
+def stamped(body: bytes, encoding: str, t_ns: int) -> bytes:
+    """The body with every timestamp set to ``t_ns`` (a byte replace: no re-encoding)."""
+    if encoding == "json":
+        return body.replace(str(T0).encode(), str(t_ns).encode())
+    return body.replace(T0.to_bytes(8, "little"), t_ns.to_bytes(8, "little"))
+
+
+async def _exporter(client: httpx.AsyncClient, url: str, body: bytes, encoding: str,
+                    points: int, t_start: float, t_end: float, out: dict[str, Any]) -> None:
+    n = 0
+    while True:
+        now = time.monotonic()
+        if now >= t_end:
+            return
+        n += 1
+        data = stamped(body, encoding, T0 + n * 1_000_000_000)
+        sent = time.perf_counter()
+        try:
+            response = await client.post(url, content=data,
+                                         headers={"Content-Type": ENCODINGS[encoding]})
+            status = str(response.status_code)
+        except httpx.HTTPError as e:
+            status = type(e).__name__
+        elapsed = time.perf_counter() - sent
+        if now >= t_start:
+            out["status"][status] = out["status"].get(status, 0) + 1
+            out["latency_s"].append(elapsed)
+            if status == "200":
+                out["points"] += points
+
+
+async def _load(url: str, bodies: list[bytes], encoding: str, points: int, warmup_s: float,
+                seconds: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": {}, "latency_s": [], "points": 0}
+    t_start = time.monotonic() + warmup_s
+    limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+        await asyncio.gather(*(_exporter(client, url, body, encoding, points, t_start,
+                                         t_start + seconds, out) for body in bodies))
+    return out
+
+
+def _load_process(url: str, exporters: int, metrics: int, series: int, encoding: str,
+                  warmup_s: float, seconds: float, result_path: Path) -> None:
+    bodies = [export_body(i, metrics, series, encoding) for i in range(exporters)]
+    points = metrics * max(1, series // metrics)
+    out = asyncio.run(_load(url, bodies, encoding, points, warmup_s, seconds))
+    result_path.write_text(json.dumps(out))
+
+
+def _proc_stat(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds, RSS MiB) of a process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        rss = next(int(line.split()[1]) for line in
+                   Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), rss / 1024
+
+
+def one_run(tree: Path, exporters: int, encoding: str, args: argparse.Namespace
+            ) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="otlp-ingest-"))
+    port = free_port()
+    (work / "token").write_text("bench-token\n")
+    config = work / "sidecar.toml"
+    config.write_text("\n".join([
+        'job = "ingest-bench"', f'listen = "127.0.0.1:{port}"',
+        f'store = "{work / "metrics.db"}"', f'token_file = "{work / "token"}"',
+        'nvml = "off"', ""]))
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    with (work / "sidecar.log").open("wb") as log:
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "seedancectl.sidecar", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if sidecar.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"sidecar not ready; see {work / 'sidecar.log'}")
+            time.sleep(0.3)
+        samples: list[tuple[float, float, float]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.5):
+                stat = _proc_stat(sidecar.pid)
+                if stat is not None:
+                    samples.append((time.monotonic(), *stat))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        result_path = work / "load.json"
+        t_start = time.monotonic() + args.warmup_s
+        loader = subprocess.run(
+            [sys.executable, __file__, "--load-only", base + "/v1/metrics", str(exporters),
+             str(args.metrics), str(args.series), encoding, str(args.warmup_s),
+             str(args.seconds), str(result_path)], cwd=ROOT, timeout=args.seconds * 4 + 300)
+        stop.set()
+        sampler.join()
+        if loader.returncode != 0:
+            raise SystemExit(f"load process failed ({loader.returncode})")
+        load = json.loads(result_path.read_text())
+    finally:
+        sidecar.send_signal(signal.SIGTERM)
+        try:
+            sidecar.wait(60)
+        except subprocess.TimeoutExpired:
+            sidecar.kill()
+            sidecar.wait()
+    window = [s for s in samples if t_start <= s[0] <= t_start + args.seconds]
+    cpu_share = ((window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+                 if len(window) >= 2 else None)
+    latency = np.asarray(load["latency_s"]) * 1000
+    shutil.rmtree(work, ignore_errors=True)
+    return {
+        "exporters": exporters, "encoding": encoding,
+        "points_per_s": load["points"] / args.seconds,
+        "requests": int(latency.size),
+        "latency_ms": {"p50": float(np.percentile(latency, 50)) if latency.size else None,
+                       "p99": float(np.percentile(latency, 99)) if latency.size else None},
+        "status": load["status"],
+        "sidecar_cpu_share": cpu_share,
+        "sidecar_rss_mib_max": max((s[2] for s in samples), default=None),
+    }
+
+
+def worktree(rev: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="otlp-ingest-base-"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT,
+                   check=True, capture_output=True)
+    return path
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--load-only":
+        url, n, metrics, series, encoding, warmup, seconds, out = sys.argv[2:]
+        _load_process(url, int(n), int(metrics), int(series), encoding, float(warmup),
+                      float(seconds), Path(out))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--exporters", default="1,8,64")
+    parser.add_argument("--encodings", default="protobuf,json")
+    parser.add_argument("--metrics", type=int, default=50)
+    parser.add_argument("--series", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--base", default=None, help="also run the code at this git revision")
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "bench" / "results" / "otlp_ingest.json")
+    args = parser.parse_args()
+    trees = {"new": ROOT}
+    if args.base:
+        trees = {"base": worktree(args.base), "new": ROOT}
+    runs: list[dict[str, Any]] = []
+    try:
+        for n in [int(x) for x in args.exporters.split(",")]:
+            for encoding in args.encodings.split(","):
+                for arm, tree in trees.items():  # interleaved: drift hits both arms alike
+                    run = {"arm": arm, **one_run(tree, n, encoding, args)}
+                    print(json.dumps(run), flush=True)
+                    runs.append(run)
+    finally:
+        if "base" in trees:
+            subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])],
+                           cwd=ROOT, capture_output=True)
+    new = [r for r in runs if r["arm"] == "new"]
+    best = max(r["points_per_s"] for r in new)
+    ratios = {f'{r["exporters"]}/{r["encoding"]}': r["points_per_s"] / b["points_per_s"]
+              for r in new for b in runs if b["arm"] == "base"
+              and (b["exporters"], b["encoding"]) == (r["exporters"], r["encoding"])
+              and b["points_per_s"] > 0}
+    result = {
+        "bench": "otlp_ingest",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                   capture_output=True, text=True).stdout.strip(),
+        "base": args.base,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "protocol": __doc__,
+        "settings": {"metrics": args.metrics, "series_per_exporter": args.series,
+                     "seconds": args.seconds, "warmup_s": args.warmup_s},
+        "runs": runs,
+        "points_per_s_new_over_base": ratios,
+        "target_points_per_s": TARGET_POINTS_PER_S,
+        "best_points_per_s": best,
+        "met": best >= TARGET_POINTS_PER_S,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}: best {best:,.0f} points/s (target {TARGET_POINTS_PER_S:,})")
+
+
+if __name__ == "__main__":
+    main()
