@@ -41,6 +41,7 @@ from collectors._otlp_decode import (
     decode_protobuf,
     points_from_request,
 )
+from collectors._otlp_json import points_from_json
 from collectors._otlp_traces import (
     SpanRecord,
     decode_traces_json,
@@ -410,7 +411,7 @@ def otlp_router(
 
     metrics = _Signal(
         decode={PROTOBUF: lambda b: points_from_request(decode_protobuf(b)),
-                JSON: lambda b: points_from_request(decode_json(b))},
+                JSON: points_from_json},
         sink=sink, count=lambda d: len(d.points), unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder)
 
