@@ -95,7 +95,7 @@ class _Batch:
     """The points of one write waiting for the next flush: the series they belong to and
     one column per point, so a write of thousands of one-point series is a few arrays."""
 
-    __slots__ = ("index", "keys", "times", "values")
+    __slots__ = ("_counts", "index", "keys", "times", "values")
 
     def __init__(self, keys: list[SeriesKey], index: np.ndarray, times: np.ndarray,
                  values: np.ndarray) -> None:
@@ -103,6 +103,19 @@ class _Batch:
         self.index = index  # per point: its series in ``keys``
         self.times = times
         self.values = values
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def counts_by(self, attribute: str) -> dict[str, int]:
+        """This batch's points by the value of ``attribute`` ("" without it); kept."""
+        found = self._counts.get(attribute)
+        if found is None:
+            found = {}
+            per_key = np.bincount(self.index, minlength=len(self.keys)).tolist()
+            for (_, akey), count in zip(self.keys, per_key, strict=True):
+                value = str(json.loads(akey).get(attribute, ""))
+                found[value] = found.get(value, 0) + count
+            self._counts[attribute] = found
+        return found
 
 
 class StoreWriter:
@@ -192,17 +205,15 @@ class StoreWriter:
         return self._buffered
 
     def buffered_by(self, attribute: str) -> dict[str, int]:
-        """Points waiting for the next flush, by the value of ``attribute`` ("" without it)."""
+        """Points waiting for the next flush, by the value of ``attribute`` ("" without it).
+
+        Counted once per batch and attribute: a sidecar asks on every request while its
+        buffer is over half full, and the buffer then holds hundreds of batches."""
         out: dict[str, int] = {}
-        parsed: dict[str, str] = {}
         with self._lock:
             batches = list(self._pending)
         for batch in batches:
-            counts = np.bincount(batch.index, minlength=len(batch.keys)).tolist()
-            for (_, akey), count in zip(batch.keys, counts, strict=True):
-                value = parsed.get(akey)
-                if value is None:
-                    value = parsed[akey] = str(json.loads(akey).get(attribute, ""))
+            for value, count in batch.counts_by(attribute).items():
                 out[value] = out.get(value, 0) + count
         return out
 

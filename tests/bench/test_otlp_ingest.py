@@ -18,4 +18,4 @@ def test_a_stamped_export_carries_every_series_once_at_the_new_time(encoding: st
     assert len(points) == 40
     assert {p.time_ns for p in points} == {t}
     assert len({(p.name, tuple(sorted(p.attributes.items()))) for p in points}) == 40
-    assert {p.attributes["service.name"] for p in points} == {"ingest-3"}
+    assert {p.attributes["seedance.rank"] for p in points} == {"3"}
