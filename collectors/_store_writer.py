@@ -142,6 +142,7 @@ class StoreWriter:
         self._last_fold = time.monotonic()
         self._journal_rows = 0  # rows this writer added since it last folded (or opened)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
         self.write_error: str | None = None
         """Why the last flush failed (None: it committed); buffered points wait for the next."""
@@ -198,6 +199,9 @@ class StoreWriter:
                     f"{self._buffered} points wait: retry later")
             self._pending.append(batch)
             self._buffered += batch.times.shape[0]
+            if (self.write_error is None
+                    and self._buffered >= self._file.config.max_buffered_points // 4):
+                self._wake.set()
 
     @property
     def buffered(self) -> int:
@@ -258,7 +262,9 @@ class StoreWriter:
             self._buffered += sum(b.times.shape[0] for b in batch)
 
     def start_flusher(self) -> None:
-        """Flush every ``flush_interval_s`` from a background thread until :meth:`stop_flusher`."""
+        """Flush every ``flush_interval_s`` from a background thread until :meth:`stop_flusher`,
+        and sooner once a quarter of ``max_buffered_points`` wait: a sidecar refuses a job's
+        points past half, so a burst must not sit out the interval."""
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
                                          name=f"store-flush:{self._file.path.name}")
         self._flusher.start()
@@ -266,11 +272,16 @@ class StoreWriter:
     def stop_flusher(self) -> None:
         """Stop the background flushes (if any) and wait for the one in progress."""
         self._stop.set()
+        self._wake.set()
         if self._flusher is not None:
             self._flusher.join()
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self._file.config.flush_interval_s):
+        while True:
+            self._wake.wait(self._file.config.flush_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.flush()
             except Exception:  # the loop never dies; the batch stays queued for the next try

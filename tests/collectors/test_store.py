@@ -421,6 +421,21 @@ def _wait_for_rows(path: Path, want: int, timeout_s: float = 10.0) -> int:
             time.sleep(0.02)
 
 
+def test_a_burst_of_a_quarter_of_the_buffer_is_flushed_before_the_interval(
+        tmp_path: Path) -> None:
+    with _store(tmp_path / "s.db", flush_interval_s=3600, max_buffered_points=4000) as store:
+        store.write_series("m", {}, T0 + np.arange(999) * NS, np.ones(999))
+        time.sleep(0.5)
+        assert store.buffered == 999  # under a quarter: waits for the interval
+        store.write_series("m", {}, T0 + np.arange(999, 1000) * NS, np.ones(1))
+        deadline = time.monotonic() + 30
+        while store.buffered and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.buffered == 0
+        with TimeSeriesStore(tmp_path / "s.db", readonly=True) as reader:
+            assert len(reader.query("m", resolution="raw")) == 1000
+
+
 def test_background_thread_flushes_on_interval(tmp_path: Path) -> None:
     with _store(tmp_path / "s.db", flush_interval_s=0.05) as store:
         store.write_series("m", {}, T0 + np.arange(10) * NS, np.zeros(10))
@@ -429,9 +444,10 @@ def test_background_thread_flushes_on_interval(tmp_path: Path) -> None:
 
 def test_buffer_flushes_when_full(tmp_path: Path) -> None:
     with _store(tmp_path / "s.db", flush_interval_s=3600, max_buffered_points=100) as store:
-        store.write_series("m", {}, T0 + np.arange(60) * NS, np.zeros(60))
-        assert _wait_for_rows(tmp_path / "s.db", 60, timeout_s=0.2) == 0
-        store.write_series("m", {}, T0 + np.arange(60, 120) * NS, np.zeros(60))
+        store.write_series("m", {}, T0 + np.arange(20) * NS, np.zeros(20))
+        assert _wait_for_rows(tmp_path / "s.db", 20, timeout_s=0.2) == 0
+        store.write_series("m", {}, T0 + np.arange(20, 120) * NS, np.zeros(100))
+        assert store.buffered == 0  # full: flushed by the write itself
         assert _wait_for_rows(tmp_path / "s.db", 120, timeout_s=0.2) == 120
 
 
