@@ -24,7 +24,7 @@ DIRECT_AT_POINTS = 64
 """A series with at least this many points in one flush gets its own chunk right away."""
 
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""(series ids, times, values), sorted by series then time (stable: arrival order of ties)."""
+"""(series ids, times, values), grouped by series (arrival order within one)."""
 
 _EMPTY: Columns = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
 
@@ -43,38 +43,40 @@ def append(conn: sqlite3.Connection, series: np.ndarray, times: np.ndarray,
 
 
 def sort_columns(series: np.ndarray, times: np.ndarray, values: np.ndarray) -> Columns:
+    """By series, then time (a flush's points, before they are counted and journaled)."""
     order = np.lexsort((times, series))
     return series[order], times[order], values[order]
 
 
 class PointsJournalView:
-    """The journal's points, decoded once per row (row ids are never reused) and combined
-    once per set of rows: every raw query of a flush interval reads the same rows. Used under
-    the store file's lock."""
+    """The journal's points, grouped by series, kept across queries and extended by the rows
+    each flush adds (row ids are never reused): every raw query of a flush interval reads the
+    same rows, and re-sorting a minute of a busy sidecar's points each time held the file's
+    lock for longer than a flush. Used under the store file's lock."""
 
     def __init__(self) -> None:
-        self._decoded: dict[int, Columns] = {}
         self._combined: tuple[tuple[int, ...], Columns] = ((), _EMPTY)
 
     def columns(self, conn: sqlite3.Connection) -> Columns:
-        """Every journal point, sorted by series then time (empty without a journal)."""
+        """Every journal point, grouped by series (empty without a journal)."""
         if not has_points_journal(conn):
             return _EMPTY
         ids = tuple(r[0] for r in conn.execute("SELECT id FROM points_journal ORDER BY id"))
-        if ids == self._combined[0]:
-            return self._combined[1]
-        missing = [i for i in ids if i not in self._decoded]
-        if missing:
-            for i, n, data in conn.execute(
-                    "SELECT id, n, data FROM points_journal WHERE id >= ? ORDER BY id",
-                    (min(missing),)):
-                if i not in self._decoded:
-                    s, t, v = codec.decode_frame(data, _KINDS, n)
-                    self._decoded[i] = (s, t, v)
-        self._decoded = {i: self._decoded[i] for i in ids}
-        parts = list(self._decoded.values())
-        combined = sort_columns(*(np.concatenate([p[k] for p in parts]) for k in range(3))
-                                ) if parts else _EMPTY
+        known, combined = self._combined
+        if ids == known:
+            return combined
+        if known and ids[:len(known)] == known:  # rows were only added: merge the new ones
+            parts, after = [combined], known[-1]
+        else:
+            parts, after = [], -1
+        for _, n, data in conn.execute(
+                "SELECT id, n, data FROM points_journal WHERE id > ? ORDER BY id", (after,)):
+            parts.append(tuple(codec.decode_frame(data, _KINDS, n)))  # type: ignore[arg-type]
+        series, times, values = (np.concatenate([p[k] for p in parts]) if parts
+                                 else _EMPTY[k] for k in range(3))
+        # stable: a series' older points stay first; the parts are runs already grouped
+        order = np.argsort(series, kind="stable")
+        combined = (series[order], times[order], values[order])
         self._combined = (ids, combined)
         return combined
 

@@ -256,6 +256,8 @@ def test_flushes_of_one_point_per_series_write_one_journal_row_each_and_read_the
             store.write([Point("m", float(values[flush, s]), T0 + flush * NS + s,
                                {"s": str(s)}) for s in range(500)])
             store.flush()
+            # each query extends the writer's view of the journal by the new row
+            assert len(store.query("m", resolution="raw")) == 500 * (flush + 1)
         # a series with many points in one flush still goes straight to its chunks
         store.write_series("busy", {}, T0 + np.arange(100) * NS, np.arange(100.0))
         store.flush()
