@@ -54,6 +54,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._worktree import worktree  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 TARGET_POINTS_PER_S = 600_000
@@ -220,13 +221,6 @@ def one_run(tree: Path, exporters: int, encoding: str, args: argparse.Namespace
     }
 
 
-def worktree(rev: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="otlp-ingest-base-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT,
-                   check=True, capture_output=True)
-    return path
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--load-only":
         url, n, metrics, series, encoding, warmup, seconds, out = sys.argv[2:]
@@ -246,7 +240,7 @@ def main() -> None:
     args = parser.parse_args()
     trees = {"new": ROOT}
     if args.base:
-        trees = {"base": worktree(args.base), "new": ROOT}
+        trees = {"base": worktree(args.base, "otlp-ingest-base-"), "new": ROOT}
     runs: list[dict[str, Any]] = []
     try:
         for n in [int(x) for x in args.exporters.split(",")]:

@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench._worktree import worktree  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "sidecar_cpu.json"
 
 
@@ -78,13 +81,6 @@ def one_run(tree: Path, family: str, seconds: float, warmup_s: float,
             "median_ci_width": round(statistics.median(widths), 4) if widths else None}
 
 
-def worktree(rev: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="sidecar-cpu-base-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT,
-                   check=True, capture_output=True)
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", default="HEAD~1", help="revision of the base arm")
@@ -101,7 +97,7 @@ def main() -> None:
         return
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
-    base = worktree(base_rev)
+    base = worktree(base_rev, "sidecar-cpu-base-")
     arms = {"base": (base, None), "new, nice 0": (ROOT, 0), "new": (ROOT, None)}
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     try:
