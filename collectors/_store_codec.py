@@ -21,7 +21,6 @@ round-trip bit for bit, NaN payloads and -0.0 included.
 
 from __future__ import annotations
 
-import math
 import struct
 import zlib
 
@@ -89,79 +88,12 @@ def _value_words(v: np.ndarray) -> tuple[bytes, np.ndarray]:
     return _TAG_XOR, bits ^ np.concatenate(([np.uint64(0)], bits[:-1]))
 
 
-_SMALL_WORDS = 64
-_MASK64 = (1 << 64) - 1
-
-
-def _wrap64(x: int) -> int:
-    """``x`` as int64 arithmetic leaves it (two's complement wrap)."""
-    return ((x + (1 << 63)) & _MASK64) - (1 << 63)
-
-
-def _zigzag_int(x: int) -> int:
-    x = _wrap64(x)
-    return ((x << 1) ^ (x >> 63)) & _MASK64
-
-
-def _median_int(deltas: list[int]) -> int:
-    """``int(np.median(deltas))`` exactly as numpy computes it (through float64)."""
-    ordered = sorted(deltas)
-    k = len(ordered) // 2
-    if len(ordered) % 2:
-        return int(float(ordered[k]))
-    return int((float(ordered[k - 1]) + float(ordered[k])) / 2)
-
-
-def _small_time_words(t: list[int]) -> tuple[bytes, list[int]]:
-    deltas = [_wrap64(b - a) for a, b in zip(t, t[1:], strict=False)]
-    base = _median_int(deltas) if deltas else 0
-    return _TIMES.pack(t[0], base), [0] + [_zigzag_int(d - base) for d in deltas]
-
-
-def _small_value_words(v: list[float]) -> tuple[bytes, list[int]]:
-    if all(math.isfinite(x) and abs(x) < _INT_LIMIT and x.is_integer()
-           and not (x == 0 and math.copysign(1.0, x) < 0) for x in v):
-        ints = [int(x) for x in v]
-        return _TAG_INT, [_zigzag_int(b - a) for a, b in zip([0, *ints], ints, strict=False)]
-    bits = list(struct.unpack(f"<{len(v)}Q", struct.pack(f"<{len(v)}d", *v)))
-    return _TAG_XOR, [b ^ a for a, b in zip([0, *bits], bits, strict=False)]
-
-
-def _small_pack(words: list[int]) -> bytes:
-    """:func:`_pack` of a few words, byte for byte, without numpy's per-call cost."""
-    raw = struct.pack(f"<{len(words)}Q", *words)
-    zero = bytes(len(words))
-    planes = [raw[i::8] for i in range(8)]
-    kept = [i for i, plane in enumerate(planes) if plane != zero]
-    return bytes((sum(1 << i for i in kept),)) + zlib.compress(
-        b"".join(planes[i] for i in kept), _ZLIB_LEVEL)
-
-
-def _encode_small(kinds: str, columns: list[np.ndarray]) -> bytes:
-    heads, words = [], []
-    for kind, column in zip(kinds, columns, strict=True):
-        head, w = (_small_time_words(np.asarray(column, dtype=np.int64).tolist())
-                   if kind == "t" else
-                   _small_value_words(np.asarray(column, dtype=np.float64).tolist()))
-        heads.append(head)
-        words.extend(w)
-    return b"".join(heads) + _small_pack(words)
-
-
 def encode_frame(kinds: str, columns: list[np.ndarray]) -> bytes:
     """Encode equal-length columns in one blob; ``kinds[i]`` is "t" (int64 ns) or "v" (float64).
 
     One zlib stream for all columns keeps the fixed cost per blob low (a rollup piece of a few
-    buckets has seven columns). Frames of a few values (a fold writes thousands of them, one
-    per series) are encoded in plain Python, to the same bytes, at a fraction of numpy's
-    per-call cost.
+    buckets has seven columns).
     """
-    if sum(np.shape(c)[0] for c in columns) <= _SMALL_WORDS:
-        return _encode_small(kinds, columns)
-    return _encode_numpy(kinds, columns)
-
-
-def _encode_numpy(kinds: str, columns: list[np.ndarray]) -> bytes:
     heads, words = [], []
     for kind, column in zip(kinds, columns, strict=True):
         head, w = (_time_words(np.asarray(column, dtype=np.int64)) if kind == "t"

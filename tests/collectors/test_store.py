@@ -23,15 +23,7 @@ from hypothesis.extra import numpy as hnp
 from collectors._errors import SeedanceError
 from collectors._points import Point
 from collectors._store import TimeSeriesStore
-from collectors._store_codec import (
-    _encode_numpy,
-    _encode_small,
-    decode_frame,
-    decode_times,
-    decode_values,
-    encode_times,
-    encode_values,
-)
+from collectors._store_codec import decode_times, decode_values, encode_times, encode_values
 from collectors._store_file import StoreError
 from collectors._store_query import AUTO_MIN_POINTS, DecodedCache
 
@@ -62,23 +54,6 @@ def test_values_round_trip_bit_for_bit(values: np.ndarray) -> None:
                   elements=st.integers(-(2**62), 2**62)))
 def test_times_round_trip_sorted_or_not(times: np.ndarray) -> None:
     assert decode_times(encode_times(times), times.shape[0]).tolist() == times.tolist()
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(1, 9).flatmap(lambda n: st.tuples(
-    hnp.arrays(np.int64, n, elements=st.integers(-(2**63), 2**63 - 1)),
-    hnp.arrays(np.float64, n, elements=st.floats(allow_nan=True, allow_infinity=True)),
-    hnp.arrays(np.float64, n, elements=st.integers(-(2**53) + 1, 2**53 - 1).map(float)))))
-def test_small_frames_encode_to_the_same_bytes_in_python_as_in_numpy(
-        columns: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
-    """A fold writes thousands of frames of a few values each through the plain-Python
-    encoder: it must be the numpy encoder's bytes exactly, and decode back bit for bit."""
-    kinds, cols = "tvv", list(columns)
-    blob = _encode_small(kinds, cols)
-    assert blob == _encode_numpy(kinds, cols)
-    back = decode_frame(blob, kinds, cols[0].shape[0])
-    for got, want in zip(back, cols, strict=True):
-        assert got.view(np.uint64).tolist() == want.view(np.uint64).tolist()
 
 
 def test_special_values_round_trip() -> None:
