@@ -25,6 +25,7 @@ from collectors._points import CONFIG_VERSION_ATTR
 from tests.rendezvous import file_rendezvous
 from tests.servers import free_port, job_token_in_env
 from tuner._lease import JobRegistry
+from tuner._lease_messages import Lease
 from tuner._lease_http import lease_router
 from tuner.job import Session, attach
 from workloads.process_group import rank_process_group
@@ -191,6 +192,47 @@ def test_losing_the_sidecar_returns_to_baseline_and_training_goes_on(
         assert job.scale.value == 0.5
     finally:
         job.session.close()
+
+
+class StallingRegistry(JobRegistry):
+    """A real registry whose next lease call answers ``stall_s`` late: a busy sidecar, alive."""
+
+    stall_s = 0.0
+    stalled: list[float] = []
+
+    def lease(self, job: str, session: str, known_version: int, wait_s: float) -> Lease:
+        stall, self.stall_s = self.stall_s, 0.0
+        if stall:
+            self.stalled = [*self.stalled, stall]
+            time.sleep(stall)
+        return super().lease(job, session, known_version, max(0.0, wait_s - stall))
+
+
+def test_a_sidecar_that_answers_late_but_within_the_ttl_keeps_the_lease() -> None:
+    ttl_s = 4.0  # the job long-polls for ttl/4 = 1 s; the old client gave up after 2 s
+    registry = StallingRegistry(lease_ttl_s=ttl_s)
+    registry.start()
+    server = LeaseServer(registry, free_port())
+    server.start()
+    meter = MeterProvider().get_meter("test")
+    job = Job(lambda model, opt: attach(model, opt, job="mlp", sidecar=server.url,
+                                        lease_ttl_s=ttl_s, meter=meter, global_batch=8))
+    try:
+        job.run_until(attached(registry, "mlp"))
+        trial = registry.set_desired("mlp", {"loss_scale": 3.0})
+        job.run_until(lambda: job.session.version == trial.version)
+        session = registry.status("mlp").session
+        registry.stall_s = 2.4  # answered 2.4 s after it was asked: 0.6 s before the lapse
+        stalled_from = len(job.steps)
+        job.run_until(lambda: len(job.steps) > stalled_from and
+                      job.steps[-1]["start"] - job.steps[stalled_from]["start"] > 2 * ttl_s)
+        assert registry.stalled == [2.4]
+        assert {r["version"] for r in job.steps[stalled_from:]} == {trial.version}
+        assert registry.status("mlp").session == session  # never lapsed, never re-attached
+    finally:
+        job.session.close()
+        server.stop()
+        registry.shutdown()
 
 
 def test_null_session_trains_on_defaults() -> None:

@@ -195,10 +195,14 @@ class LeaseClient:
         # A quarter of the TTL: the lease counts from the start of the last answered call, so
         # two polls back to back still renew well inside the TTL.
         wait_s = min(self._ttl_s / 4, MAX_POLL_S)
+        # A slow answer that still comes before the lapse renews the lease: wait for it until
+        # then (a busy sidecar answers late; only a dead one never does).
+        lapses_in_s = self._renewed_at + self._ttl_s - started
         r = self._http.get(f"/v1/jobs/{self._job}/lease",
                            params={"session": session, "version": self._received,
                                    "wait_s": wait_s},
-                           timeout=wait_s + min(self._timeout_s, self._ttl_s / 4))
+                           timeout=max(lapses_in_s, wait_s + min(self._timeout_s,
+                                                                 self._ttl_s / 4)))
         with self._lock:
             if session != self._session:  # lapsed meanwhile: this answer is stale
                 return
