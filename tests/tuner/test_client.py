@@ -25,8 +25,8 @@ from collectors._points import CONFIG_VERSION_ATTR
 from tests.rendezvous import file_rendezvous
 from tests.servers import free_port, job_token_in_env
 from tuner._lease import JobRegistry
-from tuner._lease_messages import Lease
 from tuner._lease_http import lease_router
+from tuner._lease_messages import Lease
 from tuner.job import Session, attach
 from workloads.process_group import rank_process_group
 
