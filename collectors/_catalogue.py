@@ -113,23 +113,24 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.train.step", unit="{step}", kind=G, source="torch client",
                attributes=_JOB, description="Index of the last completed step"),
     MetricSpec(name="seedance.train.grad.norm", unit="1", kind=G, source="torch client",
-               attributes=_JOB, description="Global L2 norm of the gradients (unscaled)"),
+               attributes=_JOB, description="Global L2 norm of the gradients (unscaled), read at most once per "
+               "grad_interval_s (default half the export interval)"),
     MetricSpec(name="seedance.train.grad.group_norm", unit="1", kind=G, source="torch client",
                attributes=_JOB + ("seedance.module_group",),
-               description="L2 norm of one module group's gradients"),
+               description="L2 norm of one module group's gradients (read with the global norm)"),
     MetricSpec(name="seedance.train.grad.nonfinite", unit="{element}", kind=G,
                source="torch client", attributes=_JOB + ("seedance.module_group",),
-               description="Gradient elements that are NaN or infinite (every stats_every "
-               "steps)"),
+               description="Gradient elements that are NaN or infinite (every stats_every-th "
+               "gradient reading)"),
     MetricSpec(name="seedance.train.nonfinite_steps", unit="{step}", kind=S,
                source="torch client", attributes=_JOB + ("seedance.nonfinite.what",),
-               description="Steps whose loss (what=loss) or global gradient norm "
-               "(what=grad_norm) was NaN or infinite; OpenTelemetry drops non-finite gauge "
+               description="Steps whose loss (what=loss, every step) or global gradient norm "
+               "(what=grad_norm, steps whose gradients were read) was NaN or infinite; OpenTelemetry drops non-finite gauge "
                "values, so this counter is what carries the signal"),
     MetricSpec(name="seedance.train.grad.zero_fraction", unit="1", kind=G,
                source="torch client", attributes=_JOB + ("seedance.module_group",),
                description="Fraction of gradient elements that are exactly zero (every "
-               "stats_every steps)"),
+               "stats_every-th gradient reading)"),
     MetricSpec(name="seedance.train.grad_scaler.scale", unit="1", kind=G,
                source="torch client", attributes=_JOB,
                description="GradScaler loss scale in force when the gradients were read"),

@@ -112,7 +112,8 @@ class _Row:
     step: int
     version: int
     loss: torch.Tensor | float | None
-    grad: torch.Tensor | None  # float64: [sq per group | zeros per group | nonfinite per group]
+    grad: torch.Tensor | None  # float64: [sq per group | zeros | nonfinite per group | scale]
+    has_norms: bool  # grad starts with the squared norm of each group
     numel: tuple[int, ...] | None  # elements per group when element stats were taken
     has_scale: bool  # grad ends with the GradScaler scale
 
@@ -124,6 +125,11 @@ class TrainingInstrumentation:
     and histograms of ``meter``; the meter provider's reader decides when they are exported.
     ``config_version`` is an int or a callable returning one, read when each step begins; it can
     also be assigned later (``instr.config_version = 7``).
+
+    Gradient norms are read at most once per ``grad_interval_s`` (0: every step), and the element
+    statistics on every ``stats_every``-th reading: a gauge exports its last value once per export
+    interval, so readings between two exports are never seen, while the norm pass costs the same
+    on a 10 ms step as on a 1 s one. The loss and the GradScaler's scale are read every step.
     """
 
     def __init__(
@@ -137,12 +143,19 @@ class TrainingInstrumentation:
         config_version: Callable[[], int] | int = 0,
         attributes: Mapping[str, str | int] | None = None,
         stats_every: int = 10,
+        grad_interval_s: float = 0.5,
     ) -> None:
         if stats_every < 1:
             raise SeedanceError(f"stats_every must be >= 1, got {stats_every}")
+        if not grad_interval_s >= 0 or math.isinf(grad_interval_s):
+            raise SeedanceError(f"grad_interval_s must be a finite number >= 0, got "
+                                f"{grad_interval_s!r}")
         self.optimizer = optimizer
         self.grad_scaler = grad_scaler
         self.stats_every = stats_every
+        self.grad_interval_s = grad_interval_s
+        self._grads_read = 0
+        self._grads_read_at = -math.inf
         self.config_version = config_version
         self._base_attributes = dict(attributes or {})
         named = [(n, p) for n, p in _unwrap(model).named_parameters() if p.requires_grad]
@@ -164,6 +177,7 @@ class TrainingInstrumentation:
         self._wait_outside_s = 0.0
         self._loss: torch.Tensor | float | None = None
         self._grad: torch.Tensor | None = None
+        self._has_norms = False
         self._numel: tuple[int, ...] | None = None
         self._has_scale = False
         self._pending: collections.deque[tuple[_Row, torch.Tensor, Any]] = collections.deque()
@@ -228,7 +242,8 @@ class TrainingInstrumentation:
         the counts it yields may grow until then."""
         self._step_version = self.config_version
         self._in_step = True
-        self._loss, self._grad, self._numel, self._has_scale = None, None, None, False
+        self._loss, self._grad, self._numel = None, None, None
+        self._has_norms = self._has_scale = False
         counts = StepCounts(tokens=tokens, samples=samples)
         start = time.perf_counter()
         try:
@@ -249,7 +264,8 @@ class TrainingInstrumentation:
         self._g["step"].set(self._step_index, attrs)
         self._g["learning_rate"].set(float(self.optimizer.param_groups[0]["lr"]), attrs)
         self._submit(_Row(step=self._step_index, version=self._step_version, loss=self._loss,
-                          grad=self._grad, numel=self._numel, has_scale=self._has_scale))
+                          grad=self._grad, has_norms=self._has_norms, numel=self._numel,
+                          has_scale=self._has_scale))
         self._step_index += 1
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
@@ -263,10 +279,22 @@ class TrainingInstrumentation:
         (detected, or say so with ``unscaled=True``) they are taken as they are, otherwise they
         are divided by the scale in force.
         """
+        due = time.perf_counter() - self._grads_read_at >= self.grad_interval_s
+        parts = self._read_grads(self._scale_in_force(unscaled)) if due else []
+        self._has_norms = bool(parts)
+        self._has_scale = self.grad_scaler is not None and self.grad_scaler.is_enabled()
+        if self._has_scale:
+            parts.append(self._scale_tensor().to(self._device, torch.float64).reshape(1))
+        self._grad = torch.cat(parts) if parts else None
+
+    def _read_grads(self, scale: torch.Tensor | None) -> list[torch.Tensor]:
+        """Squared norm per group, and on every ``stats_every``-th reading the exactly-zero and
+        non-finite element counts per group; empty when no parameter has a gradient."""
         present = [(p.grad, i) for p, i in zip(self._params, self._gids, strict=True)
                    if p.grad is not None]
         if not present:
-            return
+            return []
+        self._grads_read_at = time.perf_counter()
         grads = [g for g, _ in present]
         if len(present) == len(self._params):
             index = self._full_index
@@ -277,12 +305,10 @@ class TrainingInstrumentation:
         n_groups = len(self.groups)
         group_sq = torch.zeros(n_groups, dtype=torch.float64, device=self._device)
         group_sq.index_add_(0, index, param_sq)
-        scale = self._scale_in_force(unscaled)
         if scale is not None:
             group_sq = group_sq / scale.to(self._device, torch.float64).square()
         parts = [group_sq]
-        self._numel = None
-        if self._step_index % self.stats_every == 0:
+        if self._grads_read % self.stats_every == 0:
             numel = [0] * n_groups
             for g, i in present:
                 numel[i] += g.numel()
@@ -293,10 +319,8 @@ class TrainingInstrumentation:
             nonfinite.index_add_(0, index, _nonfinite_counts(grads, param_sq))
             parts += [zeros, nonfinite]
             self._numel = tuple(numel)
-        self._has_scale = self.grad_scaler is not None and self.grad_scaler.is_enabled()
-        if self._has_scale:
-            parts.append(self._scale_tensor().to(self._device, torch.float64).reshape(1))
-        self._grad = torch.cat(parts)
+        self._grads_read += 1
+        return parts
 
     def flush(self) -> None:
         """Exports every measured step still waiting for its device copy (blocks on it)."""
@@ -383,7 +407,13 @@ class TrainingInstrumentation:
             self._g["loss"].set(loss[0], attrs)
             last["loss"] = loss[0]
         if grad is not None:
-            n = len(self.groups)
+            self._publish_grad(row, grad, attrs, group_attrs, last)
+        self._last = last
+
+    def _publish_grad(self, row: _Row, grad: list[float], attrs: dict[str, Any],
+                      group_attrs: list[dict[str, Any]], last: dict[str, Any]) -> None:
+        n = len(self.groups)
+        if row.has_norms:
             total = math.sqrt(sum(grad[:n]))
             self._count_nonfinite(attrs, "grad_norm", total)
             self._g["grad.norm"].set(total, attrs)
@@ -399,11 +429,10 @@ class TrainingInstrumentation:
                     self._g["grad.zero_fraction"].set(zero_fraction, group_attrs[i])
                     self._g["grad.nonfinite"].set(grad[2 * n + i], group_attrs[i])
                     groups[name].update(zero_fraction=zero_fraction, nonfinite=grad[2 * n + i])
-            if row.has_scale:
-                self._g["grad_scaler.scale"].set(grad[-1], attrs)
-                last["grad_scaler_scale"] = grad[-1]
             last["groups"] = groups
-        self._last = last
+        if row.has_scale:
+            self._g["grad_scaler.scale"].set(grad[-1], attrs)
+            last["grad_scaler_scale"] = grad[-1]
 
 
 def _nonfinite_counts(grads: list[torch.Tensor], param_sq: torch.Tensor) -> torch.Tensor:

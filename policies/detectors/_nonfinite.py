@@ -44,7 +44,7 @@ class NonFiniteConfig:
     A non-finite loss always counts. Without a GradScaler, non-finite gradients count at once
     (a non-finite norm, or ``grad.nonfinite`` elements > 0). With one (``grad_scaler.scale``
     readings present) an overflow is routine (the scaler skips the step and backs off), so they
-    count only when the last ``scaler_tolerated`` per-step norms in a row are non-finite or the
+    count only when the last ``scaler_tolerated`` norm readings in a row are non-finite or the
     scale backed off that many steps in a row (each back-off is one overflowing step).
 
     The OpenTelemetry SDK drops non-finite values set on a gauge (it logs "not finite ...

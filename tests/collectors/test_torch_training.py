@@ -12,6 +12,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from torch import nn
 
 from collectors._catalogue import TRAINING_METRICS
+from collectors._errors import SeedanceError
 from collectors._points import CONFIG_VERSION_ATTR
 from collectors.torch_training import (
     MODULE_GROUP_ATTR,
@@ -209,6 +210,61 @@ def test_grad_scaler_norms_are_unscaled(reader: InMemoryMetricReader) -> None:
             scaler.update()
         assert instr.last_stats["grad_norm"] == pytest.approx(reference, rel=1e-4)
         assert instr.last_stats["grad_scaler_scale"] == 1024.0
+
+
+def _scaled_steps(instr: TrainingInstrumentation, model: GPT, opt: torch.optim.Optimizer,
+                  scaler: torch.amp.GradScaler, steps: int) -> list[dict]:
+    idx = torch.randint(0, TINY.vocab_size, (2, TINY.block_size),
+                        generator=torch.Generator().manual_seed(1))
+    seen = []
+    for _ in range(steps):
+        with instr.step():
+            loss = model(idx, idx)
+            scaler.scale(loss).backward()
+            instr.after_backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            instr.record_loss(loss)
+        seen.append(instr.last_stats)
+    return seen
+
+
+def test_gradients_are_read_once_per_interval_loss_and_scale_every_step(
+        reader: InMemoryMetricReader) -> None:
+    model, opt, _ = _gpt_backward()
+    opt.zero_grad()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    instr = TrainingInstrumentation(model, opt, reader.meter, grad_scaler=scaler,
+                                    grad_interval_s=3600.0)
+    seen = _scaled_steps(instr, model, opt, scaler, 3)
+    assert "grad_norm" in seen[0] and "zero_fraction" in seen[0]["groups"]["attention"]
+    for later in seen[1:]:
+        assert "grad_norm" not in later and "groups" not in later
+        assert math.isfinite(later["loss"]) and later["grad_scaler_scale"] > 0
+    counted = _points(reader)["seedance.train.nonfinite_steps"]
+    by_what = {p.attributes["seedance.nonfinite.what"]: p.value for p in counted}
+    assert by_what == {"loss": 0, "grad_norm": 0}
+
+
+def test_zero_interval_reads_every_step_with_stats_on_every_nth_reading(
+        reader: InMemoryMetricReader) -> None:
+    model, opt, _ = _gpt_backward()
+    opt.zero_grad()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    instr = TrainingInstrumentation(model, opt, reader.meter, grad_scaler=scaler,
+                                    grad_interval_s=0.0, stats_every=2)
+    seen = _scaled_steps(instr, model, opt, scaler, 4)
+    assert all("grad_norm" in s for s in seen)
+    with_stats = ["zero_fraction" in s["groups"]["attention"] for s in seen]
+    assert with_stats == [True, False, True, False]
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])
+def test_a_bad_gradient_interval_is_refused_with_its_value(bad: float) -> None:
+    model, opt, _ = _gpt_backward()
+    with pytest.raises(SeedanceError, match=r"grad_interval_s must be a finite number >= 0, got"):
+        TrainingInstrumentation(model, opt, MeterProvider().get_meter("t"), grad_interval_s=bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

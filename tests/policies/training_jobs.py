@@ -1,7 +1,9 @@
 """Real small torch jobs whose telemetry goes through the real OTel set-up into a real store.
 
 Every step is exported once (``force_flush`` after it), so the store holds one reading per
-step, as a job exporting faster than it steps would. Windows cover the whole run.
+step, as a job exporting faster than it steps would; the gradients are read every step to match
+(``grad_interval_s=0``, as a session exporting that often would set it). Windows cover the whole
+run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Run:
                    **kwargs: object) -> TrainingInstrumentation:
         return TrainingInstrumentation(model, optimizer, self.telemetry.meter("test"),
                                        config_version=version, stats_every=1,
-                                       **kwargs)  # type: ignore[arg-type]
+                                       grad_interval_s=0.0, **kwargs)  # type: ignore[arg-type]
 
     def export(self) -> None:
         assert self.telemetry.force_flush(timeout_s=10.0)

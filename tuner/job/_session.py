@@ -93,7 +93,8 @@ class Session:
         self.instrumentation: TrainingInstrumentation | NullTrainingInstrumentation = (
             TrainingInstrumentation(model, optimizer, meter, grad_scaler=grad_scaler,
                                     module_groups=module_groups,
-                                    config_version=lambda: self.version)
+                                    config_version=lambda: self.version,
+                                    grad_interval_s=export_interval_s / 2)
             if meter is not None else NullTrainingInstrumentation())
         groups = (dict(precision_groups) if precision_groups is not None
                   else default_precision_groups(model, module_groups))
