@@ -21,6 +21,25 @@ import time
 from pathlib import Path
 
 import tests.policies as scenario_package
+from bench._targets import Target, holds, judged
+
+
+def targets(result: dict) -> list[Target]:
+    """Issue #3: each detector finds its positive scenarios, and healthy ones raise nothing.
+
+    The issue asks for delays and false positives and states no number; a detector's purpose
+    is to find every positive scenario with no false positive.
+    """
+    per = result["per_detector"]
+    missed = {n: f"{d['detected']}/{d['positive']}" for n, d in per.items()
+              if d["detected"] < d["positive"]}
+    false = {n: d["false_positives"] for n, d in per.items() if d["false_positives"]}
+    return [holds("every positive scenario detected", "no detector misses a positive scenario",
+                  missed, not missed, "issue #3 (a positive scenario per detector)",
+                  "measured: detected/positive of each detector that missed one"),
+            holds("no false positives", "0 findings on healthy scenarios or before onset",
+                  false, not false, "issue #3 (a healthy scenario per detector)",
+                  "measured: false positives of each detector that raised one")]
 
 
 def _scenarios() -> list[object]:
@@ -82,8 +101,9 @@ def main() -> None:
               f"delay={r['delay_evaluations']} fp={r['false_positives']} "
               f"run={r['median_run_s'] * 1e3:.1f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"per_detector": per_detector, "scenarios": results},
-                                   indent=2, sort_keys=True))
+    result = judged({"per_detector": per_detector, "scenarios": results},
+                    targets({"per_detector": per_detector}))
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench._default_session import code_revision  # noqa: E402
+from bench._targets import Target, at_most, holds, judged  # noqa: E402
 from bench.generalisation import CONTENDED, CpuMeter, Restorer, interleave  # noqa: E402
 from collectors import JobFingerprint, sqlite_url  # noqa: E402
 from collectors.torch_fingerprint import job_fingerprint  # noqa: E402
@@ -263,6 +264,16 @@ def _replayed_change(job: str, study: str, number: int, origin: str, baseline: C
         comparison={"gain": gain})
 
 
+def targets(report: Mapping[str, Any]) -> list[Target]:
+    """Issue #14: a second job of a family seen before reaches its kept config in at most half
+    the trials of a cold start; judged where the cold search needed 2 or more trials."""
+    source = "issue #14 (judged where the cold search needs 2 or more trials)"
+    judged_ = [at_most(f"{name}: warm trials to the cold kept config",
+                       f["cold_trials_to_kept"] / 2, f["warm_trials_to_kept"], source)
+               for name, f in report["families"].items() if f["target_applies"]]
+    return judged_ or [holds("a family the target applies to", "at least one", 0, False, source)]
+
+
 def trials_to(run: Mapping[str, Any], target: str, target_relative: float,
               truth: Truth) -> tuple[int | None, str]:
     """Trials until the run's baseline is ``target`` (0: it started there); else until it is
@@ -419,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                          if f["contended"]),
         "load_average_start_end": [list(load_start), list(os.getloadavg())],
     }
+    report = judged(report, targets(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report["summary"], indent=1))

@@ -69,6 +69,7 @@ import torch  # noqa: E402
 
 from bench._default_session import DefaultSettingsSession, code_revision  # noqa: E402
 from bench._serving_family import bench_serving  # noqa: E402
+from bench._targets import Target, block, holds, judged  # noqa: E402
 from seedancectl._api_client import SidecarError  # noqa: E402
 from seedancectl._session import TrainingSession  # noqa: E402
 from seedancectl._session_config import TuningSessionError  # noqa: E402
@@ -471,18 +472,49 @@ def bench_family(name: str, args: argparse.Namespace) -> dict[str, Any]:
 # ---- the report ---------------------------------------------------------------------------
 
 
+def _incomplete(families: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Families not measured to the end, or not at all: no target is met while one is missing."""
+    return (sorted(n for n, f in families.items() if not f.get("complete"))
+            + sorted(set([*FAMILIES, SERVING]) - set(families)))
+
+
+def family_targets(families: Mapping[str, Mapping[str, Any]], minutes: float) -> list[Target]:
+    """Issue #11's targets: median captured/available gain, no regression kept, serving held."""
+    captured = [f["captured_at_end"] for f in families.values()
+                if f.get("captured_at_end") is not None]
+    median = statistics.median(captured) if captured else None
+    regressions = sorted(n for n, f in families.items() if f.get("regression_kept"))
+    incomplete = _incomplete(families)
+    serving = families.get(SERVING, {})
+    return [Target(f"median_captured_at_{minutes:g}min >= {CAPTURE_TARGET}", CAPTURE_TARGET,
+                   _r(median) if median is not None else None,
+                   median is not None and median >= CAPTURE_TARGET and not incomplete,
+                   "issue #11", ">=", f"not met while a family is incomplete: {incomplete}"
+                   if incomplete else None),
+            holds("no regression kept", "no family keeps a config slower than its default",
+                  regressions, not regressions and not incomplete, "issue #11"),
+            holds("serving: kept config within the quality bound, tokens/s not below the "
+                  "default", "the serving family completes with no regression kept",
+                  {"complete": serving.get("complete"),
+                   "regression_kept": serving.get("regression_kept")},
+                  bool(serving.get("complete")) and not serving.get("regression_kept"),
+                  "issue #11 item 7")]
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """The families' targets at the protocol's session length."""
+    return family_targets(result["families"], result["protocol"]["minutes"])
+
+
 def summary(families: Mapping[str, Mapping[str, Any]], minutes: float) -> dict[str, Any]:
     captured = [f["captured_at_end"] for f in families.values()
                 if f.get("captured_at_end") is not None]
     median = statistics.median(captured) if captured else None
     regressions = sorted(n for n, f in families.items() if f.get("regression_kept"))
-    incomplete = sorted(n for n, f in families.items() if not f.get("complete"))
-    incomplete += sorted(set([*FAMILIES, SERVING]) - set(families))  # not measured at all
+    incomplete = _incomplete(families)
     contended = sorted(n for n, f in families.items() if f.get("contended_phases"))
     training = [f["captured_at_end"] for n, f in families.items()
                 if n != SERVING and f.get("captured_at_end") is not None]
-    serving = families.get(SERVING, {})
-    key = f"median_captured_at_{minutes:g}min >= {CAPTURE_TARGET}"
     return {
         f"median_captured_at_{minutes:g}min": _r(median) if median is not None else None,
         f"median_captured_at_{minutes:g}min_training_only": (
@@ -490,14 +522,7 @@ def summary(families: Mapping[str, Mapping[str, Any]], minutes: float) -> dict[s
         "families_with_regression_kept": regressions,
         "families_incomplete": incomplete,
         "families_measured_on_a_contended_box": contended,
-        "targets": {
-            key: {"value": _r(median) if median is not None else None,
-                  "met": median is not None and median >= CAPTURE_TARGET and not incomplete},
-            "no regression kept": {"families": regressions,
-                                   "met": not regressions and not incomplete},
-            "serving: kept config within the quality bound, tokens/s not below the default": {
-                "met": bool(serving.get("complete")) and not serving.get("regression_kept")},
-        },
+        "targets": block(family_targets(families, minutes))["targets"],
     }
 
 
@@ -607,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "step_s", "default_config", "grid_best", "available_gain", "checkpoints",
             "regression_kept")}, indent=1), flush=True)
     report["summary"] = summary(report["families"], args.minutes)
+    report = judged(report, targets(report))
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report.get("summary"), indent=1))
     print(f"wrote {args.out}")

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._targets import Target, holds, judged  # noqa: E402
 from tests.rendezvous import file_rendezvous  # noqa: E402
 from workloads.process_group import rank_process_group  # noqa: E402
 
@@ -57,6 +58,17 @@ def _rank(rank: int, arm: str, out: str, steps: int) -> None:
         _train(steps)
     finally:
         dist.destroy_process_group()
+
+
+def targets(result: dict) -> list[Target]:
+    """The fix's arm never aborts; the normal exit is the control and has no target.
+
+    No issue states a number; the fix (issue #4's closing note) rests on the rank never
+    reaching gloo's teardown, so any abort in that arm is a miss.
+    """
+    aborted = result["aborted_runs"]["rank_process_group"]
+    return [holds("aborted runs with rank_process_group", "0", aborted, aborted == 0,
+                  "issue #4 closing note (the rank never reaches the code that aborted)")]
 
 
 def _busy() -> None:
@@ -99,6 +111,7 @@ def main() -> None:
         "failures": failures,
         "wall_s": round(time.perf_counter() - started, 1),
     }
+    result = judged(result, targets(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("aborted_runs", "wall_s")}))

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._targets import Target, at_least, holds, judged
 from collectors._otel import TelemetryConfig, setup_telemetry
 from collectors._store import TimeSeriesStore
 from collectors.torch_training import TrainingInstrumentation
@@ -28,11 +29,19 @@ from policies.detectors import (
 from workloads.train import TrainConfig, Trainer
 
 JOB = "healthy-demo"
+TARGET_STEPS = 1000
+
+
+def targets(result: dict) -> list[Target]:
+    """Issue #3: the demo training job runs 1,000 healthy steps with no finding of any kind."""
+    return [at_least("healthy steps run", TARGET_STEPS, result["steps"], "issue #3"),
+            holds("findings on the healthy run", "none", len(result["findings"]),
+                  not result["findings"], "issue #3")]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=TARGET_STEPS)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--window-steps", type=int, default=100)
     p.add_argument("--every", type=int, default=50)
@@ -61,6 +70,7 @@ def main() -> None:
             findings += [f.to_dict() for d in detectors for f in d.evaluate(window)]
     result = {"steps": a.steps, "train_s": train_s, "ms_per_step": train_s / a.steps * 1e3,
               "first_loss": losses[0], "last_loss": losses[-1], "findings": findings}
+    result = judged(result, targets(result))
     Path("bench/results").mkdir(parents=True, exist_ok=True)
     Path("bench/results/healthy_training.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "findings"}),

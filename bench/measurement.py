@@ -60,6 +60,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._targets import Target, holds, judged  # noqa: E402
 from tuner._change import Trip  # noqa: E402
 from tuner._compare import compare  # noqa: E402
 from tuner._measure import window_config  # noqa: E402
@@ -367,23 +368,22 @@ def load_noise(windows: Sequence[Recorded], warmup: int, ratio: float) -> dict[s
     return out
 
 
-def targets(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The issue's targets over the defaults at +-10%, per step size and overall."""
+def targets(result: Mapping[str, Any]) -> list[Target]:
+    """Issue #11's targets over the defaults at +-10%, in every cell (step size x effect)."""
+    results = result["sizes"]
     cells = [(r["target_step_s"], effect, r["replay"][effect][SEQUENTIAL])
              for r in results for effect in ("+10%", "-10%")]
     right = {f"{s:g}s {e}": c.get("right_rate") for s, e, c in cells}
     median = {f"{s:g}s {e}": c.get("median_time_s") for s, e, c in cells}
-    return {
-        "right >= 95% at ±10%": {
-            "met": all(v is not None and v >= 0.95 for v in right.values()), "cells": right},
-        "median time <= 60 s": {
-            "met": all(v is not None and v <= 60 for v in median.values()), "cells": median},
-        "note": "met is on point estimates over overlapping starts of one recording",
-        "premise": "the target assumes the sidecar and one busy process beside the job (about "
-                   "2 runnable on 2 cores); the mean 1-min load average while recording was "
-                   + ", ".join(f"{r['load_average_1m']['mean']:.1f} ({r['target_step_s']:g} s)"
-                               for r in results),
-    }
+    note = ("met is on point estimates over overlapping starts of one recording; the target "
+            "assumes the sidecar and one busy process beside the job (about 2 runnable on 2 "
+            "cores); the mean 1-min load average while recording was "
+            + ", ".join(f"{r['load_average_1m']['mean']:.1f} ({r['target_step_s']:g} s)"
+                        for r in results))
+    return [holds("right >= 95% at ±10%", "right-decision rate >= 0.95 in every cell", right,
+                  all(v is not None and v >= 0.95 for v in right.values()), "issue #11", note),
+            holds("median time <= 60 s", "median job time <= 60 s in every cell", median,
+                  all(v is not None and v <= 60 for v in median.values()), "issue #11", note)]
 
 
 def table(results: Sequence[Mapping[str, Any]]) -> str:
@@ -472,9 +472,9 @@ def main() -> None:
                    "old_rule": "MeasureConfig(interval='t'), a fixed 3 pairs, keep iff "
                                "ci_low > 0",
                    "traces": os.path.relpath(args.replay_from or args.traces, ROOT)},
-        "targets": targets(results),
         "sizes": results,
     }
+    result = judged(result, targets(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(table(results))
@@ -484,7 +484,7 @@ def main() -> None:
               f"{r['true_effect']['+10%']:+.1%}, load {r['load_average_1m']['mean']:.1f}, "
               f"neighbour {r['neighbour_cpu_share']:.0%} of a core, "
               f"own {r['own_cpu_share']:.0%}")
-    met = {k: v["met"] for k, v in result["targets"].items() if isinstance(v, dict)}
+    met = {k: v["met"] for k, v in result["targets"].items()}
     print(json.dumps(met, ensure_ascii=False), f"-> {args.out}")
 
 

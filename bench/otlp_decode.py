@@ -36,6 +36,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from bench._targets import Target, at_least, judged
 from collectors._otlp_decode import (
     DecodedMetrics,
     decode_json,
@@ -50,6 +51,13 @@ BOUNDS = [0.001 * 2**i for i in range(15)]
 TARGET_POINTS_PER_S = 600_000
 """Issue #16: OTLP decode and store ingest, end to end, protobuf and JSON."""
 T0 = 1_700_000_000_000_000_000
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """Issue #16: decode and store end to end at >= 600k points/s, protobuf and JSON, per shape."""
+    return [at_least(f"{encoding} decode + store points/s, {shape} shape", TARGET_POINTS_PER_S,
+                     figures["points_per_s"][f"{encoding}_to_store"], "issue #16")
+            for shape, figures in result["shapes"].items() for encoding in ("protobuf", "json")]
 
 
 def _kv(key: str, value: str) -> KeyValue:
@@ -163,8 +171,8 @@ def main() -> None:
         "repeats": args.repeats,
         "shapes": shapes,
         "target_points_per_s": TARGET_POINTS_PER_S,
-        "met": all(t["met"] for s in shapes.values() for t in s["targets"].values()),
     }
+    result = judged(result, targets(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: {c: round(v) for c, v in s["points_per_s"].items()}

@@ -25,7 +25,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._targets import Target, holds, judged  # noqa: E402
 from workloads.serving_experiments import policy_runs, router_runs  # noqa: E402
+
+
+def targets(result: dict) -> list[Target]:
+    """Issue #5: against plain LRU at the same capacity, pinning + prewarm raises the hit rate
+    and lowers p99; the load-aware router lowers p99 against round-robin with a slow replica."""
+    cache = result["prefix_cache_ratios_vs_lru"]["pinned+prewarm"]
+    router = result["router_ratios_vs_round_robin"]["p99"]
+    return [holds("pinned+prewarm / LRU hit rate", "> 1", cache["hit_rate"],
+                  cache["hit_rate"] > 1, "issue #5"),
+            holds("pinned+prewarm / LRU p99", "< 1", cache["p99"], cache["p99"] < 1, "issue #5"),
+            holds("load-aware / round-robin p99, one replica slowed", "< 1", router, router < 1,
+                  "issue #5")]
 
 
 def main() -> int:
@@ -60,6 +73,7 @@ def main() -> int:
                     "python": platform.python_version()},
         "wall_s": time.time() - started,
     }
+    result = judged(result, targets(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("prefix_cache_ratios_vs_lru",

@@ -37,9 +37,21 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._targets import Target, at_most, judged  # noqa: E402
 from bench._worktree import worktree  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sidecar_cpu.json"
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """The sidecar on this tree's defaults costs the job no more CPU than the base code's.
+
+    No issue states a number; the bench's purpose (above) is what the sidecar costs the job it
+    tunes, so the new code on its defaults must not cost more than the base.
+    """
+    return [at_most("sidecar CPU share, new / base", 1.0,
+                    result["sidecar_cpu_ratio_new_over_base"].get("new"),
+                    "bench docstring (what the sidecar costs the job); no issue states a number")]
 
 
 def cpu_s(pid: int) -> float:
@@ -138,6 +150,7 @@ def main() -> None:
                   if base_cpu and m["sidecar_cpu_share"] is not None else None)
             for arm, m in medians.items() if arm != "base"},
         "runs": runs}
+    result = judged(result, targets(result))
     RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({"medians": medians,
                       "ratio": result["sidecar_cpu_ratio_new_over_base"]}, indent=1))

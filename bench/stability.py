@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._targets import Target, holds, judged  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "stability.json"
 TESTS = {
     "demo_short_session": "tests/seedancectl/test_demo.py::"
@@ -39,6 +43,9 @@ TESTS = {
                        "test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_"
                        "breaches",
 }
+RUNS_IN_A_ROW = 10
+"""Issue #11: the two tests that failed on a fresh clone pass 10 runs in a row."""
+ISSUE_TESTS = ("demo_short_session", "tuning_session_keeps_only_measured_gains")
 BUSY_LOOP = "import time\nwhile True:\n    sum(range(100_000))\n"
 """A SIMULATED neighbour: one core kept busy until it is killed."""
 
@@ -66,10 +73,22 @@ def run_once(node: str) -> dict[str, Any]:
     return row
 
 
+def targets(result: dict[str, Any]) -> list[Target]:
+    """Every test measured passed at least 10 runs in a row (issue #11's bar; the serving
+    session is held to the same bar by this bench, the issue does not name it)."""
+    return [holds(f"{name} passes {RUNS_IN_A_ROW} runs in a row",
+                  f"{RUNS_IN_A_ROW} of {RUNS_IN_A_ROW} or more runs passed",
+                  f"{test['passed']}/{test['runs']}",
+                  test["runs"] >= RUNS_IN_A_ROW and test["passed"] == test["runs"],
+                  "issue #11" if name in ISSUE_TESTS
+                  else "issue #11's bar, applied to this test by bench/stability.py")
+            for name, test in result["tests"].items()]
+
+
 def summarise(runs: dict[str, list[dict[str, Any]]], started_at: str,
               busy_neighbours: int) -> dict[str, Any]:
     """The results so far, with the verdict the issue asks for: every run of a test passed."""
-    return {
+    result = {
         "bench": "stability",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "code_revision_at_start": started_at,
@@ -86,11 +105,12 @@ def summarise(runs: dict[str, list[dict[str, Any]]], started_at: str,
                          "runs_detail": rows}
                   for name, rows in runs.items()},
     }
+    return judged(result, targets(result))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="runs of each test")
+    parser.add_argument("--runs", type=int, default=RUNS_IN_A_ROW, help="runs of each test")
     parser.add_argument("--tests", default=",".join(TESTS),
                         help=f"comma-separated, of {', '.join(TESTS)}")
     parser.add_argument("--busy-neighbours", type=int, default=0,

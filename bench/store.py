@@ -41,12 +41,24 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._targets import Target, at_least, at_most, judged  # noqa: E402
 from collectors._points import Point  # noqa: E402
 from collectors._store import TimeSeriesStore  # noqa: E402
 
 NS = 1_000_000_000
 MIX = (("util", 0.30), ("counter", 0.20), ("slow", 0.20), ("loss", 0.15), ("gauge64", 0.15))
 Series = tuple[str, dict[str, str], np.ndarray, np.ndarray]
+
+
+def targets(result: dict) -> list[Target]:
+    """Issue #2's store targets: batched ingest rate, bytes per point, a week's read time."""
+    return [at_least("ingest points/s, batched (write_series)", 500_000,
+                     result["ingest_points_per_s"]["store_write_series"], "issue #2"),
+            at_most("bytes per stored point, simulated mix", 4,
+                    result["bytes_per_point"]["store_mix"],
+                    "issue #2 (Prometheus's TSDB stores about 1.3)"),
+            at_most("seconds to read a week of 1-minute rollups, 100 series", 0.5,
+                    result["week_1m_read_s"]["store"], "issue #2")]
 
 
 def simulate_values(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -308,6 +320,7 @@ def main() -> None:
           f"{wk['baseline_rows_cpu']:12.3f}")
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus "
           "(a shared box: wall times stretch with load)")
+    result = judged(result, targets(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
