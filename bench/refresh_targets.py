@@ -30,6 +30,7 @@ RESULTS = ROOT / "bench" / "results"
 BENCHES = {  # a results file's name (a pattern) -> the bench module that writes it
     "collective_hook.json": "collective_hook",
     "detection.json": "detection",
+    "export_session.json": "export_session",
     "export_volume.json": "export_volume",
     "fleet.json": "fleet",
     "fleet_priors*.json": "fleet_priors",

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from collectors._changed_points import GAUGE_TEMPORALITY, ChangedPointsExporter
 from collectors._errors import SeedanceError
+from collectors._export_session import EnvironmentOnceSession
 from collectors._otlp_decode import DecodedMetrics, points_from_request
 from collectors._prometheus import MetricsServer, NullMetricsServer, serve_metrics
 from collectors.names import ATTR_HOST_NAME, ATTR_SEEDANCE_RANK, ATTR_SERVICE_NAME
@@ -209,7 +210,7 @@ def _otlp_exporter(config: TelemetryConfig) -> MetricExporter:
     if endpoint is not None and not endpoint.rstrip("/").endswith(_METRICS_PATH):
         endpoint = endpoint.rstrip("/") + _METRICS_PATH
     return HttpExporter(endpoint=endpoint, preferred_temporality=GAUGE_TEMPORALITY,
-                        timeout=config.export_timeout_s)
+                        timeout=config.export_timeout_s, session=EnvironmentOnceSession())
 
 
 def histogram_views() -> list[View]:
