@@ -15,7 +15,7 @@ A/B ratio as ``ratio_with_export``, a worst case in which every export CPU secon
 Because a noisy shared box can hide a 0.5% effect in A/B, the instrumentation's own time per
 step is also timed alone on the real gradients (``direct_cost_per_step_s``).
 
-Run: python bench/overhead.py  [--pairs 80 --block-steps 1 --receiver sidecar --device cuda]
+Run: python bench/overhead.py  [--pairs 80 --block-steps 2 --receiver sidecar --device cuda]
 """
 
 from __future__ import annotations
@@ -298,7 +298,10 @@ def main() -> None:
     default_receiver = "sidecar" if importlib.util.find_spec("seedancectl.sidecar") else "router"
     p.add_argument("--receiver", choices=("sidecar", "router"), default=default_receiver)
     p.add_argument("--pairs", type=int, default=80)
-    p.add_argument("--block-steps", type=int, default=1, help="steps per arm per pair")
+    p.add_argument("--block-steps", type=int, default=2,
+                   help="steps per arm per pair (2: a job steps back to back, and with 1 the "
+                   "instrumented arm's steps are a bare step apart, so its time-based gradient "
+                   "reading would fire on every one of them)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up pairs, not counted")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=8)
