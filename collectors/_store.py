@@ -118,6 +118,12 @@ class TimeSeriesStore:
         """One row per metric name: series count, points written, first and last timestamp."""
         return self._queries.metrics()
 
+    def attribute_values(self, attribute: str, *, active_since_ns: int | None = None
+                         ) -> list[str]:
+        """The distinct values of ``attribute`` over every series (those with a point at or
+        after ``active_since_ns`` when given), sorted: the jobs a store holds, in one read."""
+        return self._queries.attribute_values(attribute, active_since_ns=active_since_ns)
+
     def series(self, name: str, *, active_since_ns: int | None = None
                ) -> list[dict[str, str]]:
         """The attribute sets of the series of ``name``, in creation order: every one, or

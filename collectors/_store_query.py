@@ -209,6 +209,18 @@ class StoreQueries:
             "first": pd.to_datetime([r[3] for r in rows], unit="ns", utc=True),
             "last": pd.to_datetime([r[4] for r in rows], unit="ns", utc=True)})
 
+    def attribute_values(self, attribute: str, *, active_since_ns: int | None = None
+                         ) -> list[str]:
+        """The distinct values of ``attribute`` over every series (those with a point at or
+        after ``active_since_ns`` when given), sorted; one read, whatever the metric count."""
+        since = None if active_since_ns is None else int(active_since_ns)
+        with self._snapshot() as conn:
+            texts = [r[0] for r in conn.execute(
+                "SELECT DISTINCT attrs FROM series WHERE (? IS NULL OR last_ns >= ?)",
+                (since, since))]
+        return sorted({v for v in (self._attrs(t).get(attribute) for t in texts)
+                       if v is not None})
+
     def series(self, name: str, *, active_since_ns: int | None = None
                ) -> list[dict[str, str]]:
         """The attribute sets of the series of ``name``, in creation order: every one, or

@@ -22,17 +22,13 @@ JOB_ATTRIBUTE = ATTR_SERVICE_NAME
 
 
 class ListableStore(StoreReader, Protocol):
-    """A reader that also lists its metrics and series, so jobs can be discovered from it
-    (``collectors.TimeSeriesStore`` and :class:`FrameStore` are)."""
+    """A reader that also lists the values an attribute takes, so jobs can be discovered from
+    it (``collectors.TimeSeriesStore`` and :class:`FrameStore` are)."""
 
-    def metrics(self) -> pd.DataFrame:
-        """One row per metric name (name, series, points, first, last)."""
-        ...
-
-    def series(self, name: str, *, active_since_ns: int | None = None
-               ) -> list[dict[str, str]]:
-        """The attribute sets of the series of ``name``: every one, or those with a point at
-        or after ``active_since_ns``."""
+    def attribute_values(self, attribute: str, *, active_since_ns: int | None = None
+                         ) -> list[str]:
+        """The distinct values of ``attribute`` over every series (those with a point at or
+        after ``active_since_ns``), sorted."""
         ...
 
 
@@ -149,6 +145,19 @@ class FrameStore:
             "last": [f["time"].max() for f in self._frames.values()],
         })
 
+    def attribute_values(self, attribute: str, *, active_since_ns: int | None = None
+                         ) -> list[str]:
+        """The distinct values of ``attribute`` over every frame (of points at or after
+        ``active_since_ns`` when given), sorted."""
+        found: set[str] = set()
+        for frame in self._frames.values():
+            if attribute not in frame.columns:
+                continue
+            if active_since_ns is not None:
+                frame = frame[frame["time"].to_numpy(dtype=np.int64) >= active_since_ns]
+            found.update(v for v in frame[attribute].unique() if isinstance(v, str))
+        return sorted(found)
+
     def series(self, name: str, *, active_since_ns: int | None = None
                ) -> list[dict[str, str]]:
         """The distinct attribute sets of ``name`` (of its points at or after
@@ -184,11 +193,7 @@ class WindowSource:
         ``active_since_ns`` (every job the store knows when None)."""
         if self._jobs is not None:
             return list(self._jobs)
-        found = {attrs[self.job_attribute]
-                 for name in self.store.metrics()["name"]
-                 for attrs in self.store.series(str(name), active_since_ns=active_since_ns)
-                 if self.job_attribute in attrs}
-        return sorted(found)
+        return self.store.attribute_values(self.job_attribute, active_since_ns=active_since_ns)
 
     def window(self, job: str, since_ns: int, until_ns: int) -> StoreWindow:
         """A window of ``job`` over [since_ns, until_ns], read from ``reader``."""

@@ -118,3 +118,26 @@ def test_frame_store_accepts_datetime_frames_and_rejects_bad_ones() -> None:
     assert fs.series("m") == [{"gpu.index": "0"}, {"gpu.index": "1"}]
     with pytest.raises(ValueError, match="value"):
         FrameStore({"m": frame.drop(columns="value")})
+
+
+@pytest.mark.parametrize("kind", ["frames", "sqlite"])
+def test_attribute_values_span_every_metric_once_and_skip_series_without_it(
+        kind: str, tmp_path: Path) -> None:
+    points = [Point("seedance.train.loss", 1.0, T0, {"service.name": "b", "seedance.rank": "0"}),
+              Point("seedance.train.step", 1.0, T0, {"service.name": "b", "seedance.rank": "1"}),
+              Point("gpu.util", 1.0, T0 + S, {"service.name": "a", "gpu.index": "0"}),
+              Point("host.cpu", 1.0, T0 + 2 * S, {"host.name": "n1"})]
+    if kind == "frames":
+        store: object = FrameStore.from_points(points)
+    else:
+        from collectors._store import TimeSeriesStore
+
+        store = TimeSeriesStore(tmp_path / "ts.db", raw_retention_s=None)
+        store.write(points)  # type: ignore[attr-defined]
+    assert store.attribute_values("service.name") == ["a", "b"]  # type: ignore[attr-defined]
+    assert store.attribute_values("seedance.rank") == ["0", "1"]  # type: ignore[attr-defined]
+    assert store.attribute_values(  # type: ignore[attr-defined]
+        "service.name", active_since_ns=T0 + S) == ["a"]
+    assert store.attribute_values("no.such") == []  # type: ignore[attr-defined]
+    if kind == "sqlite":
+        store.close()  # type: ignore[attr-defined]
