@@ -212,8 +212,13 @@ def test_grad_scaler_norms_are_unscaled(reader: InMemoryMetricReader) -> None:
         assert instr.last_stats["grad_scaler_scale"] == 1024.0
 
 
-def _scaled_steps(instr: TrainingInstrumentation, model: GPT, opt: torch.optim.Optimizer,
-                  scaler: torch.amp.GradScaler, steps: int) -> list[dict]:
+def _scaled_steps(reader: InMemoryMetricReader, steps: int, **settings: float) -> list[dict]:
+    """``steps`` GradScaler steps of a tiny GPT; what ``last_stats`` said after each."""
+    model, opt, _ = _gpt_backward()
+    opt.zero_grad()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    instr = TrainingInstrumentation(model, opt, reader.meter, grad_scaler=scaler,
+                                    **settings)  # type: ignore[arg-type]
     idx = torch.randint(0, TINY.vocab_size, (2, TINY.block_size),
                         generator=torch.Generator().manual_seed(1))
     seen = []
@@ -232,12 +237,7 @@ def _scaled_steps(instr: TrainingInstrumentation, model: GPT, opt: torch.optim.O
 
 def test_gradients_are_read_once_per_interval_loss_and_scale_every_step(
         reader: InMemoryMetricReader) -> None:
-    model, opt, _ = _gpt_backward()
-    opt.zero_grad()
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    instr = TrainingInstrumentation(model, opt, reader.meter, grad_scaler=scaler,
-                                    grad_interval_s=3600.0)
-    seen = _scaled_steps(instr, model, opt, scaler, 3)
+    seen = _scaled_steps(reader, 3, grad_interval_s=3600.0)
     assert "grad_norm" in seen[0] and "zero_fraction" in seen[0]["groups"]["attention"]
     for later in seen[1:]:
         assert "grad_norm" not in later and "groups" not in later
@@ -249,12 +249,7 @@ def test_gradients_are_read_once_per_interval_loss_and_scale_every_step(
 
 def test_zero_interval_reads_every_step_with_stats_on_every_nth_reading(
         reader: InMemoryMetricReader) -> None:
-    model, opt, _ = _gpt_backward()
-    opt.zero_grad()
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    instr = TrainingInstrumentation(model, opt, reader.meter, grad_scaler=scaler,
-                                    grad_interval_s=0.0, stats_every=2)
-    seen = _scaled_steps(instr, model, opt, scaler, 4)
+    seen = _scaled_steps(reader, 4, grad_interval_s=0.0, stats_every=2)
     assert all("grad_norm" in s for s in seen)
     with_stats = ["zero_fraction" in s["groups"]["attention"] for s in seen]
     assert with_stats == [True, False, True, False]
