@@ -411,14 +411,17 @@ def test_high_risk_asks_first_and_a_lost_sidecar_is_one_banner(
             page.get_by_role("button", name="Refresh now").click()
             shown = page.locator(f'article[data-change-id="{change["id"]}"]')
             expect(shown).to_have_count(1)
-            status_text = page.locator("#sidecar-status").inner_text()
 
             # The sidecar goes away: one banner, the last state stays, no error anywhere.
+            # (The last state is what the page showed once the banner was up: the page may
+            # refresh, and the job apply the change, while the sidecar stops.)
             sidecar.stop()
             banner = page.locator("#offline")
             expect(banner).to_be_visible(timeout=WAIT_S * 1000)
             expect(banner).to_contain_text("The sidecar is not answering")
             expect(banner).to_contain_text(re.compile(r"said at \d\d:\d\d:\d\d E[SD]T"))
+            status_text = page.locator("#sidecar-status").inner_text()
+            assert f"change {change['id']}" in status_text
             refreshed_on_its_own_or_not(page)
             expect(page.locator("[role=alert]:visible")).to_have_count(1)
             expect(page.locator(".error")).to_have_count(0)
