@@ -33,6 +33,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "export_session.json": "export_session",
     "export_volume.json": "export_volume",
     "fleet.json": "fleet",
+    "fleet_n*.json": "fleet",
     "fleet_priors*.json": "fleet_priors",
     "generalisation.json": "generalisation",
     "gloo_exit.json": "gloo_exit",
