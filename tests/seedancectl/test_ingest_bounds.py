@@ -52,7 +52,10 @@ def test_a_job_over_half_the_buffer_waits_and_the_others_go_on(tmp_path: Path) -
     sidecar = Sidecar(SidecarConfig(store=tmp_path / "m.db", nvml="off"))
     with TimeSeriesStore(tmp_path / "m.db", max_buffered_points=1000,
                          flush_interval_s=3600) as store:
-        sidecar.store = store  # no flush loop runs: the buffer only grows
+        # no flush runs, so the buffer only grows (a store whose commits cannot keep up):
+        # the flusher would otherwise wake at a quarter of the buffer and empty it
+        store._writer.stop_flusher()
+        sidecar.store = store
         for start in range(0, 600, 100):
             sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=start)))
         with pytest.raises(IngestBackpressure, match="greedy"):
