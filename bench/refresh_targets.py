@@ -45,6 +45,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "otlp_decode.json": "otlp_decode",
     "otlp_ingest.json": "otlp_ingest",
     "overhead.json": "overhead",
+    "policy_pass.json": "policy_pass",
     "profile_overhead.json": "profile_overhead",
     "report.json": "report",
     "rollback.json": "rollback",

@@ -163,6 +163,33 @@ def test_underflow_is_quiet_for_groups_without_gradients_and_healthy_groups() ->
     assert GradientUnderflowDetector().evaluate(_window(frames)) == []
 
 
+def test_among_hundreds_of_groups_only_the_flushed_and_the_partly_flushed_are_named() -> None:
+    """SYNTHETIC frames, a model of 300 module groups: g007 flushes to zero at step 5, g150's
+    exactly-zero fraction rises to 0.8 while its norm stays up; g200 was zero and recovered,
+    g250 is zero but was never non-zero and computes no zeros (no gradients)."""
+    n = 10
+    series: dict[str, list[float]] = {}
+    for i in range(300):
+        g = f"g{i:03d}"
+        norm, fraction = [0.5] * n, [0.01] * n
+        if g == "g007":
+            norm = [0.5] * 5 + [0.0] * 5
+        elif g == "g150":
+            fraction = [0.0] * 5 + [0.8] * 5
+        elif g == "g200":
+            norm = [0.0] * 5 + [0.5] * 5
+        elif g == "g250":
+            norm, fraction = [0.0] * n, [0.0] * n
+        series[f"seedance.train.grad.group_norm@{g}"] = norm
+        series[f"seedance.train.grad.zero_fraction@{g}"] = fraction
+    order = tuple(f"g{i:03d}" for i in range(300))
+    (f,) = GradientUnderflowDetector(UnderflowConfig(forward_order=order)).evaluate(
+        _window(_steps_frame(series)))
+    assert f.resource["module_group"] == "g150"
+    assert f.evidence.summary.count("starved upstream: g007;") == 1
+    assert f.evidence.value("g150.zero_fraction_rise") == pytest.approx(0.8)
+
+
 def test_a_loss_scale_backing_off_step_after_step_is_flagged() -> None:
     """SYNTHETIC frames: the scale halves 6 steps running."""
     scales = [2.0**20] * 4 + [2.0**(19 - i) for i in range(6)]
