@@ -2,8 +2,8 @@
 
 The policy engine runs every detector over every job's window (300 s by default) every 5 s
 (``policy_interval_s``). A real training job exports per-module-group gradient norms and, on
-stats steps, exactly-zero fractions (``collectors.torch_training``), so the window of a large
-model holds ranks x groups x readings points of each. This bench builds such a window
+stats steps, exactly-zero fractions and non-finite element counts (``collectors.torch_training``),
+so the window of a large model holds ranks x groups x readings points of each. This bench builds such a window
 (SYNTHETIC healthy readings: 8 ranks, G groups, 60 readings each, a step reading per export)
 in a ``policies.FrameStore`` and times one pass of every detector the sidecar runs
 (``seedancectl._sidecar.all_detectors``), per detector, in a fresh process per arm:
@@ -11,8 +11,8 @@ in a ``policies.FrameStore`` and times one pass of every detector the sidecar ru
 - ``base``: the code at ``--base`` (a git worktree made for the run);
 - ``new``: this tree.
 
-Shapes: G in ``--groups`` (default 50, 200, 500), each with and without the zero-fraction
-series. Arms alternate per shape and round (base, new, base, new, ...). A store read is not
+Shapes: G in ``--groups`` (default 50, 200, 500), each with and without the stats-step series
+(zero fractions and non-finite counts per group). Arms alternate per shape and round (base, new, base, new, ...). A store read is not
 timed (the FrameStore holds the frames): this is the detectors' own work.
 
 Target (no issue states a number; the issue #14 fleet bench showed the policy engine as the
@@ -48,17 +48,17 @@ RANKS, READINGS, EXPORT_S, POLICY_INTERVAL_S = 8, 60, 5.0, 5.0
 def targets(result: dict[str, Any]) -> list[Target]:
     """New at most base at every shape; the largest shape's pass at most 10% of a core."""
     ratios = [s["new_over_base"] for s in result["shapes"]]
-    largest = max(result["shapes"], key=lambda s: (s["groups"], s["zero_fractions"]))
+    largest = max(result["shapes"], key=lambda s: (s["groups"], s["stats_series"]))
     share = largest["new_ms"] / 1000 / POLICY_INTERVAL_S
     return [
         at_most("pass time, new / base, worst shape", 1.0, max(ratios) if ratios else None,
                 "bench docstring (no regression); no issue states a number"),
         at_most(f"share of a core at the {POLICY_INTERVAL_S:g} s interval, "
-                f"{largest['groups']} groups with zero fractions", 0.10, round(share, 4),
+                f"{largest['groups']} groups with stats-step series", 0.10, round(share, 4),
                 "bench docstring (issue #14: the policy engine led an idle sidecar's CPU)")]
 
 
-def one_arm(tree: Path, groups: int, zero_fractions: bool, passes: int) -> dict[str, float]:
+def one_arm(tree: Path, groups: int, stats_series: bool, passes: int) -> dict[str, float]:
     """Median ms per detector over ``passes`` passes, with the code of ``tree``."""
     sys.path.insert(0, str(tree))
     import numpy as np
@@ -80,8 +80,9 @@ def one_arm(tree: Path, groups: int, zero_fractions: bool, passes: int) -> dict[
               "seedance.train.loss": frame(np.linspace(3.0, 2.0, READINGS), False),
               "seedance.train.grad.norm": frame(np.full(READINGS, 5.0), False),
               "seedance.train.grad.group_norm": frame(np.full(READINGS, 0.5), True)}
-    if zero_fractions:
+    if stats_series:
         frames["seedance.train.grad.zero_fraction"] = frame(np.full(READINGS, 0.01), True)
+        frames["seedance.train.grad.nonfinite"] = frame(np.zeros(READINGS), True)
     store = FrameStore(frames)
     detectors = all_detectors()
     ms: dict[str, list[float]] = {d.name: [] for d in detectors}
@@ -101,11 +102,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: tree of one arm
-    parser.add_argument("--shape", help=argparse.SUPPRESS)  # internal: "GROUPS,ZEROS"
+    parser.add_argument("--shape", help=argparse.SUPPRESS)  # internal: "GROUPS,STATS"
     args = parser.parse_args()
     if args.one:
-        groups, zeros = args.shape.split(",")
-        print(json.dumps(one_arm(Path(args.one), int(groups), zeros == "1", args.passes)))
+        groups, stats = args.shape.split(",")
+        print(json.dumps(one_arm(Path(args.one), int(groups), stats == "1", args.passes)))
         return
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -114,15 +115,15 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     try:
         for r in range(args.rounds):
-            for groups, zeros in shapes:
+            for groups, stats in shapes:
                 for arm, tree in (("base", base), ("new", ROOT)):
                     done = subprocess.run(
                         [sys.executable, str(Path(__file__).resolve()), "--one", str(tree),
-                         "--shape", f"{groups},{int(zeros)}", "--passes", str(args.passes)],
+                         "--shape", f"{groups},{int(stats)}", "--passes", str(args.passes)],
                         cwd=tree, capture_output=True, text=True, check=True)
                     per = json.loads(done.stdout.strip().splitlines()[-1])
-                    runs.setdefault(f"{groups},{int(zeros)}", {}).setdefault(arm, []).append(per)
-                    print(f"round {r} groups {groups} zeros {zeros} {arm}: "
+                    runs.setdefault(f"{groups},{int(stats)}", {}).setdefault(arm, []).append(per)
+                    print(f"round {r} groups {groups} stats series {stats} {arm}: "
                           f"{sum(per.values()):.1f} ms", flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
@@ -145,7 +146,7 @@ def main() -> None:
                      "ranks": RANKS, "readings": READINGS, "export_s": EXPORT_S,
                      "data": "SYNTHETIC healthy readings in a FrameStore (store reads untimed)",
                      "order": "base and new alternate per shape and round"},
-        "shapes": [{"groups": g, "zero_fractions": z,
+        "shapes": [{"groups": g, "stats_series": z,
                     "base_ms": total(f"{g},{int(z)}", "base"),
                     "new_ms": total(f"{g},{int(z)}", "new"),
                     "new_over_base": round(total(f"{g},{int(z)}", "new")

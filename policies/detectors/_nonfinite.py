@@ -17,6 +17,7 @@ from policies.detectors._gradient_parts import (
     NONFINITE_STEPS,
     NONFINITE_WHAT,
     GroupView,
+    RankSplit,
     backoff_streak,
     check_config,
     rank_rows,
@@ -99,10 +100,11 @@ class NonFiniteDetector(Detector):
                  for k, _ in by(frame, [RANK_ATTR])}
         findings = []
         groups: pd.DataFrame | None = None
+        counts_by_rank = RankSplit(counts)
         for rank in (dict(r) for r in sorted(ranks)):
             rank_loss = rank_rows(loss, rank)
             rank_grads = rank_rows(grads, rank)
-            rank_counts = rank_rows(counts, rank)
+            rank_counts = counts_by_rank.rows(rank)
             rank_scales = rank_rows(scales, rank)
             bad_loss = ~np.isfinite(rank_loss["value"].to_numpy(dtype=np.float64))
             bad_grad = ~np.isfinite(rank_grads["value"].to_numpy(dtype=np.float64))
@@ -122,8 +124,9 @@ class NonFiniteDetector(Detector):
                 continue
             if groups is None:  # read only for a bad rank: a job may have thousands of groups
                 groups = per_step(window, GROUP_NORM)
-            bad_groups = self._bad_groups(rank_rows(groups, rank), rank_rows(counts, rank))
-            view = GroupView.of(window, rank_rows(groups, rank), cfg.forward_order)
+            rank_groups = rank_rows(groups, rank)
+            bad_groups = self._bad_groups(rank_groups, rank_counts)
+            view = GroupView.of(window, rank_groups, cfg.forward_order)
             causes, how = view.locate(bad_groups) if bad_groups else ([], "")
             measurements = [
                 Measurement(name="nonfinite_loss_steps", value=loss_steps, unit="{step}"),

@@ -18,6 +18,7 @@ from policies._window import StoreWindow
 from policies.detectors._gradient_parts import (
     UNDERFLOW,
     GroupView,
+    RankSplit,
     backoff_streak,
     check_config,
     rank_rows,
@@ -110,15 +111,16 @@ class GradientUnderflowDetector(Detector):
         scales = per_step(window, SCALE)
         totals = per_step(window, GRAD_NORM)
         findings = []
+        zeros_by_rank = RankSplit(zeros)
         for rank, rows in by(norms, [RANK_ATTR]):
-            fractions = _fractions_by_group(rank_rows(zeros, rank))
+            fractions = _fractions_by_group(zeros_by_rank.rows(rank))
             states = [s for g, group_rows in by(self._suspects(rows, fractions),
                                                 [MODULE_GROUP_ATTR])
                       if (s := self._state(g.get(MODULE_GROUP_ATTR, ""), group_rows,
                                            fractions)) is not None]
-            streak = backoff_streak(rank_rows(scales, rank))
-            finding = self._finding(window.job, rank, states, rows, streak,
-                                    rank_rows(scales, rank), rank_rows(totals, rank),
+            rank_scales = rank_rows(scales, rank)
+            finding = self._finding(window.job, rank, states, rows, backoff_streak(rank_scales),
+                                    rank_scales, rank_rows(totals, rank),
                                     GroupView.of(window, rows, self.config.forward_order))
             if finding is not None:
                 findings.append(finding)

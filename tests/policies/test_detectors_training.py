@@ -214,6 +214,25 @@ def test_non_finite_with_a_grad_scaler_tolerates_routine_overflows() -> None:
     assert f.evidence.value("first_nonfinite_step") == 5
 
 
+def test_non_finite_elements_in_one_group_of_one_rank_name_that_rank_and_group() -> None:
+    """SYNTHETIC frames, 2 ranks x 100 module groups: rank 1's g042 counts non-finite
+    gradient elements from step 6; every other group of both ranks stays finite."""
+    rows: dict[str, list[dict[str, object]]] = {}
+    for rank in ("0", "1"):
+        series: dict[str, list[float]] = {"seedance.train.loss": [2.0] * 10}
+        for i in range(100):
+            g = f"g{i:03d}"
+            bad = rank == "1" and g == "g042"
+            series[f"seedance.train.grad.group_norm@{g}"] = [0.5] * 10
+            series[f"seedance.train.grad.nonfinite@{g}"] = [0.0] * 6 + [7.0 if bad else 0.0] * 4
+        for name, part in _steps_frame(series).items():
+            rows.setdefault(name, []).extend({**r, "seedance.rank": rank} for r in part)
+    (f,) = NonFiniteDetector().evaluate(_window(rows))
+    assert f.resource["seedance.rank"] == "1"
+    assert "g042" in f.resource.values()
+    assert f.evidence.value("nonfinite_elements_max") == 7.0
+
+
 # -- small-batch precision and input-bound (synthetic histograms) ------------------------------
 
 def _histograms(phases: list[tuple[dict[str, str], int, float, float]]
