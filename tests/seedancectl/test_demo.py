@@ -119,11 +119,14 @@ def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(dem
     incident = summary["incident"]
     assert incident is not None, summary["changes"]
     # rolled back locally by the underflow finding; on a CPU that emulates fp16 (15x slower
-    # for this group) the throughput verdicts (harm bound, measured regression) may win that
-    # race: a config rollback, no finding needed
+    # for this group) the throughput verdicts (harm bound, measured regression, or a gain
+    # whose interval stays below the minimum worth keeping) may win that race: the A/B
+    # interleaving leaves fp16 in force 3 s at a time, so the finding needs a policy pass to
+    # land in a candidate window. A config rollback then, no finding needed
     assert (incident["rollback"] == "local" and incident["findings"]) or (
         incident["rollback"] == "config"
-        and any(w in incident["cause"] for w in ("harms the job", "regression"))), incident
+        and any(w in incident["cause"] for w in ("harms the job", "regression",
+                                                 "no gain worth having"))), incident
     assert any(str(v) == "fp16" for v in incident["values"].values()), incident
     opened = {f["id"]: f for f in summary["findings"]}
     assert all(opened[i]["job"] == TRAIN_JOB for i in incident["findings"])
