@@ -100,8 +100,7 @@ def test_demo_exits_0_and_its_summary_validates_against_the_documented_schema(de
     assert "summary:" in demo.stdout and "seedance demo" in demo.stdout
 
 
-def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(demo: Demo
-                                                                             ) -> None:
+def test_a_short_session_ran_trials_and_the_incident_was_rolled_back(demo: Demo) -> None:
     summary = demo.summary()
     measured = [t for t in summary["trials"] if t["state"] == "complete"]
     assert measured and all(t["objective"] > 0 for t in measured), summary["trials"]
@@ -118,15 +117,16 @@ def test_a_short_session_ran_trials_and_the_incident_was_rolled_back_locally(dem
         assert len(change["values"]) == 1, change
     incident = summary["incident"]
     assert incident is not None, summary["changes"]
-    # rolled back locally by the underflow finding; on a CPU that emulates fp16 (15x slower
-    # for this group) the throughput verdicts (harm bound, measured regression, or a gain
-    # whose interval stays below the minimum worth keeping) may win that race: the A/B
-    # interleaving leaves fp16 in force 3 s at a time, so the finding needs a policy pass to
-    # land in a candidate window. A config rollback then, no finding needed
-    assert (incident["rollback"] == "local" and incident["findings"]) or (
-        incident["rollback"] == "config"
-        and any(w in incident["cause"] for w in ("harms the job", "regression",
-                                                 "no gain worth having"))), incident
+    # rolled back: locally by the underflow finding, or (config) by whichever verdict or
+    # guardrail comes first: the rollout interleaves ~3 s candidate and baseline windows, so
+    # fp16 is in force 3 s at a time and the finding (a policy pass every 5 s, with
+    # hysteresis) often loses the race to the throughput verdicts or the loss guardrail
+    # (fresh-clone runs saw: the finding, "measured regression", "no gain worth having",
+    # "loss ... above the baseline's trajectory"). Kept, or still in flight, fails
+    states = {c["id"]: c["state"] for c in summary["changes"]}
+    assert states[incident["change_id"]] == "rolled_back", (incident, states)
+    assert incident["rollback"] in ("local", "config", "full") and incident["cause"], incident
+    assert incident["rollback"] != "local" or incident["findings"], incident
     assert any(str(v) == "fp16" for v in incident["values"].values()), incident
     opened = {f["id"]: f for f in summary["findings"]}
     assert all(opened[i]["job"] == TRAIN_JOB for i in incident["findings"])
