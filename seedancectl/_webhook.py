@@ -130,10 +130,7 @@ class WebhookNotifier(Notifier):
                     detail = f"HTTP {reply.status_code}"
                 except Exception as exc:  # the loop never dies
                     delivered, detail = False, f"{type(exc).__name__}: {exc}"
-                if delivered:
-                    self.stats.sent += 1
-                else:
-                    self.stats.failed += 1
+                if not delivered:
                     log.warning("webhook %s: notice of change %s not delivered: %s", self.url,
                                 change.id, detail)
                 if self._on_result is not None:
@@ -142,3 +139,8 @@ class WebhookNotifier(Notifier):
                     except Exception:
                         log.exception("webhook result callback failed for change %s",
                                       change.id)
+                # counted last, so a reader who sees the count also finds the result's record
+                if delivered:
+                    self.stats.sent += 1
+                else:
+                    self.stats.failed += 1
