@@ -16,9 +16,10 @@ from tuner._space import config_key, neighbours
 from tuner._study_records import RETRY_ATTR, UNSAFE_PREFIX, StudyRecords
 
 
-def seen_keys(study: Study, records: StudyRecords) -> set[str]:
-    """Configs not to propose: measured, pruned, running, failed (unless retryable), unsafe."""
-    keys = {config_key(t.params) for t in study.get_trials(deepcopy=False)
+def seen_keys(trials: Sequence[FrozenTrial], records: StudyRecords) -> set[str]:
+    """Configs not to propose, of the study's ``trials``: measured, pruned, running, failed
+    (unless retryable), unsafe."""
+    keys = {config_key(t.params) for t in trials
             if t.state != TrialState.WAITING and t.params
             and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
     return keys | unsafe_keys(records)
@@ -56,7 +57,8 @@ class NeighbourhoodSampler(BaseSampler):
             return {}
         maximize = study.direction == StudyDirection.MAXIMIZE
         best = (max if maximize else min)(complete, key=lambda t: t.value)  # type: ignore
-        seen = seen_keys(study, StudyRecords(self.storage, study.study_name))
+        seen = seen_keys(study.get_trials(deepcopy=False),
+                         StudyRecords(self.storage, study.study_name))
         for candidate in neighbours({k: best.params[k] for k in self.space}, self.space):
             if config_key(candidate) not in seen:
                 return candidate

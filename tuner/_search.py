@@ -40,6 +40,7 @@ from tuner._search_config import Proposal, SearchConfig
 from tuner._space import Move, config_key, single_moves
 from tuner._study_records import (
     AGAIN,
+    LEASE_ATTR,
     MEASURED_AT_ATTR,
     ORIGIN_ATTR,
     PRIORS_ATTR,
@@ -113,8 +114,9 @@ class SearchDriver(StudyTrials):
         moves = [m for m in self._moves(params)
                  if not (low_risk_only and knobs.risk_of(m.values) == "high")]
         with self._locks.held(self._lock_name):
-            self.reap()
-            seen = seen_keys(self.study, self.records)
+            trials = self.study.get_trials(deepcopy=False)
+            reaped = set(self.reap(trials))
+            seen = seen_keys([t for t in trials if t.number not in reaped], self.records)
             for move in moves:
                 config = {**params, **move.values}
                 if config_key(config) not in seen:
@@ -175,25 +177,19 @@ class SearchDriver(StudyTrials):
                                    f"(objective {value:.4g})")
 
     def _start(self, config: dict[str, Any], why: str) -> Proposal:
-        """A leased trial of ``config`` (enqueued, so its params are exactly these); the caller
-        holds the study's lock, so a WAITING trial other than ours was left by a sidecar that
-        died between its enqueue and its ask."""
-        self.study.enqueue_trial(config, user_attrs={ORIGIN_ATTR: why},
-                                 skip_if_exists=False)
-        while True:
-            trial = self.study.ask(self.distributions)
-            if config_key(trial.params) == config_key(config):
-                return self._lease(trial)
-            # a stale enqueued trial (a crash between enqueue and ask): not this baseline's
-            self.records.set_trial_attr(trial.number, "seedance:fail_reason",
-                                        "stale enqueued trial")
-            self.records.set_trial_attr(trial.number, RETRY_ATTR, True)
-            self.study.tell(trial, state=TrialState.FAIL)
+        """A leased trial of ``config``, started RUNNING with its lease (the caller holds the
+        study's lock: nobody else starts this config meanwhile)."""
+        number = self.records.start_trial(
+            config, {k: self.distributions[k] for k in config},
+            user_attrs={ORIGIN_ATTR: why},
+            system_attrs={LEASE_ATTR: self._clock() + self.config.trial_lease_s})
+        self._mine[number] = None  # its Trial is made when first reported to
+        return Proposal(number=number, values=dict(config), origin=why)
 
     def moves_left(self, baseline: Mapping[str, Any]) -> int:
         """How many single moves from ``baseline`` were not tried yet (0: the search waits)."""
         params = {k: baseline[k] for k in self.distributions}
-        seen = seen_keys(self.study, self.records)
+        seen = seen_keys(self.study.get_trials(deepcopy=False), self.records)
         return sum(config_key({**params, **m.values}) not in seen
                    for m in self._moves(params))
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.samplers import BaseSampler, TPESampler
-from optuna.trial import Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 from collectors import StateLocks, state_engine_options
 from tuner._knobs import KnobSpace
@@ -75,7 +75,8 @@ class StudyTrials:
             pruner=pruner or optuna.pruners.MedianPruner(
                 n_startup_trials=config.pruner_startup_trials, n_warmup_steps=3))
         self.records = StudyRecords(self._storage, config.study_name)
-        self._mine: dict[int, Trial] = {}
+        self._mine: dict[int, Trial | None] = {}
+        """The trials this driver runs (their Trial, once one was needed)."""
         self._locks = StateLocks(storage_url)
         self._lock_name = f"seedance:study:{config.study_name}"
 
@@ -181,11 +182,14 @@ class StudyTrials:
         for number in list(self._mine):
             self.renew(number)
 
-    def reap(self) -> list[int]:
-        """Fail every RUNNING trial whose lease expired (its sidecar or driver died)."""
+    def reap(self, trials: Sequence[FrozenTrial] | None = None) -> list[int]:
+        """Fail every RUNNING trial whose lease expired (its sidecar or driver died), of the
+        study's ``trials`` when the caller read them already. Returns their numbers."""
         now = self._clock()
         failed = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        running = (self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if trials is None else [t for t in trials if t.state == TrialState.RUNNING])
+        for t in running:
             until = t.system_attrs.get(LEASE_ATTR)
             if until is None or float(until) < now:
                 self.records.set_trial_attr(t.number, "seedance:fail_reason",
@@ -236,7 +240,7 @@ class StudyTrials:
 
     def _untried(self) -> list[dict[str, Any]]:
         configs = grid(self.distributions) or []
-        seen = seen_keys(self.study, self.records)
+        seen = seen_keys(self.study.get_trials(deepcopy=False), self.records)
         return [c for c in configs if config_key(c) not in seen]
 
     def _trial(self, number: int) -> Trial:
