@@ -25,20 +25,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from _fleet_knobs import KNOBS  # bench/, this script's folder
 from opentelemetry.metrics import CallbackOptions, Observation
 from torch import nn
 
 from collectors import TelemetryConfig, setup_telemetry
 from collectors.names import ATTR_SEEDANCE_RANK
 from collectors.torch_training import TrainingInstrumentation
-from tuner import Knob
 from tuner.job._lease_client import LeaseClient
 
-KNOBS = (
-    Knob(name="sim.batch", default=2, choices=(1, 2, 4, 8)),
-    Knob(name="sim.prefetch", default=1, low=1, high=4, integer=True),
-    Knob(name="sim.fuse", default="off", choices=("off", "on")),
-)
 BASE_STEP_S = 0.05
 TOKENS_PER_STEP = 4096
 

@@ -66,8 +66,9 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._fleet_job import KNOBS  # noqa: E402
+from bench._fleet_knobs import KNOBS  # noqa: E402
 from bench._targets import Target, at_most, block, holds, judged  # noqa: E402
+from seedancectl._sidecar import settle_heap  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 from tuner import KnobSpace, SearchConfig, SearchDriver  # noqa: E402
@@ -239,7 +240,9 @@ def study_prober(state_db: str, name: str, stop: Any, latencies: dict[str, list[
 def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
     """A process of its own (the probers' Optuna work must not hold this one's GIL): 4 reader
     threads call ``PATHS`` of the sidecars in turn every 0.25 s, each call timed; calls made
-    during the outage are not counted (they may wait on the database)."""
+    during the outage are not counted (they may wait on the database). Its start-up heap is
+    frozen, as a sidecar's is, so collections of it add no pause to the calls it times."""
+    settle_heap()
     api_ms: list[float] = []
     errors = Counter[str]()
 
@@ -272,7 +275,9 @@ def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
 
 
 def study_probers(state_db: str, stop: Any, outage: Any, results: Any) -> None:
-    """A process of its own: 2 ``study_prober`` threads."""
+    """A process of its own: 2 ``study_prober`` threads, its start-up heap frozen as a
+    sidecar's is (``seedancectl._sidecar.settle_heap``)."""
+    settle_heap()
     study_ms: dict[str, list[float]] = {"ask": [], "tell": []}
     threads = [threading.Thread(target=study_prober, args=(state_db, str(k), stop, study_ms,
                                                            outage), daemon=True)

@@ -61,7 +61,7 @@ def one_arm(tree: Path, url: str, calls: int) -> dict[str, list[float]]:
     sys.path.insert(0, str(tree))
     sys.path.insert(0, str(tree / "bench"))
     import numpy as np
-    from _fleet_job import KNOBS
+    from _fleet_knobs import KNOBS
 
     from tuner import SearchConfig, SearchDriver
     from tuner._knobs import KnobSpace

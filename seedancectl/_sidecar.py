@@ -13,6 +13,7 @@ and tells a person, through the webhook, about every proposal that waits for the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hmac
 import inspect
 import logging
@@ -457,6 +458,15 @@ def yield_cpu(nice: int) -> None:
     os.nice(nice)
 
 
+def settle_heap() -> None:
+    """Collect, then freeze what survives (the imports, the config): a full collection held
+    the GIL about 60 ms walking the ~240k objects they leave, stalling every request in flight;
+    frozen, they are never walked again (and are never freed, as they live as long as the
+    process anyway)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
     config = sidecar.config
@@ -470,4 +480,5 @@ def run_sidecar(sidecar: Sidecar) -> None:
         sidecar.app(), host=config.host.strip("[]"), port=config.port, log_level="warning",
         ssl_certfile=str(config.tls_cert_file) if tls else None,
         ssl_keyfile=str(config.tls_key_file) if tls else None))
+    settle_heap()
     server.run()
