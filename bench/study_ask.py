@@ -14,7 +14,8 @@ with nothing else running:
 Each arm runs ``--calls`` next_move + tell pairs on the simulated job's three knobs
 (``bench/_fleet_job.py``), a kept move (one in three, seeded) becoming the baseline, a new study
 when every move was tried; arms alternate (base, new, base, new, ...) in fresh processes, and
-the first 20 calls of each warm up (not counted).
+the first 20 calls of each warm up (not counted). Each arm's process freezes its start-up heap
+before it starts, as a sidecar does, so garbage-collector pauses do not decide the tail.
 
 Targets: new at most base (p50 and p99 of next_move); the issue's 200 ms p99 on an idle box.
 
@@ -59,12 +60,16 @@ def targets(result: dict[str, Any]) -> list[Target]:
 def one_arm(tree: Path, url: str, calls: int) -> dict[str, list[float]]:
     """next_move and tell latencies (ms) of ``calls`` pairs, with the code of ``tree``."""
     sys.path.insert(0, str(tree))
-    sys.path.insert(0, str(tree / "bench"))
+    import gc
+
     import numpy as np
     from _fleet_knobs import KNOBS
 
     from tuner import SearchConfig, SearchDriver
     from tuner._knobs import KnobSpace
+
+    gc.collect()
+    gc.freeze()  # as a sidecar process does (seedancectl._sidecar.settle_heap), in both arms
 
     space = KnobSpace.of(KNOBS)
     rng = np.random.default_rng(0)
