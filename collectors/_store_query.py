@@ -258,7 +258,10 @@ def _frame(parts: list[tuple[dict[str, str], dict[str, np.ndarray]]],
     out: dict[str, object] = {
         c: (pd.to_datetime(a[order], unit="ns", utc=True) if c == "time" else a[order])
         for c, a in data.items()}
+    # which series each row came from, in row order: an int take per attribute, then one
+    # object take (two object passes, repeat then sort, cost twice that on a large window)
+    series_of_row = np.repeat(np.arange(len(parts)), counts)[order]
     for key in keys:
         per_series = np.array([attrs.get(key) for attrs, _ in parts], dtype=object)
-        out[key] = pd.array(np.repeat(per_series, counts)[order], dtype="str")
+        out[key] = pd.array(per_series[series_of_row], dtype="str")
     return pd.DataFrame(out)

@@ -1,11 +1,12 @@
-"""The search's records in its Optuna study, through Optuna's public storage API only.
+"""The search's records in its Optuna study, through Optuna's storage API (one private call).
 
 The tuner writes onto trials by number, whoever asked them (another sidecar sharing the study,
 or this one before a restart): why one failed, when it was measured, its lease. It keeps
 study-wide records (priors, barred configs, the reference rate) as system attributes. Optuna 5's
 ``Study`` can do neither without private attributes (``_storage``, ``_study_id``,
 ``_trial_id``); the storage (``optuna.storages.BaseStorage``) can, given ids the storage itself
-resolves from the study's name and a trial's number.
+resolves from the study's name and a trial's number. One call is private: ``start_trial`` on an
+``RDBStorage`` (see there).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from optuna.distributions import BaseDistribution
-from optuna.storages import BaseStorage
+from optuna.storages import BaseStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 __all__ = ["StudyRecords"]
@@ -55,10 +56,16 @@ class StudyRecords:
         """A RUNNING trial of exactly ``params``, written in one transaction; its number.
         Enqueue then ask wrote it in about three times the statements, each a round trip that
         waits on a busy database."""
-        trial_id = self._storage.create_new_trial(self.study_id, template_trial=create_trial(
+        template = create_trial(
             state=TrialState.RUNNING, params=dict(params), distributions=dict(distributions),
-            user_attrs=dict(user_attrs), system_attrs=dict(system_attrs)))
-        return self._storage.get_trial_number_from_id(trial_id)
+            user_attrs=dict(user_attrs), system_attrs=dict(system_attrs))
+        if isinstance(self._storage, RDBStorage):
+            # the one private call (the one Optuna's own cache layer makes): it returns the
+            # trial, number included; the public call returns the id, and reading the number
+            # back is a whole trial read, six more statements
+            return self._storage._create_new_trial(self.study_id, template).number
+        return self._storage.get_trial_number_from_id(
+            self._storage.create_new_trial(self.study_id, template))
 
     def trial_id(self, number: int) -> int:
         return self._storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
