@@ -104,6 +104,13 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def box_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all the box's cores so far (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def table_bytes(state_db: str) -> dict[str, int]:
     """Each table's size on disk with its indexes and TOAST: what the fleet's state costs."""
     engine = create_engine(state_db)
@@ -379,6 +386,9 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         s.start_job(env, args.ranks, args.series, seed=i)
     started = time.time()
     cpu_at_start = {s.job: cpu_seconds(s.proc.pid) for s in sidecars if s.proc is not None}
+    job_cpu_at_start = {s.job: cpu_seconds(s.job_proc.pid) for s in sidecars
+                        if s.job_proc is not None}
+    box_at_start = box_cpu_ticks()
     spawn = multiprocessing.get_context("spawn")
     stop, outage, results = spawn.Event(), spawn.Event(), spawn.Queue()
     locks = {"waiting_max": 0, "waiting_samples": 0, "deadlocks": 0}
@@ -452,6 +462,10 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
     cpu_share = [(end - begin) / (ended - started) for s in sidecars if s.proc is not None
                  and (begin := cpu_at_start.get(s.job)) is not None
                  and (end := cpu_seconds(s.proc.pid)) is not None]
+    job_cores = sum(end - begin for s in sidecars if s.job_proc is not None
+                    and (begin := job_cpu_at_start.get(s.job)) is not None
+                    and (end := cpu_seconds(s.job_proc.pid)) is not None) / (ended - started)
+    box_busy, box_total = (b - a for a, b in zip(box_at_start, box_cpu_ticks(), strict=True))
     job_exits = [s.stop(s.job_proc) for s in sidecars]
     sidecar_exits = [s.stop(s.proc, timeout_s=60) for s in sidecars]
     lock_engine.dispose()
@@ -480,6 +494,10 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
                     if any(rss.values()) else None},
         "sidecar_cpu_share": {"median": statistics.median(cpu_share) if cpu_share else None,
                               "max": max(cpu_share, default=None)},
+        "box_cpu": {"cores": os.cpu_count(), "busy_fraction": box_busy / max(box_total, 1),
+                    "sidecars_cores": sum(cpu_share), "jobs_cores": job_cores,
+                    "note": "busy_fraction: all cores, the whole run (PostgreSQL, probers, "
+                            "readers and the bench itself included)"},
         "points_per_s_per_sidecar_sent": args.ranks * args.series / 5.0,
         "state_db_bytes": {"total": sum(sizes.values()), "tables": sizes},
         "audit": found,

@@ -16,17 +16,18 @@ from tuner._space import config_key, neighbours
 from tuner._study_records import RETRY_ATTR, UNSAFE_PREFIX, StudyRecords
 
 
-def seen_keys(trials: Sequence[FrozenTrial], records: StudyRecords) -> set[str]:
+def seen_keys(trials: Sequence[FrozenTrial], records: StudyRecords, *,
+              attrs: Mapping[str, Any] | None = None) -> set[str]:
     """Configs not to propose, of the study's ``trials``: measured, pruned, running, failed
-    (unless retryable), unsafe."""
+    (unless retryable), unsafe (from the study's ``attrs`` if read already)."""
     keys = {config_key(t.params) for t in trials
             if t.state != TrialState.WAITING and t.params
             and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
-    return keys | unsafe_keys(records)
+    return keys | unsafe_keys(records, attrs=attrs)
 
 
-def unsafe_keys(records: StudyRecords) -> set[str]:
-    attrs = records.attrs()
+def unsafe_keys(records: StudyRecords, *, attrs: Mapping[str, Any] | None = None) -> set[str]:
+    attrs = records.attrs() if attrs is None else attrs
     return {k[len(UNSAFE_PREFIX):] for k in attrs if k.startswith(UNSAFE_PREFIX)}
 
 

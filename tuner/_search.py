@@ -96,8 +96,9 @@ class SearchDriver(StudyTrials):
                               [m.to_json() for m in known.values()])
         return added
 
-    def priors(self) -> list[Move]:
-        attrs = self.records.attrs()
+    def priors(self, attrs: Mapping[str, Any] | None = None) -> list[Move]:
+        """The policy engine's moves, from the study's attributes (``attrs`` if read already)."""
+        attrs = self.records.attrs() if attrs is None else attrs
         return [Move(values=dict(m["values"]), expected_gain=m.get("expected_gain"),
                      why=str(m.get("why", "")), once=bool(m.get("once", False)))
                 for m in attrs.get(PRIORS_ATTR, ())]
@@ -111,25 +112,33 @@ class SearchDriver(StudyTrials):
         single move from it was tried. Under the study's lock: chosen and started by one
         sidecar at a time."""
         params = {k: baseline[k] for k in self.distributions}
-        moves = [m for m in self._moves(params)
-                 if not (low_risk_only and knobs.risk_of(m.values) == "high")]
         with self._locks.held(self._lock_name):
+            # the study's attributes and trials, read once: each read is statements that
+            # wait their turn on a busy database, with the lock held
+            attrs = self.records.attrs()
             trials = self.study.get_trials(deepcopy=False)
+            moves = [m for m in self._moves(params, attrs=attrs, trials=trials)
+                     if not (low_risk_only and knobs.risk_of(m.values) == "high")]
             reaped = set(self.reap(trials))
-            seen = seen_keys([t for t in trials if t.number not in reaped], self.records)
+            seen = seen_keys([t for t in trials if t.number not in reaped], self.records,
+                             attrs=attrs)
             for move in moves:
                 config = {**params, **move.values}
                 if config_key(config) not in seen:
                     return self._start(config, move.why)
             return self._revisit(params, moves)
 
-    def _moves(self, params: Mapping[str, Any]) -> list[Move]:
+    def _moves(self, params: Mapping[str, Any], *, attrs: Mapping[str, Any] | None = None,
+               trials: Sequence[FrozenTrial] | None = None) -> list[Move]:
         """``single_moves`` less those above a ceiling the job's telemetry shows, and less the
-        priors to try ``once`` that a trial tried already (its origin is their ``why``)."""
+        priors to try ``once`` that a trial tried already (its origin is their ``why``); the
+        study's ``attrs`` and ``trials`` when the caller read them already."""
         ceilings = self.ceilings()
-        priors = self.priors()
+        priors = self.priors(attrs)
         if any(p.once for p in priors):
-            tried = {t.user_attrs.get(ORIGIN_ATTR) for t in self.study.get_trials(deepcopy=False)
+            if trials is None:
+                trials = self.study.get_trials(deepcopy=False)
+            tried = {t.user_attrs.get(ORIGIN_ATTR) for t in trials
                      if t.state != TrialState.WAITING
                      and not (t.state == TrialState.FAIL and t.user_attrs.get(RETRY_ATTR))}
             priors = [p for p in priors if not (p.once and p.why in tried)]
