@@ -11,11 +11,12 @@ Optuna's heartbeat does not cover ask-and-tell, so trials hold our own lease (a 
 attribute, renewed by ``heartbeat``): ``reap`` fails (TrialState.FAIL) every RUNNING trial whose
 lease expired, so a trial whose sidecar died is never left RUNNING.
 
-Several sidecars may share a study (one PostgreSQL). Optuna's ``ask`` takes the oldest WAITING
-trial, whoever enqueued it, and choosing a config (is it measured or running yet?) then starting
-it spans many statements; so both run under the study's lock (``StateLocks``), one sidecar at a
-time: an enqueued trial is asked by the sidecar that enqueued it, and two sidecars never start
-the same config.
+Several sidecars may share a study (one PostgreSQL). Choosing a config (is it measured or
+running yet?) then starting it spans many statements, and Optuna's ``ask`` takes the oldest
+WAITING trial, whoever enqueued it; so both run under the study's lock (``StateLocks``), one
+sidecar at a time: two sidecars never start the same config. A single move starts its trial
+RUNNING in one storage call (``StudyRecords.start_trial``); the sampler's trials are enqueued
+and asked.
 """
 
 from __future__ import annotations
