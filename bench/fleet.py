@@ -66,7 +66,7 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._fleet_knobs import KNOBS  # noqa: E402
+from bench._fleet_knobs import KNOBS, timed_step  # noqa: E402
 from bench._targets import Target, at_most, block, holds, judged  # noqa: E402
 from seedancectl._sidecar import settle_heap  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
@@ -226,19 +226,14 @@ def study_prober(state_db: str, name: str, stop: Any, latencies: dict[str, list[
                 search = SearchDriver(space, storage_url=state_db, config=SearchConfig(
                     study_name=f"{PROBE_STUDY}{name}-{studies}"))
                 baseline = {k.name: k.default for k in KNOBS}
-            t0 = time.perf_counter()
-            proposal = search.next_move(baseline, space)
-            t1 = time.perf_counter()
-            if proposal is None:
+            after, ask_ms, tell_ms = timed_step(search, baseline, space, rng)
+            if after is None:
                 search = None
                 continue
-            search.tell(proposal.number, float(rng.random()))
-            t2 = time.perf_counter()
-            if rng.random() < 1 / 3:
-                baseline = dict(proposal.values)
+            baseline = after
             if not outage.is_set():
-                latencies["ask"].append((t1 - t0) * 1000)
-                latencies["tell"].append((t2 - t1) * 1000)
+                latencies["ask"].append(ask_ms)
+                latencies["tell"].append(tell_ms)
         except Exception:  # the outage: the next call after it tries again
             time.sleep(0.5)
         stop.wait(0.5)

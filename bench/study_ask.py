@@ -63,7 +63,7 @@ def one_arm(tree: Path, url: str, calls: int) -> dict[str, list[float]]:
     import gc
 
     import numpy as np
-    from _fleet_knobs import KNOBS
+    from _fleet_knobs import KNOBS, timed_step
 
     from tuner import SearchConfig, SearchDriver
     from tuner._knobs import KnobSpace
@@ -83,20 +83,15 @@ def one_arm(tree: Path, url: str, calls: int) -> dict[str, list[float]]:
             search = SearchDriver(space, storage_url=url,
                                   config=SearchConfig(study_name=f"ask-bench-{studies}"))
             baseline = {k.name: k.default for k in KNOBS}
-        t0 = time.perf_counter()
-        proposal = search.next_move(baseline, space)
-        t1 = time.perf_counter()
-        if proposal is None:
+        after, ask_ms, tell_ms = timed_step(search, baseline, space, rng)
+        if after is None:
             search.close()
             search = None
             continue
-        search.tell(proposal.number, float(rng.random()))
-        t2 = time.perf_counter()
-        if rng.random() < 1 / 3:
-            baseline = dict(proposal.values)
+        baseline = after
         if i >= WARMUP:
-            out["next_move"].append((t1 - t0) * 1000)
-            out["tell"].append((t2 - t1) * 1000)
+            out["next_move"].append(ask_ms)
+            out["tell"].append(tell_ms)
     return out
 
 
