@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from policies import Detector, FrameStore, StoreWindow
@@ -232,6 +232,62 @@ def test_non_finite_elements_in_one_group_of_one_rank_name_that_rank_and_group()
     assert "g042" in f.resource.values()
     assert f.evidence.value("nonfinite_elements_max") == 7.0
 
+
+
+
+@given(ranks=st.integers(1, 2), steps=st.integers(3, 10), repeat=st.integers(1, 2),
+       scaler=st.booleans(), at_rank=st.integers(0, 1), at=st.integers(0, 9),
+       length=st.integers(1, 6), bad=st.sampled_from([math.nan, math.inf, -math.inf]),
+       anomaly=st.sampled_from(["none", "loss", "grad_norm", "elements", "counter",
+                                "scale_falls", "scale_grows"]))
+@example(ranks=2, steps=6, repeat=2, scaler=False, at_rank=1, at=2, length=2, bad=math.nan,
+         anomaly="loss")
+@example(ranks=2, steps=6, repeat=2, scaler=False, at_rank=1, at=2, length=2, bad=math.nan,
+         anomaly="grad_norm")
+@example(ranks=2, steps=6, repeat=2, scaler=False, at_rank=1, at=2, length=2, bad=math.nan,
+         anomaly="elements")
+@example(ranks=2, steps=6, repeat=2, scaler=False, at_rank=1, at=2, length=2, bad=math.nan,
+         anomaly="counter")
+@example(ranks=2, steps=6, repeat=2, scaler=True, at_rank=1, at=2, length=2, bad=math.nan,
+         anomaly="scale_falls")
+@example(ranks=2, steps=6, repeat=2, scaler=True, at_rank=1, at=2, length=2, bad=math.nan,
+         anomaly="scale_grows")
+def test_the_non_finite_shortcut_skips_only_windows_with_no_finding(
+        ranks: int, steps: int, repeat: int, scaler: bool, at_rank: int, at: int, length: int,
+        bad: float, anomaly: str) -> None:
+    """SYNTHETIC frames: healthy ranks, one of which may carry one anomaly over ``length``
+    steps from ``at`` (a falling scale falls at every step from ``at`` on). Whenever the raw readings let ``evaluate`` skip the per-step
+    judgement, that judgement finds nothing; and ``evaluate`` always agrees with it."""
+    from policies.detectors._nonfinite import nothing_nonfinite
+    rows: dict[str, list[dict[str, object]]] = {}
+    for rank in range(ranks):
+        series = {"seedance.train.loss": [2.0] * steps, "seedance.train.grad.norm": [1.0] * steps,
+                  "seedance.train.grad.nonfinite@ffn": [0.0] * steps,
+                  "seedance.train.nonfinite_steps": [0.0] * steps}
+        if scaler:
+            series["seedance.train.grad_scaler.scale"] = [1024.0] * steps
+        span = range(at % steps, min(at % steps + length, steps))
+        for k, i in enumerate(span if rank == at_rank % ranks else ()):
+            if anomaly in ("loss", "grad_norm"):
+                series[f"seedance.train.{anomaly.replace('_', '.')}"][i] = bad
+            elif anomaly == "elements":
+                series["seedance.train.grad.nonfinite@ffn"][i] = 5.0
+            elif anomaly == "counter":
+                series["seedance.train.nonfinite_steps"][i:] = [float(k + 1)] * (steps - i)
+            elif anomaly == "scale_grows" and scaler:
+                series["seedance.train.grad_scaler.scale"][i:] = [2048.0] * (steps - i)
+        if anomaly == "scale_falls" and scaler and rank == at_rank % ranks:  # to the end
+            series["seedance.train.grad_scaler.scale"] = [
+                1024.0 / 2 ** max(0, i - at % steps) for i in range(steps)]
+        frames = _steps_frame(series, repeat=repeat, attrs={"seedance.train.nonfinite_steps": {
+            "seedance.nonfinite.what": "grad_norm"}})
+        for name, part in frames.items():
+            rows.setdefault(name, []).extend({**r, "seedance.rank": str(rank)} for r in part)
+    detector = NonFiniteDetector()
+    judged = detector.judge(_window(rows))
+    if nothing_nonfinite(_window(rows)):
+        assert judged == []
+    assert len(detector.evaluate(_window(rows))) == len(judged)
 
 # -- small-batch precision and input-bound (synthetic histograms) ------------------------------
 
