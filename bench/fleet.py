@@ -19,6 +19,10 @@ For each N in ``--sidecars`` (default 1, 4, 16), in one run, against one real Po
 - every second, PostgreSQL's lock waits (``pg_locks`` not granted) and deadlocks;
 - every 10 s, each sidecar's RSS (``/proc/PID/status``).
 
+The measured ``--minutes`` start once every job holds its lease (``jobs_attached_after_s``),
+so they time a running fleet, not N jobs importing torch at once. Latencies are also given
+by phase: before the outage, in the first 60 s after it, and later.
+
 With ``--kill-postgres`` (on for the largest N): at half time PostgreSQL is stopped
 (``immediate``: every connection dropped, as in a crash) for ``--outage-s`` (30) seconds, then
 started again. During the outage every sidecar is probed every 2 s: its job must keep its lease
@@ -78,11 +82,31 @@ TOKEN = "fleet-bench-token"
 IN_FLIGHT = ("proposed", "approved", "applying", "observing")
 PROBE_STUDY = "fleet-bench-probe-"
 PATHS = ("/v1/status", "/v1/changes", "/v1/findings")
+RECOVERY_S = 60.0  # after PostgreSQL is back: the sidecars reconnect and catch up
 TARGETS = {"ask_tell_p99_ms": 200.0, "api_p99_ms": 100.0, "sidecar_rss_mib": 300.0}
 
 
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+def latency(samples: list[tuple[float, float]], outage: dict[str, Any] | None
+            ) -> dict[str, Any]:
+    """Calls, p50 and p99 of (wall clock, ms) samples over the run (what the targets judge),
+    and, in a run with an outage, the same before it, in the first ``RECOVERY_S`` after
+    PostgreSQL is back, and after that: where the tail comes from."""
+    ms = [m for _, m in samples]
+    out: dict[str, Any] = {"calls": len(ms), "p50_ms": percentile(ms, 50),
+                           "p99_ms": percentile(ms, 99)}
+    if outage is not None:
+        up_s = outage["up_at_ns"] / 1e9
+        phases = {"before_outage": [m for t, m in samples if t < up_s - outage["down_s"]],
+                  f"first_{RECOVERY_S:.0f}s_after": [
+                      m for t, m in samples if up_s <= t < up_s + RECOVERY_S],
+                  "later": [m for t, m in samples if t >= up_s + RECOVERY_S]}
+        out["by_phase"] = {name: {"calls": len(v), "p50_ms": percentile(v, 50),
+                                  "p99_ms": percentile(v, 99)} for name, v in phases.items()}
+    return out
 
 
 def rss_mib(pid: int) -> float | None:
@@ -189,6 +213,22 @@ def wait_ready(http: httpx.Client, sidecars: list[Sidecar], timeout_s: float) ->
         time.sleep(0.5)
 
 
+def wait_attached(http: httpx.Client, sidecars: list[Sidecar], timeout_s: float) -> None:
+    """Until every simulated job holds a lease: the measurement starts on a running fleet,
+    not on N jobs importing torch at once on the same cores (that start-up was most of the
+    API's p99 in an N = 16 run)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(sidecars)
+    while pending:
+        pending = [s for s in pending if job_lease(http, s).get("state") is None]
+        for s in pending:
+            if s.job_proc is not None and s.job_proc.poll() is not None:
+                raise SystemExit(f"job {s.job} exited; see {s.folder / 'job.log'}")
+        if pending and time.monotonic() > deadline:
+            raise SystemExit(f"{len(pending)} job(s) not attached in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 class Loop:
     """A background thread that calls ``body`` every ``every_s`` until stopped."""
 
@@ -205,8 +245,8 @@ class Loop:
         self.thread.start()
 
 
-def study_prober(state_db: str, name: str, stop: Any, latencies: dict[str, list[float]],
-                 outage: Any) -> None:
+def study_prober(state_db: str, name: str, stop: Any,
+                 latencies: dict[str, list[tuple[float, float]]], outage: Any) -> None:
     """A sidecar's search, minus the job: ``next_move`` (choose a single move, enqueue it and
     ask for it, under the study's lock) and ``tell``, every 0.5 s, on the simulated job's
     knobs; a kept move (one in three) becomes the baseline, and a search that tried every move
@@ -232,8 +272,8 @@ def study_prober(state_db: str, name: str, stop: Any, latencies: dict[str, list[
                 continue
             baseline = after
             if not outage.is_set():
-                latencies["ask"].append(ask_ms)
-                latencies["tell"].append(tell_ms)
+                latencies["ask"].append((time.time(), ask_ms))
+                latencies["tell"].append((time.time(), tell_ms))
         except Exception:  # the outage: the next call after it tries again
             time.sleep(0.5)
         stop.wait(0.5)
@@ -245,7 +285,7 @@ def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
     during the outage are not counted (they may wait on the database). Its start-up heap is
     frozen, as a sidecar's is, so collections of it add no pause to the calls it times."""
     settle_heap()
-    api_ms: list[float] = []
+    api_ms: list[tuple[float, float]] = []  # (wall clock at the end, ms)
     errors = Counter[str]()
 
     def run(k: int) -> None:
@@ -264,7 +304,7 @@ def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
             if outage.is_set():
                 continue
             if r.status_code == 200:
-                api_ms.append(ms)
+                api_ms.append((time.time(), ms))
             else:
                 errors[f"{path} {r.status_code}"] += 1
 
@@ -280,7 +320,7 @@ def study_probers(state_db: str, stop: Any, outage: Any, results: Any) -> None:
     """A process of its own: 2 ``study_prober`` threads, its start-up heap frozen as a
     sidecar's is (``seedancectl._sidecar.settle_heap``)."""
     settle_heap()
-    study_ms: dict[str, list[float]] = {"ask": [], "tell": []}
+    study_ms: dict[str, list[tuple[float, float]]] = {"ask": [], "tell": []}
     threads = [threading.Thread(target=study_prober, args=(state_db, str(k), stop, study_ms,
                                                            outage), daemon=True)
                for k in range(2)]
@@ -377,8 +417,11 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
     for s in sidecars:
         s.start(env)
     wait_ready(http, sidecars, timeout_s=60 + 10 * n)
+    launched = time.time()
     for i, s in enumerate(sidecars):
         s.start_job(env, args.ranks, args.series, seed=i)
+    wait_attached(http, sidecars, timeout_s=120 + 10 * n)
+    attached_after_s = time.time() - launched
     started = time.time()
     cpu_at_start = {s.job: cpu_seconds(s.proc.pid) for s in sidecars if s.proc is not None}
     job_cpu_at_start = {s.job: cpu_seconds(s.job_proc.pid) for s in sidecars
@@ -477,12 +520,10 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
     logs = " ".join((s.folder / "sidecar.log").read_text(errors="replace") for s in sidecars)
     return {
         "sidecars": n, "ranks": args.ranks, "series_per_rank": args.series,
-        "seconds": ended - started,
+        "jobs_attached_after_s": attached_after_s, "seconds": ended - started,
         "proposals_per_s": found["changes"] / (ended - started),
-        "api": {"calls": len(api_ms), "p50_ms": percentile(api_ms, 50),
-                "p99_ms": percentile(api_ms, 99), "errors": measured["api_errors"]},
-        "study": {op: {"calls": len(v), "p50_ms": percentile(v, 50),
-                       "p99_ms": percentile(v, 99)} for op, v in study_ms.items()},
+        "api": {**latency(api_ms, outage_report), "errors": measured["api_errors"]},
+        "study": {op: latency(v, outage_report) for op, v in study_ms.items()},
         "locks": {**locks, "journal_conflicts_logged": logs.count("moved under us")},
         "rss_mib": {"max": max((max(v) for v in rss.values() if v), default=None),
                     "median_of_max": statistics.median(max(v) for v in rss.values() if v)

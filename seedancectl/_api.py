@@ -154,8 +154,8 @@ def api_router(sidecar: Sidecar) -> APIRouter:
     def status() -> dict[str, Any]:
         ctl = controller()
         attached = {s.job: s for s in sidecar.jobs.jobs()}
-        changes = ctl.changes()
-        active = {c.job: c for c in changes if c.state in ACTIVE}
+        open_changes = ctl.changes(states=sorted(ACTIVE))  # not the whole history
+        active = {c.job: c for c in open_changes}
         jobs = []
         for job in sorted(set(attached) | set(sidecar.config.jobs)):
             s = attached.get(job)
@@ -177,8 +177,8 @@ def api_router(sidecar: Sidecar) -> APIRouter:
                         "state_db": sidecar.config.state_db},
             "jobs": jobs,
             "findings": dict(collections.Counter(f.detector for f in found)),
-            "changes": dict(collections.Counter(c.state for c in changes)),
-            "waiting": [c.id for c in changes if c.state == "proposed"],
+            "changes": ctl.state_counts(),
+            "waiting": [c.id for c in open_changes if c.state == "proposed"],
             "webhook": {"configured": sidecar.notifier.url is not None,
                         **sidecar.notifier.stats.to_json()},
         }

@@ -69,6 +69,10 @@ class ChangeSteps:
         """Changes, oldest first."""
         return self.journal.changes(job=job, states=states)
 
+    def state_counts(self) -> dict[str, int]:
+        """How many changes are in each state (``ChangeJournal.state_counts``)."""
+        return self.journal.state_counts()
+
     def _confirm_restore(self, change: Change) -> None:
         """One look at a rollback's restore: confirmed, still to come, or failed (then sent
         again, or, after ``restore_attempts``, the change needs a person)."""

@@ -151,6 +151,17 @@ class ChangeJournal:
         with self._engine.connect() as conn:
             return [Change.from_json(b) for b in conn.execute(query).scalars()]
 
+    def state_counts(self) -> dict[str, int]:
+        """How many changes are in each state, counted by the database: a sidecar's status
+        asks on every call, and decoding every change a fleet ever made grows with its
+        history."""
+        if not self._has_tables():
+            return {}
+        query = select(changes_table.c.state, func.count()).group_by(changes_table.c.state
+                                                                    ).order_by(changes_table.c.state)
+        with self._engine.connect() as conn:
+            return {str(state): int(n) for state, n in conn.execute(query)}
+
     def events(self, *, change_id: str | None = None,
                job: str | None = None) -> list[dict[str, Any]]:
         """The audit log, oldest first, each event's ``detail`` decoded."""

@@ -50,6 +50,18 @@ def test_changes_are_oldest_first_even_when_the_clock_stands_still(state_db_url:
     assert [c.id for c in journal.changes()] == ["b", "a", "c"]
 
 
+
+def test_state_counts_are_the_states_of_every_change(state_db_url: str) -> None:
+    assert ChangeJournal(state_db_url, create=False).state_counts() == {}
+    journal = ChangeJournal(state_db_url)
+    for change_id, state in (("a", None), ("b", "approved"), ("c", "rejected"),
+                             ("d", "approved"), ("e", None)):
+        change = a_change(change_id)
+        journal.add(change, actor="t", reason="r", version_before=None, detail={})
+        if state is not None:
+            journal.move(change, replace(change, state=state), actor="t", reason="r")
+    assert journal.state_counts() == {"approved": 2, "proposed": 2, "rejected": 1}
+
 def test_a_move_is_refused_when_someone_moved_the_change_first(state_db_url: str) -> None:
     journal = ChangeJournal(state_db_url)
     change = a_change()
