@@ -157,8 +157,8 @@ class ChangeJournal:
         history."""
         if not self._has_tables():
             return {}
-        query = select(changes_table.c.state, func.count()).group_by(changes_table.c.state
-                                                                    ).order_by(changes_table.c.state)
+        state = changes_table.c.state
+        query = select(state, func.count()).group_by(state).order_by(state)
         with self._engine.connect() as conn:
             return {str(state): int(n) for state, n in conn.execute(query)}
 
