@@ -160,7 +160,7 @@ class ChangeJournal:
         state = changes_table.c.state
         query = select(state, func.count()).group_by(state).order_by(state)
         with self._engine.connect() as conn:
-            return {str(state): int(n) for state, n in conn.execute(query)}
+            return {str(name): int(n) for name, n in conn.execute(query)}
 
     def events(self, *, change_id: str | None = None,
                job: str | None = None) -> list[dict[str, Any]]:
