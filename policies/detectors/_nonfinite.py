@@ -214,9 +214,10 @@ class NonFiniteDetector(Detector):
 def nothing_nonfinite(window: StoreWindow) -> bool:
     """True when no reading in ``window`` could make a finding: every loss and gradient norm
     is finite, no element count is above zero, the non-finite step counter stayed at zero, and
-    the loss scale never moved. It reads the raw series, which :meth:`NonFiniteDetector.judge` reads anyway,
-    but none of its per-step pairing: the rollout checks every live trial with this detector
-    each second, and on a healthy job the pairing was most of a sidecar's idle CPU.
+    the loss scale never moved. It reads the raw series, which
+    :meth:`NonFiniteDetector.judge` reads anyway, but none of its per-step pairing: the
+    rollout checks every live trial with this detector each second, and on a healthy job the
+    pairing was most of a sidecar's idle CPU.
 
     The per-step readings are a subset of the raw ones, so a clear raw window has clear steps.
     A scale that changed at all takes the slow path: readings of two config versions at the
