@@ -50,6 +50,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "profile_overhead.json": "profile_overhead",
     "report.json": "report",
     "rollback.json": "rollback",
+    "rollout_check.json": "rollout_check",
     "serving.json": "serving",
     "sidecar_cpu.json": "sidecar_cpu",
     "soak*.json": "soak",
