@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from collectors._tracing import span_context
-from tests.seedancectl._live import live_sidecar
+from tests.seedancectl._live import Live, live_sidecar
 from tuner.job import attach
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
                          export_interval_s=0.1)
         data = torch.Generator().manual_seed(0)
         change_id = None
-        deadline = time.monotonic() + TRIAL_S + 90  # a trial's budget, its last pair, a margin
+        deadline = time.monotonic() + TRIAL_S + 180  # a trial's budget, its last pair, a margin (a busy box)
         try:
             while True:
                 assert time.monotonic() < deadline, "the change did not finish"
@@ -56,9 +56,14 @@ def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
                 if change_id is not None and live.get(f"/v1/changes/{change_id}")["state"] in \
                         FINAL:
                     break
-            for _ in range(3):  # the keep / rollback config reaches the job too
+            # The verdict's config reaches the job too: the journal names its version (the
+            # state moves first, so wait for the event), then the job acks it at a boundary.
+            while (verdict_version := sent_version(live, change_id)) is None or \
+                    live.get("/v1/jobs/mlp/knobs")["acked_version"] < verdict_version:
+                assert time.monotonic() < deadline, "the verdict's config never reached the job"
                 with session.step(tokens=8 * 16, samples=8):
                     pass
+                time.sleep(0.01)
         finally:
             session.close()  # flushes the job's spans to the sidecar
         change = live.sidecar.controller.get(change_id)  # type: ignore[union-attr]
@@ -90,3 +95,10 @@ def test_a_change_and_the_jobs_apply_share_one_trace(tmp_path: Path) -> None:
         assert span.start_ns >= parent.start_ns
     assert len(jobs) == len(by_name["apply"]) + 1  # every window, then the verdict's config
     assert by_name["approve"][0].attributes["seedance.actor"] == "bob"
+
+
+def sent_version(live: Live, change_id: str) -> int | None:
+    """The config version the change's verdict sent the job; None until it is journaled."""
+    events = live.get("/v1/audit", change=change_id)
+    return next((e["version_after"] for e in events if e["kind"] in ("baseline", "restored")),
+                None)
