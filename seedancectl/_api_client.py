@@ -106,11 +106,13 @@ class SidecarClient:
         params: dict[str, Any] = {"job": job, "all": True if include_closed else None}
         return self._call("GET", "/v1/findings", params=params)
 
-    def changes(self, *, job: str | None = None,
-                states: Sequence[str] | None = None) -> list[ChangeJSON]:
-        """Changes, oldest first, of one job and in the given states when asked."""
-        params: dict[str, Any] = {"job": job, "state": list(states) if states else None}
-        return self._call("GET", "/v1/changes", params=params)
+    def changes(self, *, job: str | None = None, states: Sequence[str] | None = None,
+                page: int | None = None) -> list[ChangeJSON]:
+        """Changes, oldest first, of one job and in the given states when asked: every page
+        (of ``page`` changes; the sidecar's default when None)."""
+        params: dict[str, Any] = {"job": job, "state": list(states) if states else None,
+                                  "limit": page}
+        return self._pages("/v1/changes", params)
 
     def change(self, change_id: str) -> ChangeDetailJSON:
         """One change with its audit trail."""
@@ -154,21 +156,41 @@ class SidecarClient:
 
     # ---- the one way a call is made ----------------------------------------------------------
 
+    def _pages(self, path: str, params: Mapping[str, Any]) -> Any:
+        """Every page of a listing, followed by its ``Link: rel="next"`` headers."""
+        found: list[Any] = []
+        url: str | None = path
+        while url is not None:
+            reply = self._send("GET", url, params=params if url == path else None)
+            found += self._json(reply)
+            url = reply.links.get("next", {}).get("url")
+        return found
+
     def _call(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
               body: Mapping[str, Any] | None = None, ok: Sequence[int] = ()) -> Any:
         """The answer's JSON; SidecarError for no answer or a status neither 2xx nor ``ok``."""
+        return self._json(self._send(method, path, params=params, body=body), ok=ok)
+
+    def _send(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
+              body: Mapping[str, Any] | None = None) -> httpx.Response:
+        """The reply to one request; SidecarError when no sidecar answers."""
         headers = ({"Authorization": f"Bearer {self._token}"}
                    if method != "GET" and self._token is not None else {})
         url = self.url.rstrip("/") + path
         try:
             reply = self._http.request(
                 method, url, headers=headers, json=None if body is None else dict(body),
-                params={k: v for k, v in (params or {}).items() if v is not None})
+                params=None if params is None else {k: v for k, v in params.items()
+                                                     if v is not None})
         except httpx.InvalidURL as exc:
             raise SidecarError(f"{url!r}: {exc}") from None
         except httpx.HTTPError as exc:
             raise SidecarError(f"no sidecar answers at {self.url} ({type(exc).__name__}: "
                                f"{exc}); is `seedancectl sidecar` running?") from None
+        return reply
+
+    def _json(self, reply: httpx.Response, *, ok: Sequence[int] = ()) -> Any:
+        """The reply's JSON; SidecarError for a status neither 2xx nor ``ok``."""
         if reply.is_success or reply.status_code in ok:
             try:
                 return reply.json()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tuner._change import STOPPED as STOPPED
     from tuner._change import TRANSITIONS as TRANSITIONS
     from tuner._change import Change as Change
+    from tuner._change import ChangeCursor as ChangeCursor
     from tuner._change import IllegalTransition as IllegalTransition
     from tuner._change import RolloutError as RolloutError
     from tuner._change import Trip as Trip

@@ -108,6 +108,26 @@ class Change:
         return cls(**body)
 
 
+@dataclass(frozen=True)
+class ChangeCursor:
+    """Where a page of changes ended: the last change's place in the journal's order."""
+
+    created_at_ns: int
+    id: str
+
+    def to_text(self) -> str:
+        return f"{self.created_at_ns}-{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> ChangeCursor:
+        """A cursor from :meth:`to_text`; ``RolloutError`` naming what is wrong otherwise."""
+        at, _, change_id = text.partition("-")
+        if not at.isdigit() or not change_id:
+            raise RolloutError(f"after={text!r} is not a cursor: use the one in the previous "
+                               "page's Link header")
+        return cls(int(at), change_id)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Trip:
     """A guardrail fired: roll back now, of this kind (``group`` for a local rollback)."""

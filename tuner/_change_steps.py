@@ -18,6 +18,7 @@ from tuner._change import (
     MANUAL,
     TRANSITIONS,
     Change,
+    ChangeCursor,
     IllegalTransition,
     RolloutError,
     State,
@@ -68,6 +69,12 @@ class ChangeSteps:
                 states: Sequence[str] | None = None) -> list[Change]:
         """Changes, oldest first."""
         return self.journal.changes(job=job, states=states)
+
+    def changes_page(self, *, job: str | None = None, states: Sequence[str] | None = None,
+                     after: ChangeCursor | None = None, limit: int | None = None
+                     ) -> tuple[list[Change], ChangeCursor | None]:
+        """One page of changes (``ChangeJournal.changes_page``)."""
+        return self.journal.changes_page(job=job, states=states, after=after, limit=limit)
 
     def state_counts(self) -> dict[str, int]:
         """How many changes are in each state (``ChangeJournal.state_counts``)."""

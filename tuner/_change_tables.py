@@ -16,6 +16,7 @@ changes_table = Table(
     Column("body", Text, nullable=False),
     Index("changes_by_job", "job", "created_at_ns"),
     Index("changes_by_state", "state"),
+    Index("changes_in_order", "created_at_ns", "id"),  # the keyset of a page of changes
 )
 change_events_table = Table(
     "change_events", metadata,

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from collectors import lock_transaction, state_engine
-from tuner._change import Change, IllegalTransition, Mode, RolloutError
+from tuner._change import Change, ChangeCursor, IllegalTransition, Mode, RolloutError
 from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
 
 ORDER_LOCK = "seedance:changes:order"
@@ -140,16 +140,32 @@ class ChangeJournal:
     def changes(self, *, job: str | None = None,
                 states: Sequence[str] | None = None) -> list[Change]:
         """Changes, oldest first."""
+        return self.changes_page(job=job, states=states)[0]
+
+    def changes_page(self, *, job: str | None = None, states: Sequence[str] | None = None,
+                     after: ChangeCursor | None = None, limit: int | None = None
+                     ) -> tuple[list[Change], ChangeCursor | None]:
+        """Up to ``limit`` changes after ``after``, oldest first, and the cursor of the next
+        page (None on the last). A keyset, not an offset: a fleet's journal only grows, and
+        an offset page re-reads every row before it."""
         if not self._has_tables():
-            return []
-        query = select(changes_table.c.body).order_by(changes_table.c.created_at_ns,
-                                                      changes_table.c.id)
+            return [], None
+        c = changes_table.c
+        query = select(c.created_at_ns, c.id, c.body).order_by(c.created_at_ns, c.id)
         if job is not None:
-            query = query.where(changes_table.c.job == job)
+            query = query.where(c.job == job)
         if states is not None:
-            query = query.where(changes_table.c.state.in_(list(states)))
+            query = query.where(c.state.in_(list(states)))
+        if after is not None:
+            query = query.where(tuple_(c.created_at_ns, c.id) > (after.created_at_ns, after.id))
+        if limit is not None:
+            query = query.limit(limit + 1)  # one more says whether a next page exists
         with self._engine.connect() as conn:
-            return [Change.from_json(b) for b in conn.execute(query).scalars()]
+            rows = conn.execute(query).all()
+        more = limit is not None and len(rows) > limit
+        rows = rows[:limit] if more else rows
+        cursor = ChangeCursor(rows[-1].created_at_ns, rows[-1].id) if more else None
+        return [Change.from_json(r.body) for r in rows], cursor
 
     def state_counts(self) -> dict[str, int]:
         """How many changes are in each state, counted by the database: a sidecar's status

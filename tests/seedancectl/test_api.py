@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from seedancectl._api_client import SidecarClient
 from tests.seedancectl._live import KNOBS, TOKEN, Live, SimulatedJob, Webhook, live_sidecar
 
 pytestmark = pytest.mark.integration
@@ -253,6 +254,24 @@ def test_reads(live: Live) -> None:
     assert live.get("/v1/changes", state="kept") == []
 
 
+def test_changes_come_in_pages_that_the_client_follows_to_the_end(live: Live) -> None:
+    SimulatedJob(live)
+    made = [propose(live, {"threads": n})["id"] for n in (1, 3, 4, 5, 6)]
+    reply = live.http.get("/v1/changes", params={"job": "gpt", "limit": 2})
+    paged = [c["id"] for c in reply.json()]
+    while "next" in reply.links:
+        assert len(reply.json()) == 2
+        reply = live.http.get(reply.links["next"]["url"])
+        assert reply.status_code == 200, reply.text
+        paged += [c["id"] for c in reply.json()]
+    assert paged == made and len(reply.json()) == 1  # oldest first, each once, 2 + 2 + 1
+    assert "next" not in live.http.get("/v1/changes", params={"limit": 5}).links
+    with SidecarClient(live.url) as client:  # the CLI's client reads every page
+        assert [c["id"] for c in client.changes(job="gpt", page=2)] == made
+        assert [c["id"] for c in client.changes(states=["proposed"])] == made
+    bad = live.http.get("/v1/changes", params={"after": "yesterday"})
+    assert bad.status_code == 400 and "is not a cursor" in bad.json()["detail"]
+    assert live.http.get("/v1/changes", params={"limit": 0}).status_code == 422
 def test_generated_token_is_written_once_with_private_mode(tmp_path: Path) -> None:
     from seedancectl._api import resolve_token
     from seedancectl._config import SidecarConfig

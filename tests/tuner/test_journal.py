@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from tuner import Change, ChangeJournal, IllegalTransition, RolloutError
+from tuner import Change, ChangeCursor, ChangeJournal, IllegalTransition, RolloutError
 
 
 def a_change(change_id: str = "c1", *, at_s: float = 100.0) -> Change:
@@ -50,7 +50,35 @@ def test_changes_are_oldest_first_even_when_the_clock_stands_still(state_db_url:
     assert [c.id for c in journal.changes()] == ["b", "a", "c"]
 
 
+def test_pages_of_changes_follow_each_other_in_order_under_any_filter(state_db_url: str) -> None:
+    journal = ChangeJournal(state_db_url, clock=lambda: 100.0)  # one timestamp, ids out of order
+    for i, change_id in enumerate("gfedcba"):
+        change = replace(a_change(change_id), job=("train", "serve")[i % 2])
+        journal.add(change, actor="t", reason="r", version_before=None, detail={})
+        if i % 3 == 0:
+            journal.move(change, replace(change, state="approved"), actor="t", reason="r")
+    for job, states in ((None, None), ("train", None), (None, ["proposed"]),
+                        ("serve", ["approved", "proposed"]), ("nobody", None)):
+        whole = [c.id for c in journal.changes(job=job, states=states)]
+        for limit in (1, 2, 3, len(whole) or 1, 50):
+            paged: list[str] = []
+            cursor = None
+            while True:
+                page, cursor = journal.changes_page(job=job, states=states, after=cursor,
+                                                    limit=limit)
+                assert 0 < len(page) <= limit or not whole
+                paged += [c.id for c in page]
+                if cursor is None:
+                    break
+                assert ChangeCursor.parse(cursor.to_text()) == cursor
+            assert paged == whole, (job, states, limit)
+    assert journal.changes_page(limit=7)[1] is None  # a page that holds the rest is the last
 
+
+@pytest.mark.parametrize("text", ["", "12", "abc-c1", "-c1", "12-"])
+def test_a_cursor_that_is_not_one_says_so(text: str) -> None:
+    with pytest.raises(RolloutError, match="is not a cursor"):
+        ChangeCursor.parse(text)
 def test_state_counts_are_the_states_of_every_change(state_db_url: str) -> None:
     assert ChangeJournal(state_db_url, create=False).state_counts() == {}
     journal = ChangeJournal(state_db_url)
