@@ -106,6 +106,11 @@ class GradientUnderflowDetector(Detector):
         return self._name
 
     def evaluate(self, window: StoreWindow) -> list[Finding]:
+        return [] if nothing_underflowing(window, self.config) else self.judge(window)
+
+    def judge(self, window: StoreWindow) -> list[Finding]:
+        """The findings of ``window``, judged step by step and group by group (``evaluate``
+        skips this when :func:`nothing_underflowing` proves there can be none)."""
         norms = per_step(window, GROUP_NORM)
         zeros = per_step(window, ZERO_FRACTION)
         scales = per_step(window, SCALE)
@@ -247,3 +252,22 @@ class GradientUnderflowDetector(Detector):
         )
 
 
+def nothing_underflowing(window: StoreWindow, config: UnderflowConfig) -> bool:
+    """True when no reading in ``window`` could make a finding: no group norm is exactly 0,
+    no zero fraction moved by ``zero_fraction_rise`` or more, and the loss scale never moved.
+    On a healthy job of hundreds of groups the per-step pairing and the per-group judgement
+    were most of a policy pass; this reads the raw values only.
+
+    The per-step readings are a subset of the raw ones: a zeroed group needs a zero norm, a
+    rising one a per-group rise no larger than the raw spread, and a back-off streak a fall,
+    which an unchanged scale never has (readings of two versions at one instant may pair in
+    either order, so any change at all takes the slow path).
+    """
+    if (window.query(GROUP_NORM)["value"].to_numpy(np.float64) == 0).any():
+        return False
+    fractions = window.query(ZERO_FRACTION)["value"].to_numpy(np.float64)
+    fractions = fractions[~np.isnan(fractions)]
+    if fractions.size and fractions.max() - fractions.min() >= config.zero_fraction_rise:
+        return False
+    scales = window.query(SCALE)["value"].to_numpy(np.float64)
+    return bool(scales.size == 0 or (scales == scales[0]).all())

@@ -289,6 +289,61 @@ def test_the_non_finite_shortcut_skips_only_windows_with_no_finding(
         assert judged == []
     assert len(detector.evaluate(_window(rows))) == len(judged)
 
+@given(ranks=st.integers(1, 2), steps=st.integers(3, 10), repeat=st.integers(1, 2),
+       scaler=st.booleans(), at_rank=st.integers(0, 1), at=st.integers(0, 9),
+       length=st.integers(1, 6), rise=st.sampled_from([0.2, 0.5, 0.9]),
+       anomaly=st.sampled_from(["none", "zero_norms", "fraction_rises", "scale_falls",
+                                "scale_grows", "norm_shrinks"]))
+@example(ranks=2, steps=6, repeat=2, scaler=False, at_rank=1, at=2, length=4, rise=0.5,
+         anomaly="zero_norms")
+@example(ranks=2, steps=6, repeat=1, scaler=False, at_rank=1, at=2, length=2, rise=0.5,
+         anomaly="fraction_rises")
+@example(ranks=2, steps=9, repeat=1, scaler=True, at_rank=1, at=2, length=2, rise=0.5,
+         anomaly="scale_falls")
+@example(ranks=1, steps=6, repeat=1, scaler=True, at_rank=0, at=2, length=2, rise=0.5,
+         anomaly="scale_grows")
+def test_the_underflow_shortcut_skips_only_windows_with_no_finding(
+        ranks: int, steps: int, repeat: int, scaler: bool, at_rank: int, at: int, length: int,
+        rise: float, anomaly: str) -> None:
+    """SYNTHETIC frames: healthy ranks of three module groups, one of which may carry one
+    anomaly on group ``mlp`` over ``length`` steps from ``at`` (a falling scale falls at every
+    step from ``at`` on, a zeroed group stays zero). Whenever the raw readings let
+    ``evaluate`` skip the per-step judgement, that judgement finds nothing; and ``evaluate``
+    always agrees with it."""
+    from policies.detectors._underflow import nothing_underflowing
+    rows: dict[str, list[dict[str, object]]] = {}
+    for rank in range(ranks):
+        series = {"seedance.train.grad.norm": [1.0] * steps}
+        for group in ("embed", "mlp", "head"):
+            series[f"seedance.train.grad.group_norm@{group}"] = [0.5] * steps
+            series[f"seedance.train.grad.zero_fraction@{group}"] = [0.1] * steps
+        if scaler:
+            series["seedance.train.grad_scaler.scale"] = [1024.0] * steps
+        start = at % steps
+        if rank == at_rank % ranks:
+            span = range(start, min(start + length, steps))
+            if anomaly == "zero_norms":
+                series["seedance.train.grad.group_norm@mlp"][start:] = [0.0] * (steps - start)
+            elif anomaly == "norm_shrinks":
+                for i in span:
+                    series["seedance.train.grad.group_norm@mlp"][i] = 1e-30
+            elif anomaly == "fraction_rises":
+                for i in span:
+                    series["seedance.train.grad.zero_fraction@mlp"][i] = 0.1 + rise
+            elif anomaly == "scale_grows" and scaler:
+                series["seedance.train.grad_scaler.scale"][start:] = [2048.0] * (steps - start)
+            elif anomaly == "scale_falls" and scaler:
+                series["seedance.train.grad_scaler.scale"] = [
+                    1024.0 / 2 ** max(0, i - start) for i in range(steps)]
+        for name, part in _steps_frame(series, repeat=repeat).items():
+            rows.setdefault(name, []).extend({**r, "seedance.rank": str(rank)} for r in part)
+    detector = GradientUnderflowDetector(UnderflowConfig(zero_fraction_rise=rise))
+    judged = detector.judge(_window(rows))
+    if nothing_underflowing(_window(rows), detector.config):
+        assert judged == []
+    assert len(detector.evaluate(_window(rows))) == len(judged)
+
+
 # -- small-batch precision and input-bound (synthetic histograms) ------------------------------
 
 def _histograms(phases: list[tuple[dict[str, str], int, float, float]]
