@@ -40,6 +40,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "gloo_exit.json": "gloo_exit",
     "healthy_training.json": "healthy_training",
     "hf_kv_cache.json": "hf_kv_cache",
+    "idle_sidecar.json": "idle_sidecar",
     "kv.json": "kv",
     "live_session.json": "live_session",
     "measurement.json": "measurement",
