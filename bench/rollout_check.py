@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,7 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench._targets import Target, at_most, judged  # noqa: E402
+from bench._ab_result import write_ab_result  # noqa: E402
+from bench._targets import Target, at_most  # noqa: E402
 from bench._worktree import worktree  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "rollout_check.json"
@@ -179,20 +178,10 @@ def main() -> None:
     for op in OPS:
         summary[f"{op}_new_over_base"] = round(
             summary["new"][f"{op}_median_ms"] / summary["base"][f"{op}_median_ms"], 4)
-    result = {
-        "bench": "rollout_check",
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
-        "protocol": {"base": base_rev, "rounds": args.rounds, "calls": args.calls,
-                     "warmup_calls": WARMUP, "store": "SIMULATED (see the bench's docstring)",
-                     "order": "base and new alternate per round, fresh process, same file"},
-        "summary": summary,
-        "runs": {arm: [{op: [round(x, 3) for x in v] for op, v in run.items()}
-                       for run in rs] for arm, rs in runs.items()}}
-    result = judged(result, targets(result))
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(summary, indent=1))
+    write_ab_result(RESULTS, bench="rollout_check", summary=summary, runs=runs, targets=targets,
+                    protocol={"base": base_rev, "rounds": args.rounds, "calls": args.calls,
+                              "warmup_calls": WARMUP, "store": "SIMULATED (see the bench's docstring)",
+                              "order": "base and new alternate per round, fresh process, same file"})
 
 
 if __name__ == "__main__":

@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench._targets import Target, at_most, judged  # noqa: E402
+from bench._ab_result import write_ab_result  # noqa: E402
+from bench._targets import Target, at_most  # noqa: E402
 from bench._worktree import worktree  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "study_ask.json"
@@ -145,20 +143,10 @@ def main() -> None:
     for q in ("p50", "p99"):
         summary[f"next_move_{q}_new_over_base"] = round(
             summary["new"][f"next_move_{q}_ms"] / summary["base"][f"next_move_{q}_ms"], 4)
-    result = {
-        "bench": "study_ask",
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
-        "protocol": {"base": base_rev, "rounds": args.rounds, "calls": args.calls,
-                     "warmup_calls": WARMUP, "database": "PostgreSQL 15 on loopback",
-                     "order": "base and new alternate per round, fresh process and database"},
-        "summary": summary,
-        "runs": {arm: [{op: [round(x, 3) for x in v] for op, v in run.items()}
-                       for run in rs] for arm, rs in runs.items()}}
-    result = judged(result, targets(result))
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(summary, indent=1))
+    write_ab_result(RESULTS, bench="study_ask", summary=summary, runs=runs, targets=targets,
+                    protocol={"base": base_rev, "rounds": args.rounds, "calls": args.calls,
+                              "warmup_calls": WARMUP, "database": "PostgreSQL 15 on loopback",
+                              "order": "base and new alternate per round, fresh process and database"})
 
 
 if __name__ == "__main__":
