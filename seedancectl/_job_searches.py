@@ -197,7 +197,7 @@ class JobSearches:
                 log.info("job %s: %d suggestion(s) of the policy engine enqueued", job, added)
 
     def _add_fleet_priors(self, status: JobStatus, driver: SearchDriver) -> None:
-        """The configs kept by the past jobs nearest to this one, as its first trials (once,
+        """The configs measured best on the past jobs nearest to this one, as its first trials (once,
         as its search is set up: what the fleet kept later is for the next job)."""
         if status.fingerprint is None:
             return

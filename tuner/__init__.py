@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tuner._fleet_distance import NEAR_DISTANCE as NEAR_DISTANCE
     from tuner._fleet_distance import fingerprint_distance as fingerprint_distance
     from tuner._fleet_jobs import FleetJobs as FleetJobs
+    from tuner._fleet_priors import FLEET_TIE_WHY as FLEET_TIE_WHY
     from tuner._fleet_priors import FLEET_WHY as FLEET_WHY
     from tuner._fleet_priors import FleetPriors as FleetPriors
     from tuner._fleet_priors import FleetSource as FleetSource

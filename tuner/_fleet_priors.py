@@ -1,15 +1,22 @@
-"""Fleet priors: a new job's first trials are the configs kept by the past jobs most like it.
+"""Fleet priors: a new job's first trials are the best configs measured on the past jobs most
+like it.
 
 Every sidecar sharing a state database writes the fingerprint of each job that attaches
 (``tuner._fleet_jobs``) and journals its changes. When a job's search is set up, the past
 jobs whose fingerprints are near (``tuner._fleet_distance``) and that kept a config are its
 sources, nearest first. A source's kept config is what its kept changes set, at the values of
 its last one (the job's final baseline), and its gain is their measured gains compounded (the
-kept config over the job's launch config). Each becomes a prior ``Move`` of the knobs that
-differ from the new job's baseline and that its search may set, expecting the source's gain:
-``SearchDriver.add_priors`` stores it in the study, and ``single_moves`` tries it first, once
-(``Move.once``: a config kept elsewhere that regressed here is not tried again from the next
-baseline). A prior that regresses or fails here is judged like any trial.
+kept config over the job's launch config). A source may also have measured a config faster
+than its kept one that it did not keep: a candidate rolled back as a tie (a point gain over
+its baseline, not a measured loss, no loss, latency or quality check failed), below the gain
+worth a change there. Ranking a past study's configs by what they measured, as
+meta-learned warm starts do, that tie leads: a config the source could not tell apart from
+its kept one is as likely to win here, and the new job's own rollout decides. Each lead
+becomes a prior ``Move`` of the knobs that differ from the new job's baseline and that its
+search may set, expecting the source's gain: ``SearchDriver.add_priors`` stores it in the
+study, and ``single_moves`` tries it first, once (``Move.once``: a config that led elsewhere
+and regressed here is not tried again from the next baseline). A prior that regresses or
+fails here is judged like any trial.
 """
 
 from __future__ import annotations
@@ -35,12 +42,16 @@ from tuner._knobs import KnobValue
 from tuner._space import Move
 
 MAX_FLEET_PRIORS = 3
-"""Fleet priors a search gets at most: the nearest sources' kept configs, one trial each."""
+"""Fleet priors a search gets at most: the nearest sources' leads, one trial each."""
 MAX_SOURCES = 10
 """Near past jobs read for a new one: enough that a few still move it after those whose kept
 config it already runs are left out."""
 FLEET_WHY = "fleet: kept by job"
-"""How a fleet prior's ``why`` begins (the trial's origin says it too)."""
+"""How the ``why`` of a fleet prior of a source's kept config begins (the trial's origin says
+it too)."""
+FLEET_TIE_WHY = "fleet: measured best by job"
+"""How the ``why`` of a fleet prior of a source's best measured config begins, when the source
+rolled it back as a tie."""
 
 
 class NoFingerprintError(SeedanceError):
@@ -52,17 +63,32 @@ class NoFingerprintError(SeedanceError):
 class FleetSource:
     """A near past job with a kept config: how far it is, the knobs its kept changes set (at
     their kept values), what that config measured over its launch config, and which changes
-    kept it."""
+    kept it; and, when it measured a faster config it rolled back as a tie, that config
+    (``best``, the knobs that differ from its launch) and its estimated gain over the launch
+    config."""
 
     job: str
     distance: float
     values: Mapping[str, KnobValue]
     gain: float | None
     changes: tuple[str, ...]
+    best: Mapping[str, KnobValue] | None = None
+    best_gain: float | None = None
+
+    def leads(self) -> list[tuple[str, Mapping[str, KnobValue], float | None]]:
+        """The configs this source gives a new job, best measured first: each with the prior's
+        ``why`` (the trial's origin) and its expected gain over the launch config."""
+        where = f"{self.job} (distance {self.distance:.2f})"
+        kept = (f"{FLEET_WHY} {where}", self.values, self.gain)
+        if self.best is None:
+            return [kept]
+        return [(f"{FLEET_TIE_WHY} {where}", self.best, self.best_gain), kept]
 
     def to_json(self) -> dict[str, Any]:
         return {"job": self.job, "distance": round(self.distance, 4), "values": dict(self.values),
-                "gain": self.gain, "changes": list(self.changes)}
+                "gain": self.gain, "changes": list(self.changes),
+                "best": None if self.best is None else dict(self.best),
+                "best_gain": self.best_gain}
 
 
 def kept_config(journal: ChangeJournal, job: str
@@ -79,12 +105,48 @@ def kept_config(journal: ChangeJournal, job: str
     return values, compounded_gain(kept), tuple(c.id for c in kept)
 
 
+def best_tie(journal: ChangeJournal, job: str
+             ) -> tuple[dict[str, KnobValue], float] | None:
+    """The job's fastest measured config that it rolled back as a tie, when that measured
+    faster than its kept config: the knobs that differ from its launch config, and its gain
+    over it (the baseline's compounded gain times the candidate's point gain); None when no
+    tie beat the kept config."""
+    changes = journal.changes(job=job)
+    kept = [c for c in changes if c.state == "kept"]
+    if not kept:
+        return None
+    launch, final = kept[0].baseline, kept[-1].candidate
+    relative, best_relative = 1.0, 1.0 + (compounded_gain(kept) or 0.0)
+    best: dict[str, KnobValue] | None = None
+    for change in changes:
+        gain = _measured_gain(change)
+        if change.state == "kept":
+            relative *= 1.0 + (gain or 0.0)
+        elif change.state == "rolled_back" and gain is not None and gain > 0 \
+                and _a_tie(change.comparison or {}) and relative * (1.0 + gain) > best_relative \
+                and change.candidate != final:
+            best_relative = relative * (1.0 + gain)
+            best = {k: v for k, v in change.candidate.items() if launch.get(k) != v}
+    return None if not best else (best, best_relative - 1.0)
+
+
+def _measured_gain(change: Change) -> float | None:
+    gain = (change.comparison or {}).get("gain")
+    return float(gain) if isinstance(gain, int | float) and math.isfinite(gain) else None
+
+
+def _a_tie(comparison: Mapping[str, Any]) -> bool:
+    """Rolled back for want of a gain worth a change, not for a measured loss or a failed
+    check."""
+    return comparison.get("pairs", 1) > 0 and not comparison.get("ci_high", 0.0) < 0 \
+        and all(comparison.get(check, True) for check in ("loss_ok", "latency_ok", "quality_ok"))
+
+
 def compounded_gain(kept: Iterable[Change]) -> float | None:
     """The kept changes' measured gains compounded (each measured against the baseline the one
     before it left): the kept config over the launch config; None when none carries a finite
     gain."""
-    gains = [g for g in ((c.comparison or {}).get("gain") for c in kept)
-             if isinstance(g, int | float) and math.isfinite(g)]
+    gains = [g for g in map(_measured_gain, kept) if g is not None]
     return math.prod(1.0 + g for g in gains) - 1.0 if gains else None
 
 
@@ -122,24 +184,25 @@ class FleetPriors:
             kept = kept_config(self._journal, other)
             if kept is not None and kept[0]:
                 values, gain, changes = kept
+                best, best_gain = best_tie(self._journal, other) or (None, None)
                 out.append(FleetSource(job=other, distance=distance, values=values, gain=gain,
-                                       changes=changes))
+                                       changes=changes, best=best, best_gain=best_gain))
         return out
 
 
 def fleet_moves(sources: Sequence[FleetSource], baseline: Mapping[str, Any],
                 space: Mapping[str, BaseDistribution], *,
                 limit: int = MAX_FLEET_PRIORS) -> list[Move]:
-    """The first ``limit`` sources (nearest first) that move this job as prior moves, each to
-    be tried once: the source's knobs that ``space`` holds with its value in their domain and
-    that differ from ``baseline``, expecting the source's gain."""
+    """The first ``limit`` leads of the sources (nearest source first, each source's best
+    measured config first) that move this job, as prior moves each to be tried once: the
+    lead's knobs that ``space`` holds with its value in their domain and that differ from
+    ``baseline``, expecting the lead's gain."""
     moves: list[Move] = []
-    for source in sources:
-        values = {k: v for k, v in source.values.items()
+    for why, lead, gain in (lead for source in sources for lead in source.leads()):
+        values = {k: v for k, v in lead.items()
                   if k in space and _in_domain(space[k], v) and baseline.get(k) != v}
         if values and all(m.values != values for m in moves):
-            moves.append(Move(values=values, expected_gain=source.gain, once=True,
-                              why=f"{FLEET_WHY} {source.job} (distance {source.distance:.2f})"))
+            moves.append(Move(values=values, expected_gain=gain, once=True, why=why))
         if len(moves) == limit:
             break
     return moves
@@ -147,9 +210,10 @@ def fleet_moves(sources: Sequence[FleetSource], baseline: Mapping[str, Any],
 
 def fleet_source_of(origin: str) -> str | None:
     """The source job of a trial whose origin is a fleet prior's ``why`` (None: another)."""
-    if not origin.startswith(FLEET_WHY + " "):
-        return None
-    return origin.removeprefix(FLEET_WHY + " ").rpartition(" (distance ")[0] or None
+    for why in (FLEET_WHY, FLEET_TIE_WHY):
+        if origin.startswith(why + " "):
+            return origin.removeprefix(why + " ").rpartition(" (distance ")[0] or None
+    return None
 
 
 def _in_domain(dist: BaseDistribution, value: Any) -> bool:

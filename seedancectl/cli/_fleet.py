@@ -89,10 +89,11 @@ def fleet_priors(
     state_db: StateDbOption = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """The configs kept by the past jobs nearest to JOB, which its search tries first: each
-    source job, its distance, the knobs it kept and its measured gain, and how the trial of
-    it went on JOB (if it ran)."""
-    from tuner import ChangeJournal, FleetJobs, FleetPriors, fleet_source_of
+    """The configs measured best on the past jobs nearest to JOB, which its search tries
+    first: each source job, its distance, the config (the one it kept, or a faster one it
+    rolled back as a tie) and its measured gain, and how the trial of it went on JOB (if it
+    ran)."""
+    from tuner import ChangeJournal, FleetJobs, FleetPriors
 
     url = state_db_url(config, state_db)
     with state_db_errors(url):
@@ -101,17 +102,21 @@ def fleet_priors(
             priors = FleetPriors(jobs, journal)
             fingerprint = priors.fingerprint(job)
             sources = priors.sources(job, fingerprint)
-            tried = {fleet_source_of(str(c.meta.get("origin", ""))): c
+            tried = {str(c.meta.get("origin", "")): c
                      for c in journal.changes(job=job) if c.source == "trial"}
         finally:
             jobs.close()
             journal.close()
     rows: list[dict[str, Any]] = []
     for source in sources:
-        change = tried.get(source.job)
-        rows.append({**source.to_json(), "trial": None if change is None else {
-            "change": change.id, "state": change.state,
-            "gain": (change.comparison or {}).get("gain")}})
+        for why, values, gain in source.leads():
+            change = tried.get(why)
+            rows.append({"job": source.job, "distance": round(source.distance, 4),
+                         "values": dict(values), "gain": gain, "why": why,
+                         "kept_there": values == source.values, "changes": list(source.changes),
+                         "trial": None if change is None else {
+                             "change": change.id, "state": change.state,
+                             "gain": (change.comparison or {}).get("gain")}})
     if json_out:
         print_json({"job": job, "fingerprint": fingerprint.to_json(), "priors": rows})
         return
@@ -120,11 +125,13 @@ def fleet_priors(
     if not rows:
         stdout.print("no fleet priors: no near past job kept a config")
         return
-    table = Table("source job", "distance", "kept", "gain there", "trial here")
+    table = Table("source job", "distance", Column("config", overflow="fold"), "there",
+                  "gain there", "trial here")
     for row in rows:
         trial = row["trial"]
         table.add_row(row["job"], f"{row['distance']:.2f}",
                       ", ".join(f"{k}={v}" for k, v in row["values"].items()),
+                      "kept" if row["kept_there"] else "tie",
                       "-" if row["gain"] is None else f"{row['gain']:+.1%}",
                       "not yet" if trial is None else f"{trial['change']} {trial['state']}")
     stdout.print(table)

@@ -147,6 +147,24 @@ def test_cli_shows_the_near_sources_with_distance_and_gain(fleet_db: str) -> Non
     assert "+25.0%" in table.stdout and "not yet" in table.stdout
 
 
+def test_cli_shows_a_faster_tie_of_a_source_before_its_kept_config(fleet_db: str) -> None:
+    journal = ChangeJournal(fleet_db)
+    tie = Change(id=f"{PAST}-9", job=PAST, state="rolled_back", source="trial", reason="trial",
+                 risk="low", scope="live", values={"threads": 4},
+                 baseline={"micro_batch": 64, "threads": 2}, created_at_s=9.0,
+                 expires_at_s=9.0, comparison={"gain": 0.02, "pairs": 6, "ci_low": -0.01,
+                                               "ci_high": 0.05})
+    journal.add(tie, actor="optuna", reason="r", version_before=None, detail={})
+    journal.close()
+    out = json.loads(invoke("fleet", "priors", NEW, "--state-db", fleet_db, "--json").stdout)
+    assert [(p["values"], p["kept_there"]) for p in out["priors"]] == [
+        ({"micro_batch": 64, "threads": 4}, False), ({"micro_batch": 64}, True)]
+    assert out["priors"][0]["gain"] == pytest.approx(1.25 * 1.02 - 1)
+    table = invoke("fleet", "priors", NEW, "--state-db", fleet_db).stdout
+    assert "threads=4" in table and "…" not in table  # folded, not cut
+    assert table.index("│ tie ") < table.index("│ kept ")
+
+
 def test_cli_errors_are_one_line(fleet_db: str, tmp_path: Path) -> None:
     unknown = invoke("fleet", "priors", "nobody", "--state-db", fleet_db)
     assert unknown.exit_code == 2

@@ -20,6 +20,7 @@ from collectors._store import TimeSeriesStore
 from collectors.torch_fingerprint import job_fingerprint
 from tests.tuner._simjob import KNOBS, SimJob
 from tuner import (
+    FLEET_TIE_WHY,
     FLEET_WHY,
     Change,
     ChangeJournal,
@@ -30,7 +31,7 @@ from tuner import (
     fleet_moves,
     fleet_source_of,
 )
-from tuner._fleet_priors import kept_config
+from tuner._fleet_priors import best_tie, kept_config
 from tuner._fleet_tables import jobs_table
 from tuner._lease import JobRegistry
 from tuner._rollout import RolloutController
@@ -172,34 +173,90 @@ def test_a_fleet_prior_that_regressed_is_not_tried_again_from_the_next_baseline(
 
 
 def change(job: str, n: int, baseline: dict[str, Any], values: dict[str, Any], state: str,
-           gain: float | None) -> Change:
+           gain: float | None, **checks: Any) -> Change:
     return Change(id=f"{job}-{n}", job=job, state=state, source="trial",  # type: ignore[arg-type]
                   reason="r", risk="low", scope="live", values=values, baseline=baseline,
                   created_at_s=float(n), expires_at_s=float(n),
-                  comparison=None if gain is None else {"gain": gain})
+                  comparison=None if gain is None else {"gain": gain, **checks})
+
+
+def journal_of(tmp_path: Path, job: str, launch: dict[str, Any],
+               steps: list[tuple[dict[str, Any], str, float | None, dict[str, Any]]]
+               ) -> ChangeJournal:
+    """A real journal holding ``job``'s changes in order, each judged against the baseline
+    its kept ones before it left."""
+    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"))
+    baseline = dict(launch)
+    for n, (values, state, gain, checks) in enumerate(steps):
+        journal.add(change(job, n, baseline, values, state, gain, **checks), actor="t",
+                    reason="r", version_before=None, detail={})
+        if state == "kept":
+            baseline = {**baseline, **values}
+    return journal
 
 
 def test_the_kept_config_is_the_final_baseline_of_the_kept_changes_and_their_gains(
         tmp_path: Path) -> None:
-    journal = ChangeJournal(sqlite_url(tmp_path / "state.db"))
     launch = {"micro_batch": 8, "threads": 1, "precision": "fp32"}
-    steps = [({"micro_batch": 4}, "kept", 0.20),
-             ({"precision": "bf16"}, "rolled_back", -0.3),  # not kept: not in it
-             ({"threads": 2}, "kept", 0.10),
-             ({"micro_batch": 8}, "kept", 0.05),  # moved back: micro_batch is left out
-             ({"threads": 2}, "kept", None)]  # kept, not measured (an operator's): no gain
-    baseline = dict(launch)
-    for n, (values, state, gain) in enumerate(steps):
-        journal.add(change("j", n, baseline, values, state, gain), actor="t", reason="r",
-                    version_before=None, detail={})
-        if state == "kept":
-            baseline = {**baseline, **values}
+    journal = journal_of(tmp_path, "j", launch, [
+        ({"micro_batch": 4}, "kept", 0.20, {}),
+        ({"precision": "bf16"}, "rolled_back", -0.3, {}),  # not kept: not in it
+        ({"threads": 2}, "kept", 0.10, {}),
+        ({"micro_batch": 8}, "kept", 0.05, {}),  # moved back: micro_batch is left out
+        ({"threads": 2}, "kept", None, {})])  # kept, not measured (an operator's): no gain
     assert kept_config(journal, "nobody") is None
     values, gain, ids = kept_config(journal, "j")  # type: ignore[misc]
     assert values == {"threads": 2}
     assert gain == pytest.approx(1.2 * 1.1 * 1.05 - 1)
     assert ids == ("j-0", "j-2", "j-3", "j-4")
     journal.close()
+
+
+def test_a_tie_measured_faster_than_the_kept_config_leads_and_nothing_that_failed_does(
+        tmp_path: Path) -> None:
+    launch = {"micro_batch": 8, "threads": 1, "precision": "fp32", "prefetch": 2}
+    tie = {"pairs": 6, "ci_low": -0.01, "ci_high": 0.05}
+    journal = journal_of(tmp_path, "j", launch, [
+        # a tie before the kept change: +21% over the launch config, below what the kept
+        # config and the later tie reached (a gain read without its baseline would win)
+        ({"prefetch": 4}, "rolled_back", 0.21, tie),
+        ({"micro_batch": 4}, "kept", 0.20, {"pairs": 6, "ci_low": 0.1, "ci_high": 0.3}),
+        ({"threads": 2}, "rolled_back", 0.02, tie),  # 1.2 x 1.02: the best measured
+        ({"precision": "bf16"}, "rolled_back", 0.5, {**tie, "loss_ok": False}),
+        ({"precision": "fp16"}, "rolled_back", 0.5, {**tie, "latency_ok": False}),
+        ({"prefetch": 8}, "rolled_back", 0.5, {**tie, "quality_ok": False}),
+        ({"prefetch": 1}, "rolled_back", 0.01, {**tie, "ci_high": -0.01}),  # a measured loss
+        ({"prefetch": 6}, "failed", 0.5, tie)])
+    best, gain = best_tie(journal, "j")  # type: ignore[misc]
+    assert best == {"micro_batch": 4, "threads": 2}
+    assert gain == pytest.approx(1.2 * 1.02 - 1)
+    assert best_tie(journal, "nobody") is None
+    journal.close()
+
+    # a job whose ties all measured below its kept config leads with the kept config only
+    other = journal_of(tmp_path / "other", "k", launch, [
+        ({"micro_batch": 4}, "kept", 0.20, {}),
+        ({"threads": 2}, "rolled_back", -0.01, tie),
+        ({"micro_batch": 2}, "rolled_back", 0.0, tie)])
+    assert best_tie(other, "k") is None
+    other.close()
+
+
+def test_a_sources_best_measured_config_is_tried_before_its_kept_one() -> None:
+    from tuner import FleetSource
+    space = search_space(SPACE, ["micro_batch", "threads"])
+    source = FleetSource(job="a", distance=0.05, values={"micro_batch": 4}, gain=0.2,
+                         changes=("a-1",), best={"micro_batch": 4, "threads": 2},
+                         best_gain=0.224)
+    baseline = {"micro_batch": 8, "threads": 1}
+    moves = fleet_moves([source], baseline, space)
+    assert [(m.values, m.expected_gain) for m in moves] == [
+        ({"micro_batch": 4, "threads": 2}, 0.224), ({"micro_batch": 4}, 0.2)]
+    assert moves[0].why == f"{FLEET_TIE_WHY} a (distance 0.05)"
+    assert [fleet_source_of(m.why) for m in moves] == ["a", "a"]
+    # where the new job already runs the tie's extra knob, both leads are one move
+    assert [m.values for m in fleet_moves([source], {**baseline, "threads": 2}, space)] == [
+        {"micro_batch": 4}]
 
 
 def test_fleet_moves_keep_what_this_job_may_search_nearest_first() -> None:
