@@ -138,9 +138,10 @@ def test_db_upgrade_command(state_db_url: str) -> None:
 
 @pytest.mark.parametrize(("url", "says"), [
     ("mysql://u@h/d", "mysql is not supported"),
-    (f"postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/d", "refused"),
-])
+    ("postgresql+psycopg://u:pw@127.0.0.1:{port}/d", "refused"),  # a port no one listens on
+], ids=["mysql", "postgresql-refused"])
 def test_db_upgrade_says_what_is_wrong_in_one_line(url: str, says: str) -> None:
+    url = url.format(port=free_port())
     result = CliRunner().invoke(app, ["db", "upgrade", "--state-db", url])
     assert result.exit_code == 2
     line = result.output.strip()
