@@ -18,8 +18,9 @@ from tuner import NEAR_DISTANCE, fingerprint_distance
 from workloads.families import FAMILIES, ConvNet, family
 
 SLOW = {"fp32": 1.0, "bf16": 0.1, "fp16": 0.05}
-"""What this CPU measures (bf16, fp16 many times slower): no fast precision, and no benchmark
-run by the tests."""
+"""A device without fast reduced precision (bf16, fp16 many times slower), given rather than
+measured: the tests run no benchmark, and their fingerprints do not depend on this machine's
+CPU (some run bf16 fast)."""
 
 
 def fingerprints(size: str) -> dict[str, JobFingerprint]:
