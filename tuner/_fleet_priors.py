@@ -96,13 +96,7 @@ def kept_config(journal: ChangeJournal, job: str
     """The knobs the job's kept changes set, at its final baseline's values (a knob moved and
     moved back left out), their compounded measured gain (None: none measured) and the
     changes' ids; None when nothing was kept."""
-    kept = journal.changes(job=job, states=("kept",))
-    if not kept:
-        return None
-    final, launch = kept[-1].candidate, kept[0].baseline
-    values = {k: final[k] for c in kept for k in c.values
-              if k in final and launch.get(k) != final[k]}
-    return values, compounded_gain(kept), tuple(c.id for c in kept)
+    return _kept_config(journal.changes(job=job, states=("kept",)))
 
 
 def best_tie(journal: ChangeJournal, job: str
@@ -111,7 +105,23 @@ def best_tie(journal: ChangeJournal, job: str
     faster than its kept config: the knobs that differ from its launch config, and its gain
     over it (the baseline's compounded gain times the candidate's point gain); None when no
     tie beat the kept config."""
-    changes = journal.changes(job=job)
+    return _best_tie(journal.changes(job=job))
+
+
+def _kept_config(changes: Sequence[Change]
+                 ) -> tuple[dict[str, KnobValue], float | None, tuple[str, ...]] | None:
+    """``kept_config`` of a job's changes in order (any states)."""
+    kept = [c for c in changes if c.state == "kept"]
+    if not kept:
+        return None
+    final, launch = kept[-1].candidate, kept[0].baseline
+    values = {k: final[k] for c in kept for k in c.values
+              if k in final and launch.get(k) != final[k]}
+    return values, compounded_gain(kept), tuple(c.id for c in kept)
+
+
+def _best_tie(changes: Sequence[Change]) -> tuple[dict[str, KnobValue], float] | None:
+    """``best_tie`` of a job's changes in order."""
     kept = [c for c in changes if c.state == "kept"]
     if not kept:
         return None
@@ -181,10 +191,11 @@ class FleetPriors:
         for distance, other in near:
             if distance >= NEAR_DISTANCE or len(out) >= limit:
                 break
-            kept = kept_config(self._journal, other)
+            history = self._journal.changes(job=other)  # one read for both
+            kept = _kept_config(history)
             if kept is not None and kept[0]:
                 values, gain, changes = kept
-                best, best_gain = best_tie(self._journal, other) or (None, None)
+                best, best_gain = _best_tie(history) or (None, None)
                 out.append(FleetSource(job=other, distance=distance, values=values, gain=gain,
                                        changes=changes, best=best, best_gain=best_gain))
         return out
