@@ -12,15 +12,23 @@ in a ``policies.FrameStore`` and times one pass of every detector the sidecar ru
 - ``new``: this tree.
 
 Shapes: G in ``--groups`` (default 50, 200, 500), each with and without the stats-step series
-(zero fractions and non-finite counts per group). Arms alternate per shape and round (base, new, base, new, ...). A store read is not
-timed (the FrameStore holds the frames): this is the detectors' own work.
+(zero fractions and non-finite counts per group). Arms alternate per shape and round (base,
+new, base, new, ...). A store read is not timed (the FrameStore holds the frames): this is the
+detectors' own work.
+
+With ``--from-store`` the same readings are written, one export at a time as the sidecar's
+receiver writes them (a flush per export, a fold per minute), to a real ``TimeSeriesStore``
+(SQLite, in a temporary folder), and each pass reads its window from it: the pass the
+sidecar pays for, store reads included (their decoded chunks cached across passes, as they are
+in the sidecar). Results: ``bench/results/policy_pass_store.json``.
 
 Target (no issue states a number; the issue #14 fleet bench showed the policy engine as the
 largest share of an idle sidecar's CPU): a pass of the new code costs at most the base's at
 every shape, and at most 10% of a core at the default interval on the largest shape.
 
-Run: python bench/policy_pass.py [--base HEAD~1 --groups 50,200,500 --rounds 2 --passes 3]
-Results: bench/results/policy_pass.json
+Run: python bench/policy_pass.py [--base HEAD~1 --groups 50,200,500 --rounds 2 --passes 3
+     --from-store]
+Results: bench/results/policy_pass.json (``--from-store``: policy_pass_store.json)
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +51,7 @@ from bench._targets import Target, at_most, judged  # noqa: E402
 from bench._worktree import worktree  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "policy_pass.json"
+STORE_RESULTS = ROOT / "bench" / "results" / "policy_pass_store.json"
 RANKS, READINGS, EXPORT_S, POLICY_INTERVAL_S = 8, 60, 5.0, 5.0
 
 
@@ -58,7 +68,8 @@ def targets(result: dict[str, Any]) -> list[Target]:
                 "bench docstring (issue #14: the policy engine led an idle sidecar's CPU)")]
 
 
-def one_arm(tree: Path, groups: int, stats_series: bool, passes: int) -> dict[str, float]:
+def one_arm(tree: Path, groups: int, stats_series: bool, passes: int, from_store: bool
+            ) -> dict[str, float]:
     """Median ms per detector over ``passes`` passes, with the code of ``tree``."""
     sys.path.insert(0, str(tree))
     import numpy as np
@@ -67,7 +78,9 @@ def one_arm(tree: Path, groups: int, stats_series: bool, passes: int) -> dict[st
     from policies import FrameStore, StoreWindow
     from seedancectl._sidecar import all_detectors
 
-    times = (np.arange(READINGS, dtype=np.int64) * int(EXPORT_S * 1e9)) + 10**18
+    # the last READINGS exports up to now: a store keeps what its retention keeps
+    times = (np.arange(READINGS, dtype=np.int64) * int(EXPORT_S * 1e9)
+             + time.time_ns() - READINGS * int(EXPORT_S * 1e9))
     base = {"service.name": "job", "seedance.config.version": "1"}
 
     def frame(values: np.ndarray, per_group: bool) -> pd.DataFrame:
@@ -83,16 +96,41 @@ def one_arm(tree: Path, groups: int, stats_series: bool, passes: int) -> dict[st
     if stats_series:
         frames["seedance.train.grad.zero_fraction"] = frame(np.full(READINGS, 0.01), True)
         frames["seedance.train.grad.nonfinite"] = frame(np.zeros(READINGS), True)
-    store = FrameStore(frames)
     detectors = all_detectors()
     ms: dict[str, list[float]] = {d.name: [] for d in detectors}
-    for _ in range(passes + 1):  # the first pass warms imports and caches: not counted
-        window = StoreWindow(store, job="job", since_ns=0, until_ns=2**62)
-        for d in detectors:
-            t0 = time.perf_counter()
-            d.evaluate(window)
-            ms[d.name].append((time.perf_counter() - t0) * 1000)
+    with tempfile.TemporaryDirectory(prefix="policy-pass-") as folder:
+        store = (stored(Path(folder) / "metrics.db", frames, times) if from_store
+                 else FrameStore(frames))
+        for _ in range(passes + 1):  # the first pass warms imports and caches: not counted
+            window = StoreWindow(store, job="job", since_ns=0, until_ns=2**62)
+            for d in detectors:
+                t0 = time.perf_counter()
+                d.evaluate(window)
+                ms[d.name].append((time.perf_counter() - t0) * 1000)
     return {name: statistics.median(v[1:]) for name, v in ms.items()}
+
+
+def stored(path: Path, frames: dict[str, Any], times: Any) -> Any:
+    """A TimeSeriesStore at ``path`` holding ``frames``, written one export (one instant of
+    every series) at a time, a flush per export and a fold per minute of them."""
+    from collectors import Point, TimeSeriesStore
+
+    store = TimeSeriesStore(path)
+    by_time = {name: frame.groupby("time", sort=True) for name, frame in frames.items()}
+    for i, t in enumerate(times.tolist()):
+        points = []
+        for name, groups in by_time.items():
+            rows = groups.get_group(t)
+            attrs = [c for c in rows.columns if c not in ("time", "value")]
+            points += [Point(name, float(v), t, {c: str(x) for c, x in zip(attrs, rest,
+                                                                            strict=True)})
+                       for v, *rest in zip(rows["value"], *(rows[c] for c in attrs),
+                                           strict=True)]
+        store.write(points)
+        store.flush()
+        if (i + 1) % int(60 / EXPORT_S) == 0:
+            store.fold()
+    return store
 
 
 def main() -> None:
@@ -101,12 +139,15 @@ def main() -> None:
     parser.add_argument("--groups", default="50,200,500")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--from-store", action="store_true",
+                        help="read each pass's window from a real store (reads timed)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: tree of one arm
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # internal: "GROUPS,STATS"
     args = parser.parse_args()
     if args.one:
         groups, stats = args.shape.split(",")
-        print(json.dumps(one_arm(Path(args.one), int(groups), stats == "1", args.passes)))
+        print(json.dumps(one_arm(Path(args.one), int(groups), stats == "1", args.passes,
+                                 args.from_store)))
         return
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -119,7 +160,8 @@ def main() -> None:
                 for arm, tree in (("base", base), ("new", ROOT)):
                     done = subprocess.run(
                         [sys.executable, str(Path(__file__).resolve()), "--one", str(tree),
-                         "--shape", f"{groups},{int(stats)}", "--passes", str(args.passes)],
+                         "--shape", f"{groups},{int(stats)}", "--passes", str(args.passes)]
+                        + (["--from-store"] if args.from_store else []),
                         cwd=tree, capture_output=True, text=True, check=True)
                     per = json.loads(done.stdout.strip().splitlines()[-1])
                     runs.setdefault(f"{groups},{int(stats)}", {}).setdefault(arm, []).append(per)
@@ -144,7 +186,9 @@ def main() -> None:
                     "python": platform.python_version()},
         "protocol": {"base": base_rev, "rounds": args.rounds, "passes": args.passes,
                      "ranks": RANKS, "readings": READINGS, "export_s": EXPORT_S,
-                     "data": "SYNTHETIC healthy readings in a FrameStore (store reads untimed)",
+                     "data": ("SYNTHETIC healthy readings in a TimeSeriesStore (SQLite; "
+                              "store reads timed)" if args.from_store else
+                              "SYNTHETIC healthy readings in a FrameStore (store reads untimed)"),
                      "order": "base and new alternate per shape and round"},
         "shapes": [{"groups": g, "stats_series": z,
                     "base_ms": total(f"{g},{int(z)}", "base"),
@@ -156,7 +200,8 @@ def main() -> None:
                    for g, z in shapes],
         "runs": runs}
     result = judged(result, targets(result))
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (STORE_RESULTS if args.from_store else RESULTS).write_text(
+        json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result["shapes"], indent=1))
 
 

@@ -40,7 +40,6 @@ _DECODED_CACHE_BYTES = 16 * 2**20
 _PARSED_ATTRS_MAX = 200_000  # distinct attribute texts kept parsed (tens of MiB at most)
 # Resolved once: parsing "str" again for each column was a third of a small query's time.
 _STR = pd.api.types.pandas_dtype("str")
-_RAW_COLUMNS = ("time", "value")
 _ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
 
 
@@ -114,20 +113,19 @@ class StoreQueries:
         with self._snapshot() as conn:
             # Only series with points in the range: each config version starts new series,
             # so a window's cost would otherwise grow with every trial the job ever ran.
-            found = [(sid, attrs, first, last) for sid, attrs, first, last in (
-                (r[0], self._attrs(r[1]), r[2], r[3]) for r in conn.execute(
-                    "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
-                    "AND last_ns >= ? AND first_ns <= ? ORDER BY id", (name, lo, hi)))
-                if all(attrs.get(k) == v for k, v in wanted.items())]
+            found = [(r[0], self._attrs(r[1]), r[2], r[3]) for r in conn.execute(
+                "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
+                "AND last_ns >= ? AND first_ns <= ? ORDER BY id", (name, lo, hi))]
+            if wanted:
+                found = [f for f in found if all(f[1].get(k) == v for k, v in wanted.items())]
             chosen = (_pick_resolution(found, since_ns, until_ns) if resolution == "auto"
                       else resolution)
             if chosen == "raw":
-                raw = self._read_raw(conn, name, [sid for sid, _, _, _ in found], lo, hi)
-                parts = [(attrs, raw[sid]) for sid, attrs, _, _ in found]
+                rows = self._read_raw(conn, name, [sid for sid, _, _, _ in found], lo, hi)
             else:
-                parts = [(attrs, self._read_rollup(sid, _STEP_S[chosen], lo, hi))
-                         for sid, attrs, _, _ in found]
-        return _frame(parts, _RAW_COLUMNS if chosen == "raw" else _ROLLUP_COLUMNS)
+                rows = _stacked([self._read_rollup(sid, _STEP_S[chosen], lo, hi)
+                                 for sid, _, _, _ in found], _ROLLUP_COLUMNS)
+        return _frame([attrs for _, attrs, _, _ in found], *rows)
 
     def _attrs(self, text: str) -> dict[str, str]:
         """A series' attributes, parsed once per distinct text: a pass over a job of
@@ -140,9 +138,11 @@ class StoreQueries:
         return found
 
     def _read_raw(self, conn: sqlite3.Connection, name: str, sids: list[int], lo: int,
-                  hi: int) -> dict[int, dict[str, np.ndarray]]:
-        """The raw points in [lo, hi] of each series in ``sids``, read in one statement: one
-        statement per series cost more than decoding for a job of thousands of series."""
+                  hi: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The raw points in [lo, hi] of the series ``sids``, read in one statement and
+        stacked in one pass: (each row's index into ``sids``, the time and value columns).
+        A job of thousands of series paid more for per-series statements, and then for
+        per-series array work, than for decoding."""
         rows = conn.execute(
             "SELECT c.series_id, c.n, t.digest, t.data, c.vals FROM chunks c "
             "JOIN times t ON t.id = c.times_id WHERE c.series_id IN (SELECT id FROM series "
@@ -151,30 +151,29 @@ class StoreQueries:
             "ORDER BY c.series_id, c.t_min",
             (name, lo, hi, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS, hi,
              lo, hi)).fetchall()
-        by_series: dict[int, list[tuple[int, bytes, bytes, bytes]]] = {sid: [] for sid in sids}
-        for sid, n, digest, data, vals in rows:
-            if sid in by_series:
-                by_series[sid].append((n, digest, data, vals))
-        journal = self._points.of_series(conn, sids)
-        return {sid: self._decode_raw(chunks, journal.get(sid), lo, hi)
-                for sid, chunks in by_series.items()}
-
-    def _decode_raw(self, chunks: list[tuple[int, bytes, bytes, bytes]],
-                    journal: tuple[np.ndarray, np.ndarray] | None, lo: int,
-                    hi: int) -> dict[str, np.ndarray]:
-        """A series' chunks, then its journal points (not folded yet); the frame sorts."""
+        position = {sid: i for i, sid in enumerate(sids)}
         cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
-        ts = [cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n))
-              for n, digest, data, _ in chunks]
-        vs = [cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n))
-              for n, _, _, vals in chunks]
-        if journal is not None:
-            ts.append(journal[0])
-            vs.append(journal[1])
-        t = np.concatenate(ts or [np.empty(0, "i8")])
-        v = np.concatenate(vs or [np.empty(0)])
+        owners: list[int] = []
+        ts: list[np.ndarray] = []
+        vs: list[np.ndarray] = []
+        for sid, n, digest, data, vals in rows:
+            at = position.get(sid)
+            if at is not None:
+                owners.append(at)
+                ts.append(cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n)))
+                vs.append(cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n)))
+        # the journal's points (not folded yet) after the chunks: the frame's sort keeps a
+        # series' rows of one instant in this order
+        for sid, (t, v) in self._points.of_series(conn, sids).items():
+            owners.append(position[sid])
+            ts.append(t)
+            vs.append(v)
+        if not ts:
+            return np.empty(0, np.int64), {"time": np.empty(0, np.int64), "value": np.empty(0)}
+        t = np.concatenate(ts)
         keep = (t >= lo) & (t <= hi)
-        return {"time": t[keep], "value": v[keep]}
+        owner = np.repeat(np.array(owners, np.int64), [a.shape[0] for a in ts])
+        return owner[keep], {"time": t[keep], "value": np.concatenate(vs)[keep]}
 
     def _read_rollup(self, sid: int, step_s: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         block_ns, step_ns = ROLLUP_BLOCK_NS[step_s], step_s * NS
@@ -248,22 +247,29 @@ def _pick_resolution(found: list[tuple[int, dict[str, str], int | None, int | No
     return "raw"
 
 
-def _frame(parts: list[tuple[dict[str, str], dict[str, np.ndarray]]],
-           columns: tuple[str, ...]) -> pd.DataFrame:
-    """Stack per-series columns into one frame sorted by time, attributes as str columns."""
-    keys = sorted({k for attrs, _ in parts for k in attrs})
-    counts = np.array([cols["time"].shape[0] for _, cols in parts], dtype=np.int64)
-    data = {c: (np.concatenate([cols[c] for _, cols in parts]) if parts
+def _stacked(parts: list[dict[str, np.ndarray]], columns: tuple[str, ...]
+             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per-series columns stacked: (each row's index into ``parts``, the columns)."""
+    counts = [cols["time"].shape[0] for cols in parts]
+    data = {c: (np.concatenate([cols[c] for cols in parts]) if parts
                 else np.empty(0, dtype=np.int64 if c in ("time", "count") else np.float64))
             for c in columns}
-    order = np.argsort(data["time"], kind="stable")
+    return np.repeat(np.arange(len(parts)), counts), data
+
+
+def _frame(attrs: list[dict[str, str]], owner: np.ndarray, data: dict[str, np.ndarray]
+           ) -> pd.DataFrame:
+    """One frame sorted by time (ties: series order, then stacking order), the attributes
+    of each row's series (``attrs[owner]``) as str columns."""
+    keys = sorted({k for a in attrs for k in a})
+    order = np.lexsort((owner, data["time"]))
     out: dict[str, object] = {
         c: (pd.DatetimeIndex(a[order].view("M8[ns]")).tz_localize("UTC") if c == "time"
             else a[order]) for c, a in data.items()}
-    # which series each row came from, in row order: an int take per attribute, then one
-    # object take (two object passes, repeat then sort, cost twice that on a large window)
-    series_of_row = np.repeat(np.arange(len(parts)), counts)[order]
+    # each attribute's str array is built per series, then taken per row: building it per
+    # row checked every row's object again and cost three times the take
+    series_of_row = owner[order]
     for key in keys:
-        per_series = np.array([attrs.get(key) for attrs, _ in parts], dtype=object)
-        out[key] = pd.array(per_series[series_of_row], dtype=_STR)
+        out[key] = pd.array(np.array([a.get(key) for a in attrs], dtype=object),
+                            dtype=_STR).take(series_of_row)
     return pd.DataFrame(out, copy=False)  # every column is a new array already

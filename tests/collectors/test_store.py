@@ -95,6 +95,43 @@ def test_where_and_time_range_select_exactly(tmp_path: Path) -> None:
     assert (df["value"] == 1.0).all() and (df["gpu"] == "1").all()
 
 
+def test_a_raw_read_of_many_series_is_every_point_in_time_then_series_order(
+        tmp_path: Path) -> None:
+    """Chunks and not-yet-folded points of many series, sharing instants, some attribute
+    missing on some series: the read equals a frame built from the written points, sorted by
+    time, then by series (creation order), then by write order."""
+    rng = np.random.default_rng(11)
+    written: list[tuple[dict[str, str], int, float]] = []
+    with _store(tmp_path / "s.db") as store:
+        for s in range(40):
+            attrs = {"rank": str(s % 8), "group": f"g{s}"} | ({"extra": "x"} if s % 3 else {})
+            t = T0 + rng.choice(60, size=30, replace=False) * NS  # out of order, shared
+            v = rng.normal(size=30)
+            store.write_series("m", attrs, t, v)
+            written += [(attrs, int(a), float(b)) for a, b in zip(t, v, strict=True)]
+        store.flush()
+        store.fold()
+        for _ in range(2):  # one point per series per flush: journal rows, some on an instant
+            points = [Point("m", float(rng.normal()), T0 + int(rng.integers(0, 60)) * NS,
+                            attrs) for attrs in ({"rank": str(s % 8), "group": f"g{s}"}
+                                                 | ({"extra": "x"} if s % 3 else {})
+                                                 for s in range(40))]
+            store.write(points)
+            store.flush()
+            written += [(dict(p.attributes), p.time_ns, p.value) for p in points]
+        got = store.query("m", since_ns=T0 + 10 * NS, until_ns=T0 + 49 * NS,
+                          resolution="raw")
+        order = [tuple(sorted(a.items())) for a in store.series("m")]
+    rows = sorted((t, order.index(tuple(sorted(a.items()))), i, v, a)
+                  for i, (a, t, v) in enumerate(written) if T0 + 10 * NS <= t <= T0 + 49 * NS)
+    keys = ["extra", "group", "rank"]
+    expected = pd.DataFrame({
+        "time": pd.DatetimeIndex(np.array([r[0] for r in rows], "M8[ns]")).tz_localize("UTC"),
+        "value": np.array([r[3] for r in rows])}
+        | {k: pd.array([r[4].get(k) for r in rows], dtype="str") for k in keys})
+    pd.testing.assert_frame_equal(got, expected)
+
+
 def test_write_points_equals_write_series(tmp_path: Path) -> None:
     t = T0 + np.arange(50) * NS
     v = np.linspace(0, 1, 50)
