@@ -188,11 +188,13 @@ class SearchDriver(StudyTrials):
     def _start(self, config: dict[str, Any], why: str) -> Proposal:
         """A leased trial of ``config``, started RUNNING with its lease (the caller holds the
         study's lock: nobody else starts this config meanwhile)."""
+        now = self._clock()
         number = self.records.start_trial(
             config, {k: self.distributions[k] for k in config},
             user_attrs={ORIGIN_ATTR: why},
-            system_attrs={LEASE_ATTR: self._clock() + self.config.trial_lease_s})
+            system_attrs={LEASE_ATTR: now + self.config.trial_lease_s})
         self._mine[number] = None  # its Trial is made when first reported to
+        self._renewed[number] = now
         return Proposal(number=number, values=dict(config), origin=why)
 
     def moves_left(self, baseline: Mapping[str, Any]) -> int:

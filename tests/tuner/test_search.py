@@ -19,6 +19,7 @@ from tuner._rollout import RolloutController
 from tuner._search import SearchDriver
 from tuner._search_config import SearchConfig
 from tuner._space import Move, config_key, neighbours, search_space, single_moves
+from tuner._study_records import LEASE_ATTR
 from tuner._verdict import RolloutConfig
 from tuner._windows import MeasureConfig
 
@@ -202,6 +203,32 @@ def rollout(tmp_path: Path, state_db_url: str) -> Iterator[dict[str, Any]]:
         ctl.set_mode(job.job, "auto", by="test")
         yield {"clock": clock, "registry": registry, "job": job, "ctl": ctl, "url": url,
                "dir": tmp_path}
+
+
+def test_heartbeats_write_a_lease_only_once_a_quarter_of_it_has_passed(
+        state_db_url: str) -> None:
+    """The rollout loop heartbeats every second; each renewal is a write to the shared state
+    DB, and a fleet's sidecars did sixteen a second for leases of 15 minutes."""
+    clock = Clock()
+    search = driver(state_db_url, clock)  # trial_lease_s = 60
+    proposal = search.ask()
+    assert proposal is not None
+
+    def lease() -> float:
+        (trial,) = [t for t in search.study.get_trials(deepcopy=False)
+                    if t.number == proposal.number]
+        return float(trial.system_attrs[LEASE_ATTR])
+
+    started = lease()
+    for _ in range(14):
+        clock.now += 1
+        search.heartbeat()
+    assert lease() == started  # 14 s of 60: not renewed yet
+    clock.now += 1
+    search.heartbeat()
+    assert lease() == clock.now + 60
+    clock.now += 30
+    assert search.reap() == []  # still held
 
 
 def test_driver_runs_trials_through_the_rollout_controller(rollout: dict[str, Any],
