@@ -110,6 +110,9 @@ def split_by_block(times_ns: np.ndarray, block_ns: int) -> Iterator[tuple[int, s
     if times_ns.size == 0:  # e.g. the rollup of a batch whose values are all NaN
         return
     blocks = times_ns // block_ns * block_ns
+    if blocks[0] == blocks[-1]:  # one block: nearly every piece a fold writes
+        yield int(blocks[0]), slice(0, int(blocks.shape[0])), False
+        return
     starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
     for i, start in enumerate(starts):
         last = i + 1 == len(starts)
