@@ -24,7 +24,12 @@ from policies.detectors._load_imbalance import (
     rebalance_weight,
 )
 from policies.detectors._low_cache_hit_rate import LowCacheHitConfig, LowCacheHitRateDetector
-from policies.detectors._nonfinite import NonFiniteConfig, NonFiniteDetector
+from policies.detectors._nonfinite import (
+    NonFiniteConfig,
+    NonFiniteDetector,
+    latest_nonfinite_reading_ns,
+    nothing_nonfinite,
+)
 from policies.detectors._precision import SmallBatchPrecisionConfig, SmallBatchPrecisionDetector
 from policies.detectors._priors import (
     EXPECTED_GAIN,
@@ -73,6 +78,8 @@ __all__ = [
     "UnderflowConfig",
     "amdahl_speedup",
     "interval_increases",
+    "latest_nonfinite_reading_ns",
+    "nothing_nonfinite",
     "locate_cause",
     "nvlink_peak_bytes_per_s",
     "p99_per_interval",

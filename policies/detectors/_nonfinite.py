@@ -211,6 +211,9 @@ class NonFiniteDetector(Detector):
         return sorted(bad)
 
 
+_READ_BY_CLEAR_CHECK = (LOSS, GRAD_NORM, NONFINITE, NONFINITE_STEPS, SCALE)
+
+
 def nothing_nonfinite(window: StoreWindow) -> bool:
     """True when no reading in ``window`` could make a finding: every loss and gradient norm
     is finite, no element count is above zero, the non-finite step counter stayed at zero, and
@@ -232,6 +235,14 @@ def nothing_nonfinite(window: StoreWindow) -> bool:
         return False
     scales = window.query(SCALE)["value"].to_numpy(np.float64)
     return bool(scales.size == 0 or (scales == scales[0]).all())
+
+
+def latest_nonfinite_reading_ns(window: StoreWindow) -> int | None:
+    """The time (ns) of the latest reading in ``window`` that :func:`nothing_nonfinite`
+    reads, None when it holds none: where a check that only reads what is new starts."""
+    latest = [int(frame["time"].max().value) for name in _READ_BY_CLEAR_CHECK
+              if not (frame := window.query(name)).empty]
+    return max(latest) if latest else None
 
 
 def _counted_nonfinite(counter: pd.DataFrame) -> dict[str, float]:
