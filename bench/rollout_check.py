@@ -7,13 +7,18 @@ that version), and each check reads the version's few training series through sm
 queries. On a healthy job that check was most of an idle sidecar's CPU (issue #14: the API's
 tail at 16 sidecars is the wait for a core). This bench times, on one store file:
 
-- ``guardrail``: one check of one version, as the rollout makes it;
+- ``guardrail``: one check of one version's whole life (the detector on its window), as the
+  rollout made each check before it read only what was new;
+- ``guardrail_ticks``: one check of one ``tuner.NonFiniteValues``, called again and again as
+  the rollout calls it each second (the first call reads the whole life, later ones what is
+  new, every 30th the whole life again): the cost per tick;
 - ``small query``: one raw query of one version's loss series.
 
 The store is SIMULATED, written once by this script with the store's own writer, shaped as the
 fleet bench's job (``bench/_fleet_job.py``): 8 ranks x 500 module-group norms every 5 s over
 300 s, and 5 config versions of 60 s each with the training series (step, loss, gradient norm,
-non-finite element counts and step counter, learning rate) every second, all healthy.
+non-finite step counter, learning rate) every second, all healthy; and, as a job exporting its
+stats-step series does, each group's non-finite element count every 5 s of each version.
 
 Arms, each in a fresh process on the same file, alternate (base, new, base, new, ...):
 
@@ -22,7 +27,7 @@ Arms, each in a fresh process on the same file, alternate (base, new, base, new,
 
 Targets: new at most base for each (median of ``--calls`` calls a round, rounds pooled).
 
-Run: python bench/rollout_check.py [--base 7bd399d --rounds 3 --calls 200]
+Run: python bench/rollout_check.py [--base 7bd399d --rounds 3 --calls 120]
 Results: bench/results/rollout_check.json
 """
 
@@ -51,7 +56,7 @@ VERSION_S = 60
 RANKS = 8
 GROUPS = 500
 WARMUP = 10
-OPS = ("guardrail", "small_query")
+OPS = ("guardrail", "guardrail_ticks", "small_query")
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
@@ -80,12 +85,15 @@ def write_store(path: Path) -> None:
                         ("seedance.train.step", steps),
                         ("seedance.train.loss", 2.0 - steps / 1000.0),
                         ("seedance.train.grad.norm", np.full(VERSION_S, 0.5)),
-                        ("seedance.train.grad.nonfinite", np.zeros(VERSION_S)),
                         ("seedance.train.learning_rate", np.full(VERSION_S, 1e-3))):
                     store.write_series(name, attrs, t, values)
                 store.write_series("seedance.train.nonfinite_steps",
                                    {**attrs, "seedance.nonfinite.what": "grad_norm"}, t,
                                    np.zeros(VERSION_S))
+                for g in range(GROUPS):
+                    store.write_series("seedance.train.grad.nonfinite",
+                                       {**attrs, "seedance.module_group": f"block{g}"}, t[::5],
+                                       np.zeros(t[::5].shape[0]))
             store.flush()
         grid = start + np.arange(0, VERSIONS * VERSION_S, 5) * 10**9
         for rank in range(RANKS):
@@ -115,6 +123,16 @@ def one_arm(path: Path, calls: int, tree: Path) -> dict[str, list[float]]:
         return detector.evaluate(StoreWindow(VersionReader(store, JOB, VERSIONS), job=JOB,
                                              since_ns=0, until_ns=2**62))
 
+    from tuner import Change, NonFiniteValues
+
+    live = NonFiniteValues()
+    change = Change(id="bench", job=JOB, state="observing", source="trial", reason="bench",
+                    risk="low", scope="live", values={}, baseline={}, created_at_s=0.0,
+                    expires_at_s=1.0)
+
+    def guardrail_ticks() -> object:
+        return live.check(change, VERSIONS, store)
+
     def small_query() -> object:
         return store.query("seedance.train.loss", where=where, since_ns=0, until_ns=2**62,
                            resolution="raw")
@@ -124,7 +142,8 @@ def one_arm(path: Path, calls: int, tree: Path) -> dict[str, list[float]]:
     if guardrail():
         raise SystemExit("the SIMULATED job is healthy: the guardrail must find nothing")
     out: dict[str, list[float]] = {}
-    for op, call in (("guardrail", guardrail), ("small_query", small_query)):
+    for op, call in (("guardrail", guardrail), ("guardrail_ticks", guardrail_ticks),
+                     ("small_query", small_query)):
         ms = []
         for i in range(WARMUP + calls):
             t0 = time.perf_counter()
@@ -140,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", default="7bd399d", help="revision of the base arm")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=120)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: the store of one arm
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # internal: the code of that arm
     args = parser.parse_args()
