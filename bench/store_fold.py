@@ -1,0 +1,126 @@
+"""Benchmark: what the store's fold costs a sidecar of a large job, old code against new.
+
+About once a minute the store folds its journals: every series' points of the last minute
+become a raw chunk, a 1-minute rollup piece and a 1-hour rollup piece, each encoded
+(``collectors/_store_codec.py``) and written in one transaction. For a job of 8 ranks x 500
+module groups that is 4,000 series x 3 small blobs a minute, on whichever thread flushes.
+
+Each arm, in a fresh process with its tree first on ``sys.path``, writes SIMULATED exports
+(``--ranks`` x ``--groups`` gauge series, random values, one point per series every 5 s, a
+flush per export as the receiver makes it) into a new store, and times ``fold()`` after each
+minute of them, for ``--minutes`` minutes (the first fold is not counted: it also sets up the
+series' blocks). Arms alternate (base, new, base, new, ...):
+
+- ``base``: the code at ``--base`` (a git worktree made for the run);
+- ``new``: this tree.
+
+Target: new at most base (median fold time, rounds pooled); no issue states a number.
+
+Run: python bench/store_fold.py [--base HEAD~1 --rounds 3 --minutes 4]
+Results: bench/results/store_fold.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench._ab_result import write_ab_result  # noqa: E402
+from bench._targets import Target, at_most  # noqa: E402
+from bench._worktree import worktree  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "store_fold.json"
+EXPORT_S = 5
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """New at most base (no regression)."""
+    return [at_most("fold median, new / base", 1.0, result["summary"]["fold_new_over_base"],
+                    "bench docstring (what a fold costs a sidecar of a large job)")]
+
+
+def one_arm(tree: Path, ranks: int, groups: int, minutes: int) -> list[float]:
+    """Milliseconds of each fold after the first, with the code of ``tree``."""
+    import numpy as np
+
+    import collectors
+    from collectors import Point, TimeSeriesStore
+
+    if not Path(str(collectors.__file__)).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"imported {collectors.__file__}, not the arm's tree")
+    rng = np.random.default_rng(0)
+    start = time.time_ns() - (minutes + 1) * 60 * 10**9
+    folds = []
+    with tempfile.TemporaryDirectory(prefix="store-fold-") as tmp, \
+            TimeSeriesStore(Path(tmp) / "metrics.db") as store:
+        for export in range((minutes + 1) * 60 // EXPORT_S):
+            t = start + export * EXPORT_S * 10**9
+            values = rng.random(ranks * groups).tolist()
+            store.write([Point("seedance.train.grad.group_norm", values[r * groups + g], t,
+                               {"service.name": "job", "seedance.rank": str(r),
+                                "seedance.module_group": f"block{g}"})
+                         for r in range(ranks) for g in range(groups)])
+            store.flush()
+            if (export + 1) % (60 // EXPORT_S) == 0:
+                t0 = time.perf_counter()
+                store.fold()
+                folds.append((time.perf_counter() - t0) * 1000)
+    return folds[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", default="HEAD~1", help="revision of the base arm")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--minutes", type=int, default=4)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=500)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: the tree of one arm
+    args = parser.parse_args()
+    if args.one:
+        sys.path.insert(0, args.one)  # ahead of this tree: the arm's code is imported
+        print(json.dumps(one_arm(Path(args.one), args.ranks, args.groups, args.minutes)))
+        return
+    base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    base = worktree(base_rev, "store-fold-base-")
+    runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
+    try:
+        for r in range(args.rounds):
+            for arm, tree in (("base", base), ("new", ROOT)):
+                done = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--one", str(tree),
+                     "--ranks", str(args.ranks), "--groups", str(args.groups),
+                     "--minutes", str(args.minutes)],
+                    cwd=tree, capture_output=True, text=True, check=True)
+                ms = json.loads(done.stdout.strip().splitlines()[-1])
+                runs[arm].append({"fold": ms})
+                print(f"round {r} {arm}: fold median {statistics.median(ms):.0f} ms",
+                      flush=True)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
+                       check=False, capture_output=True)
+
+    def median(arm: str) -> float:
+        return round(statistics.median(v for run in runs[arm] for v in run["fold"]), 1)
+
+    summary: dict[str, Any] = {arm: {"fold_median_ms": median(arm)} for arm in runs}
+    summary["fold_new_over_base"] = round(median("new") / median("base"), 4)
+    write_ab_result(RESULTS, bench="store_fold", summary=summary, runs=runs, targets=targets,
+                    protocol={"base": base_rev, "rounds": args.rounds, "minutes": args.minutes,
+                              "series": args.ranks * args.groups, "export_s": EXPORT_S,
+                              "data": "SIMULATED (random gauge values, see the docstring)",
+                              "order": "base and new alternate per round, fresh process"})
+
+
+if __name__ == "__main__":
+    main()
