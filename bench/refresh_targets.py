@@ -47,7 +47,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "otlp_decode.json": "otlp_decode",
     "otlp_ingest.json": "otlp_ingest",
     "overhead.json": "overhead",
-    "policy_pass.json": "policy_pass",
+    "policy_pass*.json": "policy_pass",
     "study_ask.json": "study_ask",
     "profile_overhead.json": "profile_overhead",
     "report.json": "report",
@@ -58,6 +58,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "soak*.json": "soak",
     "stability*.json": "stability",
     "store.json": "store",
+    "store_fold.json": "store_fold",
     "tuning.json": "tuning",
 }
 INPUTS = {"tuning_grid.json": ("tuning", "GRID_NO_TARGET")}
