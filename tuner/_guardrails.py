@@ -45,7 +45,8 @@ class NonFiniteValues(Guardrail):
     trial: on a job of thousands of module groups that read cost a tenth of a core. So the
     first check of a version reads all of it; later ones read only the readings from
     ``overlap_s`` before the latest one already judged (exports arrive out of order by up to
-    an export interval), and every ``full_every``-th check reads the whole life again, so a
+    an export interval, and the overlap keeps the reading before a new one, so a loss scale
+    that moved is seen moving), and every ``full_every``-th check reads the whole life again, so a
     reading that arrives even later is still judged, at most ``full_every`` ticks late. Any
     reading that could make a finding sends the check to the whole life, judged as before.
     """
