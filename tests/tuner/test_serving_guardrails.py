@@ -49,6 +49,9 @@ def test_a_few_disagreeing_tokens_are_not_a_breach_but_a_measured_shortfall_is()
     assert few is not None and few.agreement == pytest.approx(125 / 128)
     assert few.tokens == 128 and few.upper > 0.98
     assert check_guardrails(_window(_counted(1, 125, 128)), BOUND) == []
+    # one miss in the six tokens a slow window checked: too few to say it is below 0.98
+    assert check_guardrails(_window(_counted(1, 5, 6)), BOUND) == []
+    assert check_guardrails(_window(_counted(1, 3, 6)), BOUND)  # three misses in six: is
     (breach,) = check_guardrails(_window(_counted(1, 380, 400)), BOUND)
     assert breach == "token agreement 0.9500 over 400 checked tokens is below the bound 0.9800"
     # two replicas' counters add up: 2 x (122 of 128) is a measured 0.953
