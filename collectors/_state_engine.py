@@ -5,8 +5,9 @@ the sidecar, synchronous=NORMAL so committed rows survive a killed process, and 
 so a second process waits instead of failing with "database is locked".
 
 PostgreSQL (``postgresql+psycopg://``) when several sidecars share the state: every pooled
-connection is pinged before use, so a server that restarted leaves no dead connection behind
-(the next call reconnects); a connect timeout, so an unreachable server is an error in seconds,
+connection is checked before use (``_state_pool``: its socket polled, pinged only when the
+server said something), so a server that restarted leaves no dead connection behind (the next
+call reconnects); a connect timeout, so an unreachable server is an error in seconds,
 not a hang; a small pool per engine, because a sidecar opens a few engines (findings, journal,
 ledger, spans, one Optuna storage per search) and a fleet of them shares one server's
 ``max_connections``.
@@ -26,8 +27,7 @@ from collectors._errors import ConfigError, SeedanceError
 
 CONNECT_TIMEOUT_S = 10
 """How long opening one PostgreSQL connection may take before it is an error."""
-POSTGRES_POOL: dict[str, Any] = {
-    "pool_pre_ping": True, "pool_size": 2, "max_overflow": 8, "pool_timeout": 30}
+POSTGRES_POOL: dict[str, Any] = {"pool_size": 2, "max_overflow": 8, "pool_timeout": 30}
 """Idle connections kept per engine (``pool_size``) and the burst above it; a sidecar has
 about six engines, so a fleet of N sidecars holds about 12 N connections at rest."""
 _BACKENDS = ("sqlite", "postgresql")
@@ -69,10 +69,12 @@ def state_url(url: str) -> URL:
 
 def state_engine_options(url: str) -> dict[str, Any]:
     """``create_engine`` keyword arguments for the state DB at ``url`` (Optuna's storage
-    takes them too, so its engine pings and times out like ours)."""
+    takes them too, so its engine checks connections and times out like ours)."""
     if state_url(url).get_backend_name() != "postgresql":
         return {}
-    return {**POSTGRES_POOL, "connect_args": {"connect_timeout": CONNECT_TIMEOUT_S,
+    from collectors._state_pool import LivenessCheckedPool  # psycopg is there: state_url said so
+
+    return {**POSTGRES_POOL, "poolclass": LivenessCheckedPool, "connect_args": {"connect_timeout": CONNECT_TIMEOUT_S,
                                               "application_name": "seedance"}}
 
 

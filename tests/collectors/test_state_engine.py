@@ -32,6 +32,45 @@ def test_pooled_connections_survive_a_server_restart(postgres_server: PostgresSe
         server.remove()
 
 
+def _last_statement_start(admin: sa.Connection, pid: int) -> object:
+    admin.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+    return admin.execute(sa.text("SELECT query_start FROM pg_stat_activity WHERE pid = :pid"),
+                         {"pid": pid}).scalar_one()
+
+
+@pytest.mark.integration
+def test_checking_out_a_live_pooled_connection_sends_the_server_nothing(
+        postgres_url: str) -> None:
+    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with admin_engine.connect() as admin:
+            admin = admin.execution_options(isolation_level="AUTOCOMMIT")
+            before = _last_statement_start(admin, pid)
+            with engine.connect() as conn:  # the pooled connection, checked out and back
+                assert conn.connection.dbapi_connection.info.backend_pid == pid
+            assert _last_statement_start(admin, pid) == before
+    finally:
+        engine.dispose()
+        admin_engine.dispose()
+
+
+@pytest.mark.integration
+def test_a_connection_the_server_dropped_is_replaced_at_checkout(postgres_url: str) -> None:
+    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            dropped = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with admin_engine.connect() as admin:
+            admin.execute(sa.text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": dropped})
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != dropped
+    finally:
+        engine.dispose()
+        admin_engine.dispose()
+
+
 def test_an_unreachable_server_is_one_line_without_the_password() -> None:
     url = f"postgresql+psycopg://seedance:s3cret@127.0.0.1:{free_port()}/state"
     engine = state_engine(url)
