@@ -48,7 +48,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "otlp_ingest.json": "otlp_ingest",
     "overhead.json": "overhead",
     "policy_pass*.json": "policy_pass",
-    "study_ask.json": "study_ask",
+    "study_ask*.json": "study_ask",
     "profile_overhead.json": "profile_overhead",
     "report.json": "report",
     "rollback.json": "rollback",
