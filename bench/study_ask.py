@@ -30,18 +30,17 @@ Results: bench/results/study_ask.json (``--busy K``: study_ask_busyK.json)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench._ab_result import write_ab_result  # noqa: E402
+from bench._busy import busy_cores  # noqa: E402
 from bench._targets import Target, at_most  # noqa: E402
 from bench._worktree import worktree  # noqa: E402
 
@@ -98,19 +97,6 @@ def one_arm(tree: Path, url: str, calls: int) -> dict[str, list[float]]:
             out["next_move"].append(ask_ms)
             out["tell"].append(tell_ms)
     return out
-
-
-@contextlib.contextmanager
-def busy_cores(count: int) -> Iterator[None]:
-    """``count`` processes spinning on the CPU while the block runs."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(count)]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 def percentile(values: list[float], q: float) -> float:
