@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from collectors._span_store import SpanStore as SpanStore
     from collectors._span_store import spans_table as spans_table
     from collectors._state_engine import StateDbError as StateDbError
+    from collectors._state_engine import autocommit_reads as autocommit_reads
     from collectors._state_engine import ping_state_db as ping_state_db
     from collectors._state_engine import sqlite_url as sqlite_url
     from collectors._state_engine import state_db_error as state_db_error

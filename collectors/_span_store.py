@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 
 from collectors._otlp_traces import SpanRecord
-from collectors._state_engine import state_engine
+from collectors._state_engine import autocommit_reads, state_engine
 
 _metadata = MetaData()
 spans_table = Table(
@@ -50,6 +50,7 @@ class SpanStore:
 
     def __init__(self, db_url: str) -> None:
         self._engine = state_engine(db_url)
+        self._reads = autocommit_reads(self._engine)
         _metadata.create_all(self._engine)
 
     def write(self, spans: Sequence[SpanRecord]) -> int:
@@ -69,7 +70,7 @@ class SpanStore:
         """Every stored span of the trace (hex id), by start time."""
         query = select(spans_table).where(spans_table.c.trace_id == trace_id.lower()).order_by(
             spans_table.c.start_ns, spans_table.c.end_ns, spans_table.c.span_id)
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(query).mappings().all()
         return [SpanRecord(**{**row, "attributes": json.loads(row["attributes"]),
                               "resource": json.loads(row["resource"])}) for row in rows]

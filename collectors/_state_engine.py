@@ -98,6 +98,14 @@ def state_engine(url: str) -> Engine:
     return engine
 
 
+def autocommit_reads(engine: Engine) -> Engine:
+    """``engine``'s pool, each statement its own transaction: for reads of one statement (or
+    of statements that may each see their own snapshot). On PostgreSQL such a read is one
+    round trip, where a transaction adds a BEGIN and the ROLLBACK that hands the connection
+    back to the pool. Writes keep ``engine``."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def state_db_error(url: str, exc: BaseException) -> StateDbError:
     """``exc`` from the database at ``url`` as one line: where (password hidden) and why."""
     where = make_url(url).render_as_string(hide_password=True)

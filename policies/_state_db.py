@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from collectors import SeedanceError, state_engine
+from collectors import SeedanceError, autocommit_reads, state_engine
 from collectors import sqlite_url as sqlite_url
 from policies._findings import Finding
 
@@ -59,6 +59,7 @@ class FindingStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self._engine: Engine = state_engine(url)
+        self._reads = autocommit_reads(self._engine)
         _metadata.create_all(self._engine)
 
     def save(self, finding: Finding) -> None:
@@ -85,14 +86,14 @@ class FindingStore:
 
     def _open_id(self, detector: str, job: str, resource: str) -> str | None:
         t = findings_table
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             return conn.execute(select(t.c.id).where(
                 t.c.detector == detector, t.c.job == job, t.c.resource_key == resource,
                 t.c.closed_at_ns.is_(None))).scalar_one_or_none()
 
     def get(self, finding_id: str) -> Finding | None:
         """The finding with this id, or None."""
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             body = conn.execute(select(findings_table.c.body).where(
                 findings_table.c.id == finding_id)).scalar_one_or_none()
         return None if body is None else Finding.from_json(body)
@@ -116,7 +117,7 @@ class FindingStore:
     def _select(self, *conditions: Any) -> list[Finding]:
         query = select(findings_table.c.body).where(*conditions).order_by(
             findings_table.c.opened_at_ns, findings_table.c.id)
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             return [Finding.from_json(body) for body in conn.execute(query).scalars()]
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from types import TracebackType
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from collectors import ConfigError, state_engine
+from collectors import ConfigError, autocommit_reads, state_engine
 from tuner._fleet_tables import jobs_table, sidecars_table
 from tuner._knobs import Config
 from tuner._lease_messages import JobKind
@@ -74,6 +74,7 @@ class FleetDirectory:
                  clock: Callable[[], float] = time.time) -> None:
         self.stale_after_s = stale_after_s(heartbeat_s)
         self._engine: Engine = state_engine(db_url)
+        self._reads = autocommit_reads(self._engine)
         self._clock = clock
         self._exists = False
 
@@ -93,7 +94,7 @@ class FleetDirectory:
         if not self._has_tables():
             return []
         now = self._clock()
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(select(sidecars_table).order_by(
                 sidecars_table.c.started_at, sidecars_table.c.sidecar_id)).mappings().all()
         return [FleetSidecar(**row, alive=now - row["heartbeat_at"] <= self.stale_after_s)
@@ -115,7 +116,7 @@ class FleetDirectory:
         query = select(jobs_table).order_by(jobs_table.c.job)
         if only is not None:
             query = query.where(jobs_table.c.job == only)
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(query).mappings().all()
         return [FleetJob(job=r["job"], kind=r["kind"], study=r["study"],
                          attached_at=r["attached_at"], seen_at=r["seen_at"],
@@ -124,7 +125,7 @@ class FleetDirectory:
 
     def _has_tables(self) -> bool:
         if not self._exists:  # tables once there stay there: ask until they are
-            with self._engine.connect() as conn:
+            with self._reads.connect() as conn:
                 self._exists = self._engine.dialect.has_table(conn, jobs_table.name)
         return self._exists
 

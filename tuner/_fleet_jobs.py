@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from collectors import FingerprintError, JobFingerprint, state_engine
+from collectors import FingerprintError, JobFingerprint, autocommit_reads, state_engine
 from tuner._fleet_tables import fleet_metadata, jobs_table
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ class FleetJobs:
     def __init__(self, db_url: str, *, create: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
         self._engine: Engine = state_engine(db_url)
+        self._reads = autocommit_reads(self._engine)
         self._clock = clock
         if create:
             fleet_metadata.create_all(self._engine)
@@ -56,14 +57,14 @@ class FleetJobs:
 
     def known(self, job: str) -> bool:
         """Whether the table has a row for the job (with a fingerprint or not)."""
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             return self._engine.dialect.has_table(conn, jobs_table.name) and conn.execute(
                 select(jobs_table.c.job).where(jobs_table.c.job == job)).first() is not None
 
     def fingerprints(self) -> dict[str, JobFingerprint]:
         """Every job's fingerprint (rows without one, or with one that no longer reads, are
         left out; the latter logged)."""
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             if not self._engine.dialect.has_table(conn, jobs_table.name):
                 return {}
             rows = conn.execute(select(jobs_table.c.job, jobs_table.c.fingerprint).where(

@@ -24,7 +24,7 @@ from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from collectors import lock_transaction, state_engine
+from collectors import autocommit_reads, lock_transaction, state_engine
 from tuner._change import Change, ChangeCursor, IllegalTransition, Mode, RolloutError
 from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
 
@@ -40,6 +40,7 @@ class ChangeJournal:
         """``create=False`` opens a journal that may not exist yet without creating it (a
         read-only reader: reads answer empty until a controller created the tables)."""
         self._engine: Engine = state_engine(db_url)
+        self._reads = autocommit_reads(self._engine)
         self._clock = clock
         self._created = create
         if create:
@@ -121,7 +122,7 @@ class ChangeJournal:
         """The job's approval mode, None when nobody set one."""
         if not self._has_tables():
             return None
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             found = conn.execute(select(modes_table.c.mode).where(
                 modes_table.c.job == job)).scalar_one_or_none()
         return found  # type: ignore[no-any-return]
@@ -130,7 +131,7 @@ class ChangeJournal:
         """One change; ``RolloutError`` when there is none by that id."""
         body = None
         if self._has_tables():
-            with self._engine.connect() as conn:
+            with self._reads.connect() as conn:
                 body = conn.execute(select(changes_table.c.body).where(
                     changes_table.c.id == change_id)).scalar_one_or_none()
         if body is None:
@@ -160,7 +161,7 @@ class ChangeJournal:
             query = query.where(tuple_(c.created_at_ns, c.id) > (after.created_at_ns, after.id))
         if limit is not None:
             query = query.limit(limit + 1)  # one more says whether a next page exists
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(query).all()
         more = limit is not None and len(rows) > limit
         rows = rows[:limit] if more else rows
@@ -175,7 +176,7 @@ class ChangeJournal:
             return {}
         state = changes_table.c.state
         query = select(state, func.count()).group_by(state).order_by(state)
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             return {str(name): int(n) for name, n in conn.execute(query)}
 
     def events(self, *, change_id: str | None = None,
@@ -188,7 +189,7 @@ class ChangeJournal:
             query = query.where(change_events_table.c.change_id == change_id)
         if job is not None:
             query = query.where(change_events_table.c.job == job)
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(query).mappings().all()
         return [{**row, "detail": json.loads(row["detail"])} for row in rows]
 
@@ -196,7 +197,7 @@ class ChangeJournal:
 
     def _has_tables(self) -> bool:
         if not self._created:  # tables once there stay there: ask until they are
-            with self._engine.connect() as conn:
+            with self._reads.connect() as conn:
                 self._created = self._engine.dialect.has_table(conn, change_events_table.name)
         return self._created
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from collectors import state_engine
+from collectors import autocommit_reads, state_engine
 
 _metadata = MetaData()
 versions_table = Table(
@@ -27,10 +27,11 @@ class VersionLedger:
 
     def __init__(self, db_url: str) -> None:
         self._engine = state_engine(db_url)
+        self._reads = autocommit_reads(self._engine)
         _metadata.create_all(self._engine)
 
     def last(self, job: str) -> int:
-        with self._engine.connect() as conn:
+        with self._reads.connect() as conn:
             value = conn.execute(select(versions_table.c.last_version)
                                  .where(versions_table.c.job == job)).scalar()
         return int(value or 0)

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from collectors import ConfigError, state_db_error, state_engine
+from collectors import ConfigError, autocommit_reads, state_db_error, state_engine
 from tests.postgres import PostgresServer
 from tests.servers import free_port
 
@@ -66,6 +66,29 @@ def test_a_connection_the_server_dropped_is_replaced_at_checkout(postgres_url: s
             admin.execute(sa.text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": dropped})
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != dropped
+    finally:
+        engine.dispose()
+        admin_engine.dispose()
+
+
+@pytest.mark.integration
+def test_a_read_is_one_round_trip_and_writes_on_the_same_pool_stay_transactional(
+        postgres_url: str) -> None:
+    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE t (x int)"))
+        with autocommit_reads(engine).connect() as conn:
+            pid = conn.execute(sa.text("SELECT count(*), pg_backend_pid() FROM t")).one()[1]
+        with admin_engine.connect() as admin:  # no ROLLBACK after it: there was no BEGIN
+            assert admin.execute(sa.text("SELECT query FROM pg_stat_activity WHERE pid = :p"),
+                                 {"p": pid}).scalar_one().startswith("SELECT count(*)")
+        with pytest.raises(RuntimeError), engine.begin() as conn:  # the same connection
+            assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() == pid
+            conn.execute(sa.text("INSERT INTO t VALUES (1)"))
+            raise RuntimeError("the write fails half-way")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM t")).scalar_one() == 0
     finally:
         engine.dispose()
         admin_engine.dispose()
