@@ -467,6 +467,12 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+KEEP_ALIVE_S = 75
+"""How long the sidecar keeps an idle HTTP connection open. Longer than clients keep theirs
+in their pools (httpx 5 s, like uvicorn's own default), so the client closes first: with equal
+timeouts a client reusing a connection as the server closes it gets a reset (nginx: 75 s)."""
+
+
 def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
     config = sidecar.config
@@ -478,6 +484,7 @@ def run_sidecar(sidecar: Sidecar) -> None:
     tls = config.tls_cert_file is not None
     server = uvicorn.Server(uvicorn.Config(
         sidecar.app(), host=config.host.strip("[]"), port=config.port, log_level="warning",
+        timeout_keep_alive=KEEP_ALIVE_S,
         ssl_certfile=str(config.tls_cert_file) if tls else None,
         ssl_keyfile=str(config.tls_key_file) if tls else None))
     settle_heap()

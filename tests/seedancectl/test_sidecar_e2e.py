@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -88,6 +89,20 @@ def query_until(store: Path, name: str, *extra: str) -> list[dict[str, object]]:
         if points or time.monotonic() > deadline:
             return points
         time.sleep(0.5)
+
+
+@pytest.mark.integration
+def test_an_idle_keep_alive_connection_outlives_a_clients_pool_expiry(sidecar: Sidecar) -> None:
+    """A client pool (httpx, 5 s) closes its idle connections itself; the sidecar must not
+    close one first, or a request sent as it does is reset (a fleet reader saw that)."""
+    host, port = sidecar.url.removeprefix("http://").split(":")
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        for wait_s in (0.0, 6.0):  # past httpx's 5 s expiry, and uvicorn's default
+            time.sleep(wait_s)
+            conn.sendall(request)
+            answer = conn.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 def _niceness(pid: int) -> int:
