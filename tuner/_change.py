@@ -96,10 +96,14 @@ class Change:
             return str(self.plan["arms"][int(self.plan["index"])])
         return next((w.arm for w in self.windows if w.version == version), None)
 
-    def to_json(self) -> str:
+    def json_body(self) -> dict[str, Any]:
+        """The object ``to_json`` encodes (mappings of any kind inside, encoded as dicts)."""
         body = {k: v for k, v in self.__dict__.items() if k != "windows"}
         body["windows"] = [w.to_json() for w in self.windows]
-        return json.dumps(body, sort_keys=True, default=dict)
+        return body
+
+    def to_json(self) -> str:
+        return json.dumps(self.json_body(), sort_keys=True, default=dict)
 
     @classmethod
     def from_json(cls, text: str) -> Change:
