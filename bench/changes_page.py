@@ -12,11 +12,16 @@ real PostgreSQL 15 (``tests/postgres.py``) and in a SQLite file:
 - ``deep_page``: the same for the last page, after the ``--changes - PAGE``-th change (a keyset
   page deep in the journal must cost what the first does, unlike an offset).
 
-Calls alternate (whole, first, deep, whole, ...), ``--calls`` of each per database; medians
-and their ratios are reported.
+Each encodes its changes as the endpoint does (``change_json``, then rendered by pydantic as
+FastAPI renders the answer). Two more ops time that encoding alone, on the first page's
+changes already read: ``json_before`` with json's round trip (``json.loads(to_json())``, the
+code before orjson) and ``json_now`` with ``change_json``.
 
-Targets: a page at most 1/20 of the whole journal's time at 20,000 changes, and a deep page
-at most 2x the first.
+Calls alternate (whole, first, deep, json_before, json_now, whole, ...), ``--calls`` of each
+per database; medians and their ratios are reported.
+
+Targets: a page at most 1/20 of the whole journal's time at 20,000 changes, a deep page at
+most 2x the first, and the encoding now at most what it was.
 
 Run: python bench/changes_page.py [--changes 20000 --calls 15]
 Results: bench/results/changes_page.json
@@ -39,16 +44,20 @@ from sqlalchemy import insert
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pydantic import TypeAdapter  # noqa: E402
+
 from bench._default_session import code_revision  # noqa: E402
 from bench._targets import Target, at_most, judged  # noqa: E402
-from seedancectl._api import PAGE  # noqa: E402
+from seedancectl._api import PAGE, change_json  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 from tuner import Change, ChangeCursor, ChangeJournal  # noqa: E402
 from tuner._change_tables import changes_table  # noqa: E402
 from tuner._windows import Window  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "changes_page.json"
-OPS = ("whole", "first_page", "deep_page")
+OPS = ("whole", "first_page", "deep_page", "json_before", "json_now")
+_ANSWER = TypeAdapter(list[dict[str, Any]])
+"""How FastAPI renders the endpoint's answer: its declared type, through pydantic."""
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
@@ -59,7 +68,9 @@ def targets(result: dict[str, Any]) -> list[Target]:
             at_most(f"{db}: first page / whole journal", 0.05,
                     figures["first_page_over_whole"], "issue #14 (scale: a fleet's journal)"),
             at_most(f"{db}: deep page / first page", 2.0, figures["deep_over_first"],
-                    "issue #14 (scale: a keyset page, not an offset)")]
+                    "issue #14 (scale: a keyset page, not an offset)"),
+            at_most(f"{db}: a page's encoding, now / before", 1.0,
+                    figures["json_now_over_before"], "bench docstring (no regression)")]
     return found
 
 
@@ -100,9 +111,15 @@ def fill(url: str, n: int) -> ChangeCursor:
     return ChangeCursor(last["created_at_ns"], last["id"])
 
 
-def endpoint_json(changes: list[Change]) -> int:
+def json_round_trip(change: Change) -> dict[str, Any]:
+    """``change_json`` before orjson: the baseline of ``json_before``."""
+    return json.loads(change.to_json())  # type: ignore[no-any-return]
+
+
+def endpoint_json(changes: list[Change],
+                  encode: Callable[[Change], dict[str, Any]] = change_json) -> int:
     """The endpoint's encoding of a list of changes; the bytes it would send."""
-    return len(json.dumps([json.loads(c.to_json()) for c in changes]))
+    return len(_ANSWER.dump_json([encode(c) for c in changes]))
 
 
 def time_one(call: Callable[[], int]) -> tuple[float, int]:
@@ -118,7 +135,10 @@ def measure(url: str, n: int, calls: int) -> dict[str, Any]:
         "whole": lambda: endpoint_json(journal.changes()),
         "first_page": lambda: endpoint_json(journal.changes_page(limit=PAGE)[0]),
         "deep_page": lambda: endpoint_json(journal.changes_page(limit=PAGE, after=deep)[0]),
+        "json_before": lambda: endpoint_json(page, json_round_trip),
+        "json_now": lambda: endpoint_json(page),
     }
+    page = journal.changes_page(limit=PAGE)[0]
     for call in arms.values():  # warm-up: connections, caches
         call()
     ms: dict[str, list[float]] = {op: [] for op in OPS}
@@ -134,6 +154,7 @@ def measure(url: str, n: int, calls: int) -> dict[str, Any]:
         "median_ms": med, "ms": ms, "bytes": sizes,
         "first_page_over_whole": med["first_page"] / med["whole"],
         "deep_over_first": med["deep_page"] / med["first_page"],
+        "json_now_over_before": med["json_now"] / med["json_before"],
     }
 
 
@@ -164,7 +185,8 @@ def main() -> None:
     for db, figures in databases.items():
         m = figures["median_ms"]
         print(f"{db}: whole {m['whole']:.1f} ms, first page {m['first_page']:.1f} ms, "
-              f"deep page {m['deep_page']:.1f} ms")
+              f"deep page {m['deep_page']:.1f} ms, a page's encoding {m['json_before']:.1f} -> "
+              f"{m['json_now']:.1f} ms")
     print(f"wrote {args.out}")
 
 
