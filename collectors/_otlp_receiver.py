@@ -375,14 +375,21 @@ def otlp_router(
             return reject(415, f"Content-Encoding must be gzip or identity, got {encoding!r}",
                           content_type)
 
-        def decode(raw: bytes) -> _T:
+        def decode_and_sink(raw: bytes) -> tuple[int, Exception | None]:
+            """The items decoded and the sink's failure (None: taken); one trip to a worker
+            thread for both, as each trip is a thread hand-off on every request."""
             body = gunzip(raw, max_body_bytes) if encoding == "gzip" else raw
-            return signal.decode[content_type](body)
+            decoded = signal.decode[content_type](body)
+            try:
+                signal.sink(decoded)
+            except Exception as e:  # the receiver never dies of its sink; the client retries
+                return signal.count(decoded), e
+            return signal.count(decoded), None
 
         try:
             raw = await _read_body(request, max_body_bytes)
             counters._add(bytes_received=len(raw))
-            decoded = await run_in_threadpool(decode, raw)
+            items, failed = await run_in_threadpool(decode_and_sink, raw)
         except BodyTooLarge as e:
             return reject(413, str(e), content_type)
         except zlib.error as e:
@@ -392,17 +399,15 @@ def otlp_router(
         except ClientDisconnect:
             counters._add(requests_rejected=1)
             return Response(status_code=400)
-        items = signal.count(decoded)
-        try:
-            await run_in_threadpool(signal.sink, decoded)
-        except Exception as e:  # the receiver never dies of its sink; the client retries
-            logger.exception("OTLP %s sink failed on %d items", signal.unit, items)
+        if failed is not None:
+            logger.error("OTLP %s sink failed on %d items", signal.unit, items, exc_info=failed)
             counters._add(sink_errors=1)
-            response = reject(getattr(e, "http_status", 503), f"sink failed, retry later: {e}",
-                              content_type, **{f"{signal.unit}_rejected": items})
+            response = reject(getattr(failed, "http_status", 503),
+                              f"sink failed, retry later: {failed}", content_type,
+                              **{f"{signal.unit}_rejected": items})
             # a sink that knows when to come back (a store whose disk is full) says so;
             # OTLP exporters honour Retry-After on 503
-            response.headers["Retry-After"] = str(getattr(e, "retry_after_s", 1))
+            response.headers["Retry-After"] = str(getattr(failed, "retry_after_s", 1))
             return response
         counters._add(requests_accepted=1, **{f"{signal.unit}_accepted": items})
         if signal.forwarder is not None:
