@@ -45,7 +45,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "live_session.json": "live_session",
     "measurement.json": "measurement",
     "otlp_decode.json": "otlp_decode",
-    "otlp_ingest.json": "otlp_ingest",
+    "otlp_ingest*.json": "otlp_ingest",
     "overhead.json": "overhead",
     "policy_pass*.json": "policy_pass",
     "study_ask*.json": "study_ask",
@@ -58,6 +58,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "soak*.json": "soak",
     "stability*.json": "stability",
     "store.json": "store",
+    "state_checkout*.json": "state_checkout",
     "store_fold.json": "store_fold",
     "tuning.json": "tuning",
 }

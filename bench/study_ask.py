@@ -56,7 +56,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
                 "bench docstring (no regression)"),
         at_most("next_move p99, new / base", 1.0, s["next_move_p99_new_over_base"],
                 "bench docstring (no regression)"),
-        at_most(f"next_move p99 ms, new, {result['protocol']['busy_cores']} cores kept busy",
+        at_most(f"next_move p99 ms, new, {result['protocol'].get('busy_cores', 0)} cores kept busy",
                 200.0, s["new"]["next_move_p99_ms"],
                 "issue #14 (its 16-sidecar figure is bench/results/fleet_n16.json)")]
 
