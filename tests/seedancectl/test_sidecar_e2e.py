@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -96,13 +96,19 @@ def test_an_idle_keep_alive_connection_outlives_a_clients_pool_expiry(sidecar: S
     """A client pool (httpx, 5 s) closes its idle connections itself; the sidecar must not
     close one first, or a request sent as it does is reset (a fleet reader saw that)."""
     host, port = sidecar.url.removeprefix("http://").split(":")
-    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        first = None
         for wait_s in (0.0, 6.0):  # past httpx's 5 s expiry, and uvicorn's default
             time.sleep(wait_s)
-            conn.sendall(request)
-            answer = conn.recv(65536)
-            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            conn.request("GET", "/healthz")  # on a connection the server closed: an error
+            response = conn.getresponse()
+            assert response.status == 200
+            response.read()
+            first = first or conn.sock
+        assert conn.sock is first  # the same connection, not a new one
+    finally:
+        conn.close()
 
 
 def _niceness(pid: int) -> int:
