@@ -4,6 +4,7 @@ URL or an unreachable server is one line that hides the password."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -38,60 +39,58 @@ def _last_statement_start(admin: sa.Connection, pid: int) -> object:
                          {"pid": pid}).scalar_one()
 
 
+@pytest.fixture
+def engines(postgres_url: str) -> Iterator[tuple[sa.Engine, sa.Engine]]:
+    """The state engine under test and a plain one to watch the server with."""
+    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
+    yield engine, admin_engine
+    engine.dispose()
+    admin_engine.dispose()
+
+
 @pytest.mark.integration
 def test_checking_out_a_live_pooled_connection_sends_the_server_nothing(
-        postgres_url: str) -> None:
-    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
-    try:
-        with engine.connect() as conn:
-            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        with admin_engine.connect() as admin:
-            admin = admin.execution_options(isolation_level="AUTOCOMMIT")
-            before = _last_statement_start(admin, pid)
-            with engine.connect() as conn:  # the pooled connection, checked out and back
-                assert conn.connection.dbapi_connection.info.backend_pid == pid
-            assert _last_statement_start(admin, pid) == before
-    finally:
-        engine.dispose()
-        admin_engine.dispose()
+        engines: tuple[sa.Engine, sa.Engine]) -> None:
+    engine, admin_engine = engines
+    with engine.connect() as conn:
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    with admin_engine.connect() as admin:
+        admin = admin.execution_options(isolation_level="AUTOCOMMIT")
+        before = _last_statement_start(admin, pid)
+        with engine.connect() as conn:  # the pooled connection, checked out and back
+            assert conn.connection.dbapi_connection.info.backend_pid == pid
+        assert _last_statement_start(admin, pid) == before
 
 
 @pytest.mark.integration
-def test_a_connection_the_server_dropped_is_replaced_at_checkout(postgres_url: str) -> None:
-    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
-    try:
-        with engine.connect() as conn:
-            dropped = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-        with admin_engine.connect() as admin:
-            admin.execute(sa.text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": dropped})
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != dropped
-    finally:
-        engine.dispose()
-        admin_engine.dispose()
+def test_a_connection_the_server_dropped_is_replaced_at_checkout(
+        engines: tuple[sa.Engine, sa.Engine]) -> None:
+    engine, admin_engine = engines
+    with engine.connect() as conn:
+        dropped = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    with admin_engine.connect() as admin:
+        admin.execute(sa.text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": dropped})
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() != dropped
 
 
 @pytest.mark.integration
 def test_a_read_is_one_round_trip_and_writes_on_the_same_pool_stay_transactional(
-        postgres_url: str) -> None:
-    engine, admin_engine = state_engine(postgres_url), sa.create_engine(postgres_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("CREATE TABLE t (x int)"))
-        with autocommit_reads(engine).connect() as conn:
-            pid = conn.execute(sa.text("SELECT count(*), pg_backend_pid() FROM t")).one()[1]
-        with admin_engine.connect() as admin:  # no ROLLBACK after it: there was no BEGIN
-            assert admin.execute(sa.text("SELECT query FROM pg_stat_activity WHERE pid = :p"),
-                                 {"p": pid}).scalar_one().startswith("SELECT count(*)")
-        with pytest.raises(RuntimeError), engine.begin() as conn:  # the same connection
-            assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() == pid
-            conn.execute(sa.text("INSERT INTO t VALUES (1)"))
-            raise RuntimeError("the write fails half-way")
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT count(*) FROM t")).scalar_one() == 0
-    finally:
-        engine.dispose()
-        admin_engine.dispose()
+        engines: tuple[sa.Engine, sa.Engine]) -> None:
+    engine, admin_engine = engines
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE t (x int)"))
+    with autocommit_reads(engine).connect() as conn:
+        pid = conn.execute(sa.text("SELECT count(*), pg_backend_pid() FROM t")).one()[1]
+    with admin_engine.connect() as admin:  # no ROLLBACK after it: there was no BEGIN
+        assert admin.execute(sa.text("SELECT query FROM pg_stat_activity WHERE pid = :p"),
+                             {"p": pid}).scalar_one().startswith("SELECT count(*)")
+    with pytest.raises(RuntimeError), engine.begin() as conn:  # the same connection
+        assert conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one() == pid
+        conn.execute(sa.text("INSERT INTO t VALUES (1)"))
+        raise RuntimeError("the write fails half-way")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM t")).scalar_one() == 0
 
 
 def test_an_unreachable_server_is_one_line_without_the_password() -> None:
