@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final, Generic, TypeVar
 
+import anyio
+import anyio.to_thread
 import httpx
 from fastapi import APIRouter, Request, Response
 from google.protobuf import json_format
@@ -30,7 +32,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from collectors._errors import ConfigError, SeedanceError
@@ -56,6 +57,12 @@ JSON: Final = "application/json"
 _DECODERS = {PROTOBUF: decode_protobuf, JSON: decode_json}
 _FORWARDED_HEADERS = ("content-type", "content-encoding")
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+INGEST_WORKERS: Final = 4
+"""Worker threads that decode and sink requests at once. Decoding holds the GIL, so more
+threads add no throughput, only hand-offs: at 64 exporters, a thread per request (anyio's 40)
+left the sidecar a third idle and halved its points/s, where 4 kept it busy
+(``bench/otlp_ingest.py``). Apart from anyio's pool, ingest also leaves the API's threads free."""
 
 
 class BodyTooLarge(SeedanceError):
@@ -335,11 +342,12 @@ def otlp_router(
     span_sink: Callable[[list[SpanRecord]], object] | None = None,
     traces_forwarder: Forwarder | None = None,
     ingest_token: str | None = None,
+    workers: int = INGEST_WORKERS,
 ) -> APIRouter:
     """An APIRouter serving ``POST /v1/metrics`` and, when ``span_sink`` is given,
     ``POST /v1/traces``; every decoded request goes to ``sink`` (or ``span_sink``).
 
-    A sink runs in a worker thread, one call per request, possibly several at once (so it
+    A sink runs in a worker thread, one call per request, up to ``workers`` at once (so it
     must be thread-safe, as ``TimeSeriesStore.write`` and ``SpanStore.write`` are); if it
     raises, the client gets 503 and retries. Accepted bodies also go to ``forwarder`` (metrics)
     or ``traces_forwarder`` when given (the caller starts and shuts them down). Both endpoints
@@ -350,7 +358,10 @@ def otlp_router(
     """
     if max_body_bytes < 1:
         raise ValueError(f"otlp_router max_body_bytes must be >= 1, got {max_body_bytes}")
+    if workers < 1:
+        raise ValueError(f"otlp_router workers must be >= 1, got {workers}")
     counters = stats if stats is not None else ReceiverStats()
+    threads = anyio.CapacityLimiter(workers)  # its own: ingest never waits on API calls
     router = APIRouter()
 
     def reject(code: int, message: str, content_type: str, **counts: int) -> Response:
@@ -389,7 +400,8 @@ def otlp_router(
         try:
             raw = await _read_body(request, max_body_bytes)
             counters._add(bytes_received=len(raw))
-            items, failed = await run_in_threadpool(decode_and_sink, raw)
+            items, failed = await anyio.to_thread.run_sync(decode_and_sink, raw,
+                                                           limiter=threads)
         except BodyTooLarge as e:
             return reject(413, str(e), content_type)
         except zlib.error as e:

@@ -4,6 +4,7 @@ a separate process, bad bodies of every kind, and forwarding to a second real se
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import contextlib
 import gzip
 import json
@@ -28,6 +29,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from collectors._errors import SeedanceError
 from collectors._otlp_decode import DecodedMetrics, Temporality, decode_json
 from collectors._otlp_receiver import (
+    INGEST_WORKERS,
     BodyTooLarge,
     Forwarder,
     ForwarderConfig,
@@ -309,6 +311,58 @@ def test_sink_failure_is_503_retryable_and_counted(rx: Receiver) -> None:
     rx.sink.fail = False
     _assert_good_request_accepted(rx)
     assert rx.stats.points_accepted == rx.stats.points_rejected
+
+
+class BlockingSink:
+    """Holds every call until released, counting how many are inside at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.inside = self.most_inside = self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, decoded: DecodedMetrics) -> None:
+        with self._lock:
+            self.calls += 1
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            assert self.release.wait(60), "never released"
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+@pytest.mark.integration
+def test_a_flood_of_exports_takes_a_few_ingest_threads_and_the_apis_threads_stay_free() -> None:
+    """More exports at once than anyio's shared thread pool holds (40), all stuck in a slow
+    sink: at most INGEST_WORKERS of them are in the sink, and a plain ``def`` endpoint of the
+    same app (the sidecar's API and leases are such) still answers; then every export lands."""
+    sink = BlockingSink()
+    app = FastAPI()
+    app.include_router(otlp_router(sink))
+    app.get("/plain")(lambda: {"ok": True})  # a sync endpoint: runs in anyio's pool
+    exports = 48
+    with serve(app) as url:
+        limits = httpx.Limits(max_connections=exports + 1)
+        with httpx.Client(timeout=90, limits=limits) as client, \
+                concurrent.futures.ThreadPoolExecutor(exports) as pool:
+            answers = [pool.submit(client.post, url + "/v1/metrics", content=_good_body(),
+                                   headers=PB) for _ in range(exports)]
+            try:
+                _wait_for(lambda: sink.calls >= INGEST_WORKERS)
+                time.sleep(0.5)  # the others had their chance to enter the sink
+                assert sink.calls == sink.most_inside == INGEST_WORKERS
+                assert client.get(url + "/plain", timeout=10).json() == {"ok": True}
+            finally:
+                sink.release.set()
+            assert [a.result().status_code for a in answers] == [200] * exports
+    assert sink.calls == exports and sink.most_inside == INGEST_WORKERS
+
+
+def test_the_ingest_thread_count_is_checked() -> None:
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        otlp_router(lambda d: None, workers=0)
 
 
 @pytest.mark.integration
