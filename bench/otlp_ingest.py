@@ -18,7 +18,8 @@ latency p50 and p99, answers by status (429 and 503 are the sidecar pushing back
 sidecar's CPU share and its RSS (max of 0.5 s samples).
 
 With ``--base REV`` every (N, encoding) also runs on the code at REV (a git worktree),
-interleaved with this tree's run, and the JSON gives the ratio of points/s.
+interleaved with this tree's run, and the JSON gives the ratio of points/s; with ``--rounds R``
+the whole sequence runs R times and the JSON gives each ratio's median over the rounds.
 
 Target (issue #16): 600,000 points/s end to end at any N. The JSON states it and whether the
 best run met it.
@@ -36,6 +37,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,6 +250,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--base", default=None, help="also run the code at this git revision")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole sequence")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "bench" / "results" / "otlp_ingest.json")
     args = parser.parse_args()
@@ -256,22 +259,27 @@ def main() -> None:
         trees = {"base": worktree(args.base, "otlp-ingest-base-"), "new": ROOT}
     runs: list[dict[str, Any]] = []
     try:
-        for n in [int(x) for x in args.exporters.split(",")]:
-            for encoding in args.encodings.split(","):
-                for arm, tree in trees.items():  # interleaved: drift hits both arms alike
-                    run = {"arm": arm, **one_run(tree, n, encoding, args)}
-                    print(json.dumps(run), flush=True)
-                    runs.append(run)
+        for round_ in range(args.rounds):
+            for n in [int(x) for x in args.exporters.split(",")]:
+                for encoding in args.encodings.split(","):
+                    for arm, tree in trees.items():  # interleaved: drift hits both alike
+                        run = {"arm": arm, "round": round_, **one_run(tree, n, encoding, args)}
+                        print(json.dumps(run), flush=True)
+                        runs.append(run)
     finally:
         if "base" in trees:
             subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])],
                            cwd=ROOT, capture_output=True)
     new = [r for r in runs if r["arm"] == "new"]
     best = max(r["points_per_s"] for r in new)
-    ratios = {f'{r["exporters"]}/{r["encoding"]}': r["points_per_s"] / b["points_per_s"]
-              for r in new for b in runs if b["arm"] == "base"
-              and (b["exporters"], b["encoding"]) == (r["exporters"], r["encoding"])
-              and b["points_per_s"] > 0}
+    per_round: dict[str, list[float]] = {}
+    for r in new:
+        for b in runs:
+            if (b["arm"] == "base" and b["points_per_s"] > 0 and (b["round"], b["exporters"],
+                    b["encoding"]) == (r["round"], r["exporters"], r["encoding"])):
+                per_round.setdefault(f'{r["exporters"]}/{r["encoding"]}', []).append(
+                    r["points_per_s"] / b["points_per_s"])
+    ratios = {key: statistics.median(values) for key, values in per_round.items()}
     result = {
         "bench": "otlp_ingest",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -281,7 +289,8 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "protocol": __doc__,
         "settings": {"metrics": args.metrics, "series_per_exporter": args.series,
-                     "seconds": args.seconds, "warmup_s": args.warmup_s},
+                     "seconds": args.seconds, "warmup_s": args.warmup_s,
+                     "rounds": args.rounds},
         "runs": runs,
         "points_per_s_new_over_base": ratios,
         "target_points_per_s": TARGET_POINTS_PER_S,
