@@ -40,9 +40,9 @@ from collectors._otlp_decode import (
     OtlpDecodeError,
     decode_json,
     decode_protobuf,
-    points_from_request,
 )
 from collectors._otlp_json import points_from_json
+from collectors._otlp_templates import protobuf_templates
 from collectors._otlp_traces import (
     SpanRecord,
     decode_traces_json,
@@ -85,6 +85,9 @@ class ReceiverStats:
     spans_rejected: int = 0
     bytes_received: int = 0
     sink_errors: int = 0
+    requests_throttled: int = 0
+    """Requests the sink turned away with 429 (a sender over its share): counted, not logged
+    as errors, as at load they come by the hundred a second."""
     requests_unauthorised: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -412,9 +415,15 @@ def otlp_router(
             counters._add(requests_rejected=1)
             return Response(status_code=400)
         if failed is not None:
-            logger.error("OTLP %s sink failed on %d items", signal.unit, items, exc_info=failed)
-            counters._add(sink_errors=1)
-            response = reject(getattr(failed, "http_status", 503),
+            status = getattr(failed, "http_status", 503)
+            if status == 429:  # the sink asks this sender to slow down: flow, not failure
+                logger.debug("OTLP %s sink throttled %d items: %s", signal.unit, items, failed)
+                counters._add(requests_throttled=1)
+            else:
+                logger.error("OTLP %s sink failed on %d items", signal.unit, items,
+                             exc_info=failed)
+                counters._add(sink_errors=1)
+            response = reject(status,
                               f"sink failed, retry later: {failed}", content_type,
                               **{f"{signal.unit}_rejected": items})
             # a sink that knows when to come back (a store whose disk is full) says so;
@@ -427,7 +436,7 @@ def otlp_router(
         return Response(_encode(signal.response, content_type), media_type=content_type)
 
     metrics = _Signal(
-        decode={PROTOBUF: lambda b: points_from_request(decode_protobuf(b)),
+        decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
                 JSON: points_from_json},
         sink=sink, count=lambda d: len(d.points), unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder)

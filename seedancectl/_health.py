@@ -154,7 +154,8 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
     def rejected(_: CallbackOptions) -> Iterable[Observation]:
         stats = sidecar.stats
         return [Observation(stats.requests_rejected, {"reason": "any"}),
-                Observation(stats.requests_unauthorised, {"reason": "unauthorised"})]
+                Observation(stats.requests_unauthorised, {"reason": "unauthorised"}),
+                Observation(stats.requests_throttled, {"reason": "throttled"})]
 
     meter.create_observable_gauge(SCRAPE_UP, [scrapes_up], unit="1",
                                   description="1 when the last scrape of a source worked")

@@ -8,6 +8,7 @@ import concurrent.futures
 import contextlib
 import gzip
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -45,15 +46,17 @@ LIMIT = 256 * 1024
 
 
 class Sink:
-    """Collects what the receiver hands over; raises while ``fail`` is set."""
+    """Collects what the receiver hands over; raises while ``fail`` is set (``error``, or
+    "store is down")."""
 
     def __init__(self) -> None:
         self.received: list[DecodedMetrics] = []
         self.fail = False
+        self.error: Exception = RuntimeError("store is down")
 
     def __call__(self, decoded: DecodedMetrics) -> None:
         if self.fail:
-            raise RuntimeError("store is down")
+            raise self.error
         self.received.append(decoded)
 
 
@@ -311,6 +314,26 @@ def test_sink_failure_is_503_retryable_and_counted(rx: Receiver) -> None:
     rx.sink.fail = False
     _assert_good_request_accepted(rx)
     assert rx.stats.points_accepted == rx.stats.points_rejected
+
+
+class Throttled(Exception):
+    http_status = 429
+    retry_after_s = 2
+
+
+def test_a_sink_asking_to_slow_down_is_429_counted_and_not_logged_as_an_error(
+        rx: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    rx.sink.fail, rx.sink.error = True, Throttled("job 'greedy' has too many points waiting")
+    with caplog.at_level(logging.DEBUG, logger="collectors._otlp_receiver"):
+        r = httpx.post(rx.endpoint, content=_good_body(), headers=PB)
+    assert r.status_code == 429 and r.headers["retry-after"] == "2"
+    assert "greedy" in Status.FromString(r.content).message
+    assert rx.stats.requests_throttled == 1 and rx.stats.sink_errors == 0
+    assert rx.stats.points_rejected > 0
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert any("throttled" in rec.getMessage() for rec in caplog.records)
+    rx.sink.fail = False
+    _assert_good_request_accepted(rx)
 
 
 class BlockingSink:

@@ -1,0 +1,416 @@
+"""Repeat OTLP exports decoded from a template: one byte pass, no protobuf walk.
+
+An OpenTelemetry SDK exports the same series every interval: between two exports of one
+process only the fixed-width numbers change (timestamps, gauge and sum values, histogram counts
+and sums), so the bytes are the same everywhere else. A template remembers where those numbers
+sit in one export and which Point each becomes; a later body that equals the template's outside
+those bytes (checked by a digest of the body with them zeroed) is decoded by gathering them
+with numpy, and the protobuf walk and attribute building, most of the receiver's work per
+point, are skipped.
+
+Correctness does not rest on the wire walk that finds the numbers: before a template is used it
+decodes a probe, the body with a distinct value written into every slot, and must give exactly
+the Points that ``points_from_request`` gives for that probe; otherwise the shape is left to the
+reference path. Shapes with exponential histograms, summaries or exemplars are not templated.
+A shape whose templates keep changing before they pay off is not templated again, so a client
+whose exports never repeat costs a few failed builds, not one per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from collectors._otlp_decode import DecodedMetrics, MetricInfo, points_from_request
+from collectors._points import Point
+
+MAX_TEMPLATES: Final = 256
+"""Shapes kept (least recently used go first): a sidecar's exporters, one shape each."""
+MAX_TEMPLATE_POINTS: Final = 200_000
+"""Points all kept templates may produce together: bounds their memory (about 0.5 KiB each)."""
+MIN_TEMPLATE_POINTS: Final = 16
+"""Smaller exports decode fast enough; a template would only cost memory."""
+
+_PAYS_AFTER_HITS: Final = 8
+_MAX_STRIKES: Final = 3
+"""A shape whose template changed this many times in a row, each before it had decoded
+``_PAYS_AFTER_HITS`` bodies, is left to the reference path."""
+_NO_RECORDED_VALUE: Final = 1
+_WORD = np.arange(8, dtype=np.int64)
+
+
+class _NoTemplate(Exception):
+    """This body's shape is not one a template can decode."""
+
+
+# Slot kinds: how an 8-byte word of the body becomes a value.
+_TIME, _DOUBLE, _INT, _COUNT, _BUCKET, _IGNORED = range(6)
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise _NoTemplate("truncated varint")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i
+        shift += 7
+
+
+def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """(field number, wire type, payload start, payload end) of one message's fields."""
+    out = []
+    i = start
+    while i < end:
+        tag, i = _varint(buf, i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, j = _varint(buf, i)
+        elif wire == 1:
+            j = i + 8
+        elif wire == 2:
+            size, i = _varint(buf, i)
+            j = i + size
+        elif wire == 5:
+            j = i + 4
+        else:
+            raise _NoTemplate(f"wire type {wire}")
+        if j > end:
+            raise _NoTemplate("field past its message")
+        out.append((number, wire, i, j))
+        i = j
+    return out
+
+
+@dataclass
+class _Slots:
+    """The 8-byte words of a body that change between exports, and what each is."""
+
+    offsets: list[int]
+    kinds: list[int]
+
+    def add(self, offset: int, kind: int) -> int:
+        self.offsets.append(offset)
+        self.kinds.append(kind)
+        return len(self.offsets) - 1
+
+
+@dataclass
+class _Spec:
+    """Which slots each output Point reads: its time word, and its value as one word or as
+    the cumulative sum of a run of bucket words."""
+
+    time: list[int]
+    value: list[int]  # a word index, or -1 for a cumulative bucket
+    bucket_run: list[tuple[int, int]]  # (first word, words summed) of each cumulative point
+
+
+def _number_point(buf: bytes, start: int, end: int, slots: _Slots, spec: _Spec) -> None:
+    time = value = -1
+    skipped = False
+    for number, wire, a, _ in _fields(buf, start, end):
+        if number == 5:
+            raise _NoTemplate("exemplars")
+        if wire == 1 and number in (2, 3, 4, 6):
+            kind = {2: _IGNORED, 3: _TIME, 4: _DOUBLE, 6: _INT}[number]
+            word = slots.add(a, kind)
+            if number == 3:
+                time = word
+            elif number in (4, 6):
+                value = word
+        elif number == 8 and wire == 0:
+            skipped = bool(_varint(buf, a)[0] & _NO_RECORDED_VALUE)
+    if skipped:
+        return
+    if time < 0 or value < 0:
+        raise _NoTemplate("a data point without time or value")
+    spec.time.append(time)
+    spec.value.append(value)
+
+
+def _histogram_point(buf: bytes, start: int, end: int, slots: _Slots, spec: _Spec) -> None:
+    time = count = total = -1
+    buckets: list[int] = []
+    bounds = 0
+    skipped = False
+    for number, wire, a, b in _fields(buf, start, end):
+        if number == 8:
+            raise _NoTemplate("exemplars")
+        if wire == 1 and number in (2, 3, 4, 5, 11, 12):
+            kind = {2: _IGNORED, 3: _TIME, 4: _COUNT, 5: _DOUBLE, 11: _IGNORED,
+                    12: _IGNORED}[number]
+            word = slots.add(a, kind)
+            if number == 3:
+                time = word
+            elif number == 4:
+                count = word
+            elif number == 5:
+                total = word
+        elif number == 6 and wire in (1, 2):
+            if (b - a) % 8:
+                raise _NoTemplate("bucket counts not fixed64")
+            buckets.extend(slots.add(o, _BUCKET) for o in range(a, b, 8))
+        elif number == 7 and wire in (1, 2):
+            bounds += (b - a) // 8
+        elif number == 10 and wire == 0:
+            skipped = bool(_varint(buf, a)[0] & _NO_RECORDED_VALUE)
+    if skipped:
+        return
+    if time < 0 or count < 0:
+        raise _NoTemplate("a histogram point without time or count")
+    # as points_from_request: count, sum (when present), cumulative buckets, +Inf = count
+    for word in (count, total):
+        if word >= 0:
+            spec.time.append(time)
+            spec.value.append(word)
+    if buckets:
+        for k in range(min(bounds, len(buckets))):
+            spec.time.append(time)
+            spec.value.append(-1)
+            spec.bucket_run.append((buckets[0], k + 1))
+        spec.time.append(time)
+        spec.value.append(count)
+
+
+def _messages(buf: bytes, start: int, end: int, number: int) -> list[tuple[int, int]]:
+    """(start, end) of each length-delimited field ``number`` of one message."""
+    return [(a, b) for n, wire, a, b in _fields(buf, start, end) if n == number and wire == 2]
+
+
+def _walk(body: bytes) -> tuple[_Slots, _Spec]:
+    """Where every changing number of ``body`` sits, and the Points they make, in the order
+    ``points_from_request`` makes them."""
+    slots, spec = _Slots([], []), _Spec([], [], [])
+    for resource_metrics in _messages(body, 0, len(body), 1):
+        for scope_metrics in _messages(body, *resource_metrics, 2):
+            for metric in _messages(body, *scope_metrics, 2):
+                data = [(n, wire, a, b) for n, wire, a, b in _fields(body, *metric)
+                        if n in (5, 7, 9, 10, 11)]
+                if len(data) > 1:
+                    raise _NoTemplate("a metric with more than one data field")
+                for number, wire, a, b in data:
+                    if number not in (5, 7, 9) or wire != 2:
+                        raise _NoTemplate("exponential histogram or summary")
+                    convert = _histogram_point if number == 9 else _number_point
+                    for point in _messages(body, a, b, 1):
+                        convert(body, *point, slots, spec)
+    return slots, spec
+
+
+class _Template:
+    """One shape: where its words are, how Points are made of them, and the shared names,
+    attributes and metric metadata of those Points."""
+
+    def __init__(self, body: bytes, slots: _Slots, spec: _Spec, names: list[str],
+                 attributes: list[dict[str, str]], metrics: dict[str, MetricInfo]) -> None:
+        offsets = np.asarray(slots.offsets, dtype=np.int64)
+        self.gather = offsets[:, None] + _WORD
+        self.digest = self._digest(body)
+        kinds = np.asarray(slots.kinds)
+        self.times = np.asarray(spec.time, dtype=np.intp)
+        value = np.asarray(spec.value, dtype=np.intp)
+        direct = value >= 0
+        self.direct_at = np.flatnonzero(direct)
+        words = value[direct]
+        self.doubles = kinds[words] == _DOUBLE
+        self.ints = kinds[words] == _INT
+        self.direct_words = words
+        self.bucket_at = np.flatnonzero(~direct)
+        runs = np.asarray(spec.bucket_run, dtype=np.intp).reshape(-1, 2)
+        self.bucket_first, self.bucket_len = runs[:, 0], runs[:, 1]
+        self.names = names
+        self.attributes = attributes
+        self.metrics = metrics
+        self.hits = 0
+        self.strikes = 0  # templates of this shape in a row that changed before paying off
+
+    def _digest(self, body: bytes) -> bytes:
+        zeroed = np.frombuffer(body, dtype=np.uint8).copy()
+        zeroed[self.gather] = 0
+        return hashlib.blake2b(zeroed.data, digest_size=16).digest()
+
+    def matches(self, body: bytes) -> bool:
+        return int(self.gather[-1, -1]) < len(body) and self._digest(body) == self.digest
+
+    def columns(self, body: bytes) -> tuple[list[int], list[float]]:
+        """The time and value of every Point of ``body`` (a body that matches)."""
+        words = np.frombuffer(body, dtype=np.uint8)[self.gather].view("<u8").ravel()
+        values = np.empty(self.times.shape[0], dtype=np.float64)
+        direct = words[self.direct_words]
+        values[self.direct_at] = np.where(
+            self.doubles, direct.view("<f8"),
+            np.where(self.ints, direct.view("<i8").astype(np.float64),
+                     direct.astype(np.float64)))
+        if self.bucket_at.size:
+            # cumulative sums of each run: prefix sums over the bucket words (mod 2**64, as
+            # the runs' true totals fit in 64 bits)
+            prefix = np.concatenate([[np.uint64(0)], np.cumsum(words)])
+            totals = prefix[self.bucket_first + self.bucket_len] - prefix[self.bucket_first]
+            values[self.bucket_at] = totals.astype(np.float64)
+        return words[self.times].tolist(), values.tolist()
+
+    def decode(self, body: bytes) -> DecodedMetrics:
+        times, values = self.columns(body)
+        return DecodedMetrics(
+            points=list(map(Point, self.names, values, times, self.attributes)),
+            metrics=dict(self.metrics))
+
+
+def _probe(body: bytes, slots: _Slots) -> bytes:
+    """``body`` with a distinct, exactly representable number in every slot."""
+    n = len(slots.offsets)
+    kinds = np.asarray(slots.kinds)
+    words = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(7919)
+    doubles = kinds == _DOUBLE
+    words[doubles] = (np.arange(n, dtype=np.float64)[doubles] + 0.5).view(np.uint64)
+    times = kinds == _TIME
+    words[times] += np.uint64(1_700_000_000 * 10**9)
+    probe = np.frombuffer(body, dtype=np.uint8).copy()
+    probe[np.asarray(slots.offsets, dtype=np.int64)[:, None] + _WORD] = \
+        words.astype("<u8").view(np.uint8).reshape(n, 8)
+    return probe.tobytes()
+
+
+def _build(body: bytes, reference: Callable[[bytes], DecodedMetrics]) -> _Template | None:
+    try:
+        slots, spec = _walk(body)
+    except _NoTemplate:
+        return None
+    if len(spec.time) < MIN_TEMPLATE_POINTS:
+        return None
+    probe = _probe(body, slots)
+    try:
+        reference_probe = reference(probe)
+    except Exception:  # a walk that misread the body: the probe broke it; no template
+        return None
+    expected = reference_probe.points
+    if len(expected) != len(spec.time):
+        return None
+    template = _Template(body, slots, spec, [p.name for p in expected],
+                         [p.attributes for p in expected],  # type: ignore[misc]
+                         reference_probe.metrics)
+    times, values = template.columns(probe)
+    if times != [p.time_ns for p in expected] or values != [p.value for p in expected]:
+        return None
+    return template
+
+
+class ExportTemplates:
+    """Decodes protobuf metric exports, from a template when the body repeats a known shape.
+
+    Gives exactly what ``reference`` (``points_from_request`` of the parsed body) gives;
+    thread-safe. Shapes are found by the body's length and its bytes up to the first
+    changing number, so exporters whose resources differ never share a template.
+    """
+
+    def __init__(self, reference: Callable[[bytes], DecodedMetrics], *,
+                 max_templates: int = MAX_TEMPLATES,
+                 max_points: int = MAX_TEMPLATE_POINTS) -> None:
+        self._reference = reference
+        self._max_templates = max_templates
+        self._max_points = max_points
+        self._lock = threading.Lock()
+        # (length, prefix) -> template, or None for a shape not worth templating
+        self._shapes: OrderedDict[tuple[int, bytes], _Template | None] = OrderedDict()
+        self._prefixes: dict[int, dict[int, int]] = {}  # length -> prefix length -> shapes
+        self._seen: OrderedDict[tuple[int, bytes], None] = OrderedDict()
+        self._points = 0
+        self.hits = 0
+        """Bodies decoded from a template."""
+        self.misses = 0
+        """Bodies decoded by the reference path."""
+        self.builds = 0
+        """Templates built (each costs about three reference decodes)."""
+
+    def decode(self, body: bytes) -> DecodedMetrics:
+        found = self._find(body)
+        strikes = 0
+        if found is not None:
+            key, template = found
+            if template is None:
+                return self._miss(body)
+            if template.matches(body):
+                with self._lock:
+                    self.hits += 1
+                    template.hits += 1
+                return template.decode(body)
+            # The shape changed under its key (a new config version in an attribute): build
+            # again, unless its templates keep changing before they pay for themselves.
+            strikes = template.strikes + 1 if template.hits < _PAYS_AFTER_HITS else 0
+            if strikes >= _MAX_STRIKES:
+                with self._lock:
+                    self._store(key, None)
+                return self._miss(body)
+        decoded = self._miss(body)
+        self._learn(body, strikes)
+        return decoded
+
+    def _miss(self, body: bytes) -> DecodedMetrics:
+        with self._lock:
+            self.misses += 1
+        return self._reference(body)
+
+    def _find(self, body: bytes) -> tuple[tuple[int, bytes], _Template | None] | None:
+        with self._lock:
+            for prefix in self._prefixes.get(len(body), {}):
+                key = (len(body), body[:prefix])
+                if key in self._shapes:
+                    self._shapes.move_to_end(key)
+                    return key, self._shapes[key]
+        return None
+
+    def _learn(self, body: bytes, strikes: int) -> None:
+        """Build a template for a shape seen before with the same length and first bytes (a
+        one-off export is never worth the build)."""
+        sighting = (len(body), body[:64])
+        with self._lock:
+            first = sighting not in self._seen
+            self._seen[sighting] = None
+            self._seen.move_to_end(sighting)
+            while len(self._seen) > self._max_templates:
+                self._seen.popitem(last=False)
+        if first:
+            return
+        with self._lock:
+            self.builds += 1
+        template = _build(body, self._reference)
+        if template is None:
+            return  # (not remembered as untemplatable: the prefix that would key it is unknown)
+        template.strikes = strikes
+        key = (len(body), body[:int(template.gather[0, 0])])
+        with self._lock:
+            self._store(key, template)
+
+    def _store(self, key: tuple[int, bytes], template: _Template | None) -> None:
+        old = self._shapes.pop(key, None)
+        if old is not None:
+            self._points -= len(old.names)
+        else:
+            by_prefix = self._prefixes.setdefault(key[0], {})
+            by_prefix[len(key[1])] = by_prefix.get(len(key[1]), 0) + 1
+        self._shapes[key] = template
+        self._points += 0 if template is None else len(template.names)
+        while len(self._shapes) > 1 and (len(self._shapes) > self._max_templates
+                                         or self._points > self._max_points):
+            gone_key, gone = self._shapes.popitem(last=False)
+            self._points -= 0 if gone is None else len(gone.names)
+            by_prefix = self._prefixes[gone_key[0]]
+            by_prefix[len(gone_key[1])] -= 1
+            if not by_prefix[len(gone_key[1])]:
+                del by_prefix[len(gone_key[1])]
+                if not by_prefix:
+                    del self._prefixes[gone_key[0]]
+
+
+def protobuf_templates(decode: Callable[[bytes], object]) -> ExportTemplates:
+    """Templates over the reference path ``points_from_request(decode(body))``."""
+    return ExportTemplates(lambda body: points_from_request(decode(body)))  # type: ignore[arg-type]

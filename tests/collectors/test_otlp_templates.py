@@ -1,0 +1,177 @@
+"""Templates decode repeat OTLP exports exactly as the reference path does, and only when they
+safely can: real SDK exports, changed shapes, never-repeating shapes, bad bodies, bounded
+memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from collectors._otlp_decode import (
+    DecodedMetrics,
+    OtlpDecodeError,
+    decode_json,
+    decode_protobuf,
+    points_from_request,
+)
+from collectors._otlp_templates import MIN_TEMPLATE_POINTS, ExportTemplates, protobuf_templates
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def reference(body: bytes) -> DecodedMetrics:
+    return points_from_request(decode_protobuf(body))
+
+
+def same(templates: ExportTemplates, body: bytes) -> None:
+    got, expected = templates.decode(body), reference(body)
+    assert got.points == expected.points
+    assert got.metrics == expected.metrics
+
+
+def _kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def gauges(series: int, *, stamp: int, version: str = "1", rank: str = "0",
+           flagged: tuple[int, ...] = ()) -> bytes:
+    """One export of ``series`` double gauges; ``flagged`` points carry no recorded value."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    rm.resource.attributes.extend([_kv("service.name", "job"), _kv("seedance.rank", rank)])
+    gauge = rm.scope_metrics.add().metrics.add(name="grad.norm", unit="1").gauge
+    for s in range(series):
+        dp = gauge.data_points.add(time_unix_nano=1_700_000_000_000_000_000 + stamp,
+                                   as_double=s * 1.5 + stamp,
+                                   attributes=[_kv("module", f"layer{s:03d}"),
+                                               _kv("seedance.config.version", version)])
+        if s in flagged:
+            dp.flags = 1
+    return request.SerializeToString()
+
+
+def sdk_exports(count: int) -> Iterator[bytes]:
+    """``count`` consecutive exports of a real OpenTelemetry SDK: gauges, int and double
+    counters, an up-down counter and histograms, over several attribute sets."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(resource=Resource.create({"service.name": "sdk-job",
+                                                       "seedance.rank": "1"}),
+                             metric_readers=[reader])
+    meter = provider.get_meter("test")
+    step = {"n": 0}
+
+    def norms(options: CallbackOptions) -> list[Observation]:
+        return [Observation(0.1 * m + step["n"], {"module": f"m{m}"}) for m in range(12)]
+
+    meter.create_observable_gauge("grad.norm", callbacks=[norms])
+    tokens = meter.create_counter("tokens")
+    loss = meter.create_counter("loss.sum")
+    inflight = meter.create_up_down_counter("inflight")
+    latency = meter.create_histogram("step.seconds", unit="s")
+    try:
+        for n in range(count):
+            step["n"] = n
+            for phase in ("fwd", "bwd", "opt"):
+                tokens.add(100 + n, {"phase": phase})
+                loss.add(0.25 * n + 0.5, {"phase": phase})
+                inflight.add(1 if n % 2 else -1, {"phase": phase})
+                latency.record(0.01 * (n + 1), {"phase": phase})
+                latency.record(3.0 + n, {"phase": phase})
+            data = reader.get_metrics_data()
+            assert data is not None
+            yield encode_metrics(data).SerializeToString()
+    finally:
+        provider.shutdown()
+
+
+def test_repeat_sdk_exports_decode_from_a_template_exactly_as_the_reference() -> None:
+    templates = protobuf_templates(decode_protobuf)
+    bodies = list(sdk_exports(6))
+    assert len(reference(bodies[0]).points) >= MIN_TEMPLATE_POINTS
+    for body in bodies:
+        same(templates, body)
+    # the first two are learnt (seen, then built); the rest repeat the shape
+    assert templates.hits == 4
+    assert templates.builds == 1
+
+
+def test_a_changed_attribute_is_a_new_shape_and_both_decode_right() -> None:
+    templates = protobuf_templates(decode_protobuf)
+    for version in ("1", "2"):  # a new config version: same length, other bytes
+        for stamp in range(4):
+            same(templates, gauges(64, stamp=stamp, version=version))
+    # version 1 is learnt over two exports; version 2 replaces it at its first export, as an
+    # exporter already seen changed shape
+    assert templates.hits == 2 + 3
+    assert templates.builds == 2
+
+
+def test_points_without_a_recorded_value_are_left_out_as_the_reference_does() -> None:
+    templates = protobuf_templates(decode_protobuf)
+    for stamp in range(4):
+        same(templates, gauges(40, stamp=stamp, flagged=(3, 17)))
+    assert templates.hits == 2
+    assert len(templates.decode(gauges(40, stamp=9, flagged=(3, 17))).points) == 38
+
+
+def test_exports_that_never_repeat_stop_costing_template_builds() -> None:
+    templates = protobuf_templates(decode_protobuf)
+    bodies = [gauges(64, stamp=1, version=f"{v:04d}") for v in range(60)]
+    for body in bodies:
+        same(templates, body)
+    assert templates.hits == 0
+    assert templates.builds <= 4  # three strikes, then the shape is left alone
+
+
+def test_shapes_a_template_cannot_hold_are_decoded_by_the_reference() -> None:
+    """The opentelemetry-proto example holds exponential histograms, summaries and
+    exemplars."""
+    request = decode_json((DATA / "otlp_opentelemetry-proto_examples_metrics.json").read_bytes())
+    body = request.SerializeToString()
+    templates = protobuf_templates(decode_protobuf)
+    for _ in range(3):
+        same(templates, body)
+    assert templates.hits == 0
+
+
+def test_small_exports_are_not_worth_a_template() -> None:
+    templates = protobuf_templates(decode_protobuf)
+    for stamp in range(4):
+        same(templates, gauges(MIN_TEMPLATE_POINTS - 1, stamp=stamp))
+    assert templates.hits == 0
+
+
+def test_a_bad_body_of_a_known_shape_gets_the_reference_error() -> None:
+    templates = protobuf_templates(decode_protobuf)
+    for stamp in range(3):
+        templates.decode(gauges(64, stamp=stamp))
+    good = gauges(64, stamp=7)
+    # same length and first bytes, a broken length prefix in the middle
+    broken = bytearray(good)
+    middle = good.index(b"layer032") - 3
+    broken[middle] = 0xFF
+    with pytest.raises(OtlpDecodeError):
+        reference(bytes(broken))
+    with pytest.raises(OtlpDecodeError):
+        templates.decode(bytes(broken))
+    same(templates, good)
+
+
+def test_templates_are_bounded_in_number_and_points() -> None:
+    templates = ExportTemplates(reference, max_templates=4, max_points=200)
+    for stamp in range(3):
+        for rank in range(10):  # ten exporters, one shape each
+            same(templates, gauges(32, stamp=stamp, rank=str(rank)))
+    assert len(templates._shapes) <= 4
+    assert templates._points <= 200
