@@ -14,15 +14,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from collectors._errors import ConfigError
 from collectors._generations import GenerationalMap
+from collectors._otlp_decode import DecodedMetrics
 from collectors._points import Point
 from collectors.names import ATTR_SERVICE_NAME
 
 JOB_ATTR = ATTR_SERVICE_NAME
+_Key = tuple[str, frozenset[tuple[str, str]]]
+"""A series: its metric name and attribute set."""
+_SHAPE_KEY = "cardinality.keys"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,7 +50,7 @@ class SeriesLimiter:
         self.limit = limit or CardinalityLimit()
         self._lock = threading.Lock()
         # series -> (job, metric) it counts against
-        self._seen: GenerationalMap[tuple[str, frozenset[tuple[str, str]]], tuple[str, str]] = \
+        self._seen: GenerationalMap[_Key, tuple[str, str]] = \
             GenerationalMap(self.limit.idle_s, clock=clock)
         self._per_metric: Counter[tuple[str, str]] = Counter()  # (job, metric)
         self._per_job: Counter[str] = Counter()
@@ -54,25 +58,60 @@ class SeriesLimiter:
         """Points dropped, by the limit that dropped them ("metric" or "job")."""
 
     def admit(self, points: Iterable[Point]) -> list[Point]:
-        kept: list[Point] = []
+        """The points of series within the limits (every other one dropped and counted)."""
+        listed = list(points)
+        dropped = self._dropped([(p.name, frozenset(p.attributes.items())) for p in listed],
+                                [p.attributes for p in listed])
+        if not dropped:
+            return listed
+        out = set(dropped)
+        return [p for i, p in enumerate(listed) if i not in out]
+
+    def admit_decoded(self, decoded: DecodedMetrics) -> DecodedMetrics:
+        """:meth:`admit` for a decoded request: itself when every point gets through. The
+        series keys of a shape are built once per shape."""
+        shape = decoded.shape
+        if shape is None:
+            admitted = self.admit(decoded.points)
+            return decoded if len(admitted) == len(decoded) else \
+                DecodedMetrics(points=admitted, metrics=decoded.metrics)
+        keys = shape.derived.get(_SHAPE_KEY)
+        if keys is None:
+            keys = shape.derived[_SHAPE_KEY] = [
+                (name, frozenset(attributes.items()))
+                for name, attributes in zip(shape.names, shape.attributes, strict=True)]
+        dropped = self._dropped(keys, shape.attributes)  # type: ignore[arg-type]
+        if not dropped:
+            return decoded
+        out = set(dropped)
+        return DecodedMetrics(points=[p for i, p in enumerate(decoded.points) if i not in out],
+                              metrics=decoded.metrics)
+
+    def _dropped(self, keys: Sequence[_Key], attributes: Sequence[Mapping[str, str]]
+                 ) -> list[int]:
+        """Admit the series ``keys`` (with their points' ``attributes``); the indices of
+        those over a limit."""
+        dropped: list[int] = []
         limit = self.limit
+        seen = self._seen
         with self._lock:
             self._forget_idle()
-            for p in points:
-                key = (p.name, frozenset(p.attributes.items()))
-                if self._seen.get(key) is None:
-                    job = str(p.attributes.get(JOB_ATTR, ""))
-                    if self._per_metric[(job, p.name)] >= limit.max_per_metric:
+            for i, key in enumerate(keys):
+                if seen.get(key) is None:
+                    name = key[0]
+                    job = str(attributes[i].get(JOB_ATTR, ""))
+                    if self._per_metric[(job, name)] >= limit.max_per_metric:
                         self.dropped["metric"] += 1
+                        dropped.append(i)
                         continue
                     if self._per_job[job] >= limit.max_per_job:
                         self.dropped["job"] += 1
+                        dropped.append(i)
                         continue
-                    self._seen[key] = (job, p.name)
-                    self._per_metric[(job, p.name)] += 1
+                    seen[key] = (job, name)
+                    self._per_metric[(job, name)] += 1
                     self._per_job[job] += 1
-                kept.append(p)
-        return kept
+        return dropped
 
     def _forget_idle(self) -> None:
         for job_metric in self._seen.expire().values():

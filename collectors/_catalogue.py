@@ -366,8 +366,9 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
                "max_series_per_job)"),
     MetricSpec(name="seedance.ingest.rejected_requests", unit="{request}", kind=S,
                source="sidecar", attributes=("service.name", "reason"),
-               description="OTLP requests answered 4xx or 5xx (reason any) and those without "
-               "the ingest token (reason unauthorised)"),
+               description="OTLP requests answered 4xx or 5xx (reason any), those without "
+               "the ingest token (reason unauthorised) and those a job sent over its share of "
+               "the store's buffer, answered 429 (reason throttled)"),
     MetricSpec(name="seedance.store.buffered_points", unit="{point}", kind=G,
                source="sidecar", attributes=("service.name",),
                description="Points waiting for the store's next commit (the backlog); past "

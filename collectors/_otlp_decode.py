@@ -13,8 +13,10 @@ import enum
 import functools
 import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -89,15 +91,75 @@ class MetricInfo:
     temporality: Temporality
 
 
-@dataclass(slots=True)
+class Shape:
+    """The names and attributes of a repeat export's Points, in order: the same objects for
+    every body of that shape (``collectors/_otlp_templates.py``).
+
+    A consumer derives its per-series work (store keys, limiter keys, label sets) once per shape
+    and keeps it in ``derived`` under a key of its own; what it keeps must follow from the names
+    and attributes alone, never from its own state, which changes between requests.
+    """
+
+    __slots__ = ("attributes", "derived", "names")
+
+    def __init__(self, names: list[str], attributes: list[Mapping[str, str]]) -> None:
+        self.names = names
+        self.attributes = attributes
+        self.derived: dict[str, object] = {}
+
+
 class DecodedMetrics:
     """The Points of one request and the metadata of every metric name they came from.
 
-    Points of one data point may share one attributes dict: treat attributes as read-only.
+    A repeat export arrives as columns over a :class:`Shape` (``shape``, ``times``,
+    ``values``): consumers that know shapes read those; ``points`` is built from them only when
+    first asked for. Points of one data point may share one attributes dict, and Points of one
+    shape share theirs with every other request of that shape: treat attributes as read-only.
     """
 
-    points: list[Point] = field(default_factory=list)
-    metrics: dict[str, MetricInfo] = field(default_factory=dict)
+    __slots__ = ("_points", "metrics", "shape", "times", "values")
+
+    def __init__(self, points: list[Point] | None = None,
+                 metrics: dict[str, MetricInfo] | None = None, *, shape: Shape | None = None,
+                 times: np.ndarray | None = None, values: np.ndarray | None = None) -> None:
+        if (shape is None) != (times is None) or (shape is None) != (values is None):
+            raise ValueError("DecodedMetrics: shape, times and values come together")
+        if shape is not None and points is not None:
+            raise ValueError("DecodedMetrics: points or a shape, not both")
+        self._points = points if points is not None or shape is not None else []
+        self.metrics = {} if metrics is None else metrics
+        self.shape = shape
+        self.times = times
+        self.values = values
+
+    @property
+    def points(self) -> list[Point]:
+        if self._points is None:
+            assert self.shape is not None and self.times is not None and self.values is not None
+            self._points = list(map(Point, self.shape.names, self.values.tolist(),
+                                    self.times.tolist(), self.shape.attributes))
+        return self._points
+
+    def __len__(self) -> int:
+        """How many Points (without building them)."""
+        return len(self._points) if self._points is not None else len(self.shape.names)  # type: ignore[union-attr]
+
+    def first_attributes(self) -> Mapping[str, str] | None:
+        """The attributes of the first Point (None when there is none)."""
+        if self._points is not None:
+            return self._points[0].attributes if self._points else None
+        assert self.shape is not None
+        return self.shape.attributes[0] if self.shape.attributes else None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DecodedMetrics):
+            return NotImplemented
+        return self.points == other.points and self.metrics == other.metrics
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DecodedMetrics({len(self)} points, {len(self.metrics)} metrics)"
 
 
 def decode_protobuf(body: bytes) -> ExportMetricsServiceRequest:

@@ -438,7 +438,7 @@ def otlp_router(
     metrics = _Signal(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
                 JSON: points_from_json},
-        sink=sink, count=lambda d: len(d.points), unit="points",
+        sink=sink, count=len, unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder)
 
     @router.post("/v1/metrics")

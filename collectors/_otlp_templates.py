@@ -21,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 
-from collectors._otlp_decode import DecodedMetrics, MetricInfo, points_from_request
+from collectors._otlp_decode import DecodedMetrics, MetricInfo, Shape, points_from_request
 from collectors._points import Point
 
 MAX_TEMPLATES: Final = 256
@@ -211,7 +211,7 @@ class _Template:
     attributes and metric metadata of those Points."""
 
     def __init__(self, body: bytes, slots: _Slots, spec: _Spec, names: list[str],
-                 attributes: list[dict[str, str]], metrics: dict[str, MetricInfo]) -> None:
+                 attributes: list[Mapping[str, str]], metrics: dict[str, MetricInfo]) -> None:
         offsets = np.asarray(slots.offsets, dtype=np.int64)
         self.gather = offsets[:, None] + _WORD
         self.digest = self._digest(body)
@@ -227,8 +227,7 @@ class _Template:
         self.bucket_at = np.flatnonzero(~direct)
         runs = np.asarray(spec.bucket_run, dtype=np.intp).reshape(-1, 2)
         self.bucket_first, self.bucket_len = runs[:, 0], runs[:, 1]
-        self.names = names
-        self.attributes = attributes
+        self.shape = Shape(names, attributes)
         self.metrics = metrics
         self.hits = 0
         self.strikes = 0  # templates of this shape in a row that changed before paying off
@@ -241,8 +240,8 @@ class _Template:
     def matches(self, body: bytes) -> bool:
         return int(self.gather[-1, -1]) < len(body) and self._digest(body) == self.digest
 
-    def columns(self, body: bytes) -> tuple[list[int], list[float]]:
-        """The time and value of every Point of ``body`` (a body that matches)."""
+    def columns(self, body: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """The time (uint64 ns) and value of every Point of ``body`` (a body that matches)."""
         words = np.frombuffer(body, dtype=np.uint8)[self.gather].view("<u8").ravel()
         values = np.empty(self.times.shape[0], dtype=np.float64)
         direct = words[self.direct_words]
@@ -256,13 +255,16 @@ class _Template:
             prefix = np.concatenate([[np.uint64(0)], np.cumsum(words)])
             totals = prefix[self.bucket_first + self.bucket_len] - prefix[self.bucket_first]
             values[self.bucket_at] = totals.astype(np.float64)
-        return words[self.times].tolist(), values.tolist()
+        return words[self.times], values
 
     def decode(self, body: bytes) -> DecodedMetrics:
         times, values = self.columns(body)
-        return DecodedMetrics(
-            points=list(map(Point, self.names, values, times, self.attributes)),
-            metrics=dict(self.metrics))
+        if int(times.max()) >= 2**63:  # past 2262: Points keep the exact int, as the
+            return DecodedMetrics(  # reference path does, for the store to refuse
+                points=list(map(Point, self.shape.names, values.tolist(), times.tolist(),
+                                self.shape.attributes)), metrics=dict(self.metrics))
+        return DecodedMetrics(metrics=dict(self.metrics), shape=self.shape,
+                              times=times.view(np.int64), values=values)
 
 
 def _probe(body: bytes, slots: _Slots) -> bytes:
@@ -296,10 +298,11 @@ def _build(body: bytes, reference: Callable[[bytes], DecodedMetrics]) -> _Templa
     if len(expected) != len(spec.time):
         return None
     template = _Template(body, slots, spec, [p.name for p in expected],
-                         [p.attributes for p in expected],  # type: ignore[misc]
+                         [p.attributes for p in expected],
                          reference_probe.metrics)
     times, values = template.columns(probe)
-    if times != [p.time_ns for p in expected] or values != [p.value for p in expected]:
+    if (times.tolist() != [p.time_ns for p in expected]
+            or values.tolist() != [p.value for p in expected]):
         return None
     return template
 
@@ -393,16 +396,16 @@ class ExportTemplates:
     def _store(self, key: tuple[int, bytes], template: _Template | None) -> None:
         old = self._shapes.pop(key, None)
         if old is not None:
-            self._points -= len(old.names)
+            self._points -= len(old.shape.names)
         else:
             by_prefix = self._prefixes.setdefault(key[0], {})
             by_prefix[len(key[1])] = by_prefix.get(len(key[1]), 0) + 1
         self._shapes[key] = template
-        self._points += 0 if template is None else len(template.names)
+        self._points += 0 if template is None else len(template.shape.names)
         while len(self._shapes) > 1 and (len(self._shapes) > self._max_templates
                                          or self._points > self._max_points):
             gone_key, gone = self._shapes.popitem(last=False)
-            self._points -= 0 if gone is None else len(gone.names)
+            self._points -= 0 if gone is None else len(gone.shape.names)
             by_prefix = self._prefixes[gone_key[0]]
             by_prefix[len(gone_key[1])] -= 1
             if not by_prefix[len(gone_key[1])]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -79,7 +79,24 @@ def _role(name: str, metrics: Mapping[str, MetricInfo]) -> tuple[str, str] | Non
     return None
 
 
-_UNKNOWN: tuple[str, str] = ("", "")
+class _Roles:
+    """:func:`_role` of the names of one request, each worked out once."""
+
+    def __init__(self, metrics: Mapping[str, MetricInfo]) -> None:
+        self._metrics = metrics
+        self._found: dict[str, tuple[str, str] | None] = {}
+
+    def __call__(self, name: str) -> tuple[str, str] | None:
+        try:
+            return self._found[name]
+        except KeyError:
+            found = self._found[name] = _role(name, self._metrics)
+            return found
+
+
+_SeriesOf = tuple[str, str, str, "LabelKey"]
+"""(family name, role, bound, label key) of one Point."""
+_SHAPE_KEY = "prometheus.latest"
 _LABELS_MAX = 200_000
 """Attribute sets whose labels are kept computed: the same series arrive every export."""
 
@@ -119,17 +136,20 @@ class LatestValueCollector(Collector):
         if self.idle_s is not None and now - self._swept_s >= self.idle_s / 4:
             self._swept_s = now
             self.expire(self.idle_s)
-        roles: dict[str, tuple[str, str] | None] = {}
         families: dict[str, _Family] = {}
-        labels = self._labels
+        rows: Iterable[tuple[_SeriesOf | None, float]]
         with self._lock:
-            for point in decoded.points:
-                named = roles.get(point.name, _UNKNOWN)
-                if named is _UNKNOWN:
-                    named = roles[point.name] = _role(point.name, decoded.metrics)
-                if named is None:
+            if decoded.shape is not None:
+                assert decoded.values is not None
+                rows = zip(self._shape_series(decoded), decoded.values.tolist(), strict=True)
+            else:
+                roles = _Roles(decoded.metrics)
+                rows = ((self._series_of(roles(p.name), p.attributes), p.value)
+                        for p in decoded.points)
+            for found, value in rows:
+                if found is None:
                     continue
-                name, role = named
+                name, role, bound, key = found
                 family = families.get(name)
                 if family is None:
                     info = decoded.metrics[name]
@@ -138,22 +158,44 @@ class LatestValueCollector(Collector):
                         family = self._families[name] = _Family(info)
                     family.info = info
                     families[name] = family
-                items = tuple(point.attributes.items())
-                found = labels.get((role, items))
-                if found is None:
-                    if len(labels) >= _LABELS_MAX:
-                        labels.clear()
-                    found = labels[(role, items)] = _labels_of(role, point.attributes)
-                bound, key = found
                 series = family.series.get(key)
                 if series is None:
                     series = family.series[key] = _Series()
                 sample = (role, bound)
                 if family.info.temporality is Temporality.DELTA and role != "quantile":
-                    series.samples[sample] = series.samples.get(sample, 0.0) + point.value
+                    series.samples[sample] = series.samples.get(sample, 0.0) + value
                 else:
-                    series.samples[sample] = point.value
+                    series.samples[sample] = value
                 series.updated_s = now
+
+    def _series_of(self, named: tuple[str, str] | None, attributes: Mapping[str, str]
+                   ) -> _SeriesOf | None:
+        """(family name, role, bound, label key) of one Point of role ``named``; None for an
+        undescribed name. Label keys are cached by attribute set: the same series arrive every
+        export."""
+        if named is None:
+            return None
+        family, role = named
+        items = (role, tuple(attributes.items()))
+        found = self._labels.get(items)
+        if found is None:
+            if len(self._labels) >= _LABELS_MAX:
+                self._labels.clear()
+            found = self._labels[items] = _labels_of(role, attributes)
+        return family, role, *found
+
+    def _shape_series(self, decoded: DecodedMetrics) -> list[_SeriesOf | None]:
+        """What :meth:`_series_of` gives for each Point of a shape, worked out once per shape
+        (it follows from the names, attributes and metric metadata, all fixed by the shape)."""
+        shape = decoded.shape
+        assert shape is not None
+        found = shape.derived.get(_SHAPE_KEY)
+        if found is None:
+            roles = _Roles(decoded.metrics)
+            found = shape.derived[_SHAPE_KEY] = [
+                self._series_of(roles(name), attributes)
+                for name, attributes in zip(shape.names, shape.attributes, strict=True)]
+        return found  # type: ignore[return-value]
 
     def expire(self, max_age_s: float) -> int:
         """Drop series not updated for more than ``max_age_s``; return how many went."""

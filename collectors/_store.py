@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from collectors._otlp_decode import DecodedMetrics
 from collectors._points import Point
 from collectors._store_file import StoreConfig, StoreFile
 from collectors._store_points_journal import PointsJournalView
@@ -62,6 +63,15 @@ class TimeSeriesStore:
     def write(self, points: Iterable[Point]) -> None:
         """Buffer points; they are committed by the next flush."""
         self._writer.write(points)
+
+    def write_decoded(self, decoded: DecodedMetrics) -> None:
+        """Buffer a decoded request's points: as columns when it is a repeat export (a
+        :class:`Shape`), so no Point is ever built for it."""
+        if decoded.shape is not None:
+            assert decoded.times is not None and decoded.values is not None
+            self._writer.write_shape(decoded.shape, decoded.times, decoded.values)
+        else:
+            self._writer.write(decoded.points)
 
     def write_series(self, name: str, attributes: Mapping[str, str], times_ns: np.ndarray,
                      values: np.ndarray) -> None:

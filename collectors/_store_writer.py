@@ -17,12 +17,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import numpy as np
 
 from collectors import _store_codec as codec
 from collectors import _store_points_journal as points_journal
 from collectors._generations import GenerationalMap
+from collectors._otlp_decode import Shape
 from collectors._points import Point
 from collectors._store_file import (
     StoreError,
@@ -89,6 +91,9 @@ def _as_values(values: object, n: int) -> np.ndarray:
 
 SeriesKey = tuple[str, str]
 """(metric name, canonical attributes): one row of ``series``."""
+_SHAPE_KEY = "store.series"
+_ShapeSeries = tuple[list[SeriesKey], np.ndarray, dict[str, dict[str, int]]]
+"""A shape's series keys, each point's index into them, and its batches' shared counts."""
 
 
 class _Batch:
@@ -98,12 +103,14 @@ class _Batch:
     __slots__ = ("_counts", "index", "keys", "times", "values")
 
     def __init__(self, keys: list[SeriesKey], index: np.ndarray, times: np.ndarray,
-                 values: np.ndarray) -> None:
+                 values: np.ndarray, *, counts: dict[str, dict[str, int]] | None = None
+                 ) -> None:
         self.keys = keys
         self.index = index  # per point: its series in ``keys``
         self.times = times
         self.values = values
-        self._counts: dict[str, dict[str, int]] = {}
+        # counts_by follows from keys and index alone: batches of one shape share it
+        self._counts: dict[str, dict[str, int]] = {} if counts is None else counts
 
     def counts_by(self, attribute: str) -> dict[str, int]:
         """This batch's points by the value of ``attribute`` ("" without it); kept."""
@@ -151,30 +158,45 @@ class StoreWriter:
 
     def write(self, points: Iterable[Point]) -> None:
         """Buffer points; they are committed by the next flush."""
+        listed = points if isinstance(points, list) else list(points)
+        keys, index = self._series_of([p.name for p in listed], [p.attributes for p in listed])
+        t = _as_times([p.time_ns for p in listed])
+        self._add(_Batch(keys, index, t, _as_values([p.value for p in listed], t.shape[0])))
+        self._flush_if_full()
+
+    def write_shape(self, shape: Shape, times_ns: np.ndarray, values: np.ndarray) -> None:
+        """Buffer the points of a repeat export: its series were resolved at the shape's
+        first write, so this is two columns, whatever the number of series."""
+        found = shape.derived.get(_SHAPE_KEY)
+        if found is None:
+            keys, index = self._series_of(shape.names, shape.attributes)
+            index.setflags(write=False)
+            found = shape.derived[_SHAPE_KEY] = (keys, index, {})
+        keys, index, counts = cast(_ShapeSeries, found)
+        t = _as_times(times_ns)
+        self._add(_Batch(keys, index, t, _as_values(values, t.shape[0]), counts=counts))
+        self._flush_if_full()
+
+    def _series_of(self, names: list[str], attributes: list[Mapping[str, str]]
+                   ) -> tuple[list[SeriesKey], np.ndarray]:
+        """The distinct series of these points, and each point's index into them."""
         slots: dict[SeriesKey, int] = {}
         keys: list[SeriesKey] = []
         index: list[int] = []
-        times: list[object] = []
-        values: list[float] = []
         attr_keys = self._attr_keys
         attr_keys.expire()
-        for p in points:
-            cache_key = (p.name, tuple(p.attributes.items()))
+        for name, attrs in zip(names, attributes, strict=True):
+            cache_key = (name, tuple(attrs.items()))
             akey = attr_keys.get(cache_key)
             if akey is None:
-                _check_name(p.name)
-                akey = attr_keys[cache_key] = canonical_attrs(p.attributes)
-            slot = slots.get((p.name, akey))
+                _check_name(name)
+                akey = attr_keys[cache_key] = canonical_attrs(attrs)
+            slot = slots.get((name, akey))
             if slot is None:
-                slot = slots[(p.name, akey)] = len(keys)
-                keys.append((p.name, akey))
+                slot = slots[(name, akey)] = len(keys)
+                keys.append((name, akey))
             index.append(slot)
-            times.append(p.time_ns)
-            values.append(p.value)
-        t = _as_times(times)
-        self._add(_Batch(keys, np.asarray(index, dtype=np.intp), t,
-                         _as_values(values, t.shape[0])))
-        self._flush_if_full()
+        return keys, np.asarray(index, dtype=np.intp)
 
     def write_series(self, name: str, attributes: Mapping[str, str], times_ns: np.ndarray,
                      values: np.ndarray) -> None:
@@ -290,9 +312,12 @@ class StoreWriter:
     def _commit(self, batch: list[_Batch]) -> None:
         conn = self._file.conn
         with transaction(conn):
-            series = np.concatenate([
-                np.array([self._series_id(name, akey) for name, akey in b.keys],
-                         dtype=np.int64)[b.index] for b in batch])
+            resolved: dict[int, np.ndarray] = {}  # batches of one shape share their keys
+            for b in batch:
+                if id(b.keys) not in resolved:
+                    resolved[id(b.keys)] = np.array(
+                        [self._series_id(name, akey) for name, akey in b.keys], dtype=np.int64)
+            series = np.concatenate([resolved[id(b.keys)][b.index] for b in batch])
             series, times, values = points_journal.sort_columns(
                 series, np.concatenate([b.times for b in batch]),
                 np.concatenate([b.values for b in batch]))

@@ -12,7 +12,6 @@ and tells a person, through the webhook, about every proposal that waits for the
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import hmac
 import inspect
@@ -170,12 +169,10 @@ class Sidecar:
         the cardinality limit only."""
         assert self.store is not None, "sink called before start()"
         self._fair_share(decoded)
-        admitted = self.limiter.admit(decoded.points)
-        if len(admitted) != len(decoded.points):
-            decoded = dataclasses.replace(decoded, points=admitted)
+        decoded = self.limiter.admit_decoded(decoded)
         # the view first: while the store refuses writes, /metrics still shows why
         self.latest.update(decoded)
-        self.store.write(decoded.points)
+        self.store.write_decoded(decoded)
 
     def start(self) -> None:
         with self._lock:
@@ -376,9 +373,10 @@ class Sidecar:
         store = self.store
         assert store is not None
         half = store.config.max_buffered_points // 2
-        if store.buffered < half or not decoded.points or store.write_error is not None:
+        first = decoded.first_attributes()
+        if store.buffered < half or first is None or store.write_error is not None:
             return  # (a store that cannot commit refuses everyone itself: 503)
-        job = str(decoded.points[0].attributes.get(ATTR_SERVICE_NAME, ""))
+        job = str(first.get(ATTR_SERVICE_NAME, ""))
         waiting = store.buffered_by(ATTR_SERVICE_NAME).get(job, 0)
         if waiting > half:
             raise IngestBackpressure(f"job {job!r} has {waiting} points waiting for the store "

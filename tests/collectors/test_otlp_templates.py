@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -17,7 +18,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
 
+from collectors._cardinality import CardinalityLimit, SeriesLimiter
 from collectors._otlp_decode import (
     DecodedMetrics,
     OtlpDecodeError,
@@ -26,6 +29,8 @@ from collectors._otlp_decode import (
     points_from_request,
 )
 from collectors._otlp_templates import MIN_TEMPLATE_POINTS, ExportTemplates, protobuf_templates
+from collectors._prometheus import LatestValueCollector
+from collectors._store import TimeSeriesStore
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -175,3 +180,49 @@ def test_templates_are_bounded_in_number_and_points() -> None:
             same(templates, gauges(32, stamp=stamp, rank=str(rank)))
     assert len(templates._shapes) <= 4
     assert templates._points <= 200
+
+
+class Pipeline:
+    """The sidecar's sink, in order: cardinality limit, /metrics view, store."""
+
+    def __init__(self, path: Path, limit: CardinalityLimit) -> None:
+        self.limiter = SeriesLimiter(limit)
+        self.latest = LatestValueCollector()
+        self.registry = CollectorRegistry()
+        self.registry.register(self.latest)
+        self.store = TimeSeriesStore(path)
+
+    def sink(self, decoded: DecodedMetrics) -> None:
+        decoded = self.limiter.admit_decoded(decoded)
+        self.latest.update(decoded)
+        self.store.write_decoded(decoded)
+
+
+@pytest.mark.parametrize("limit", [CardinalityLimit(), CardinalityLimit(max_per_metric=5)],
+                         ids=["within-limits", "over-the-metric-limit"])
+def test_repeat_exports_as_columns_land_where_their_points_would(
+        tmp_path: Path, limit: CardinalityLimit) -> None:
+    """The same exports through the sink twice: as template columns (no Point built), and as
+    the reference path's Points. Store, /metrics and the limiter's counts must agree."""
+    templates = protobuf_templates(decode_protobuf)
+    shaped, plain = Pipeline(tmp_path / "a.db", limit), Pipeline(tmp_path / "b.db", limit)
+    bodies = [*sdk_exports(5), *(gauges(40, stamp=s, version=v) for v in "12" for s in range(3))]
+    columns = 0
+    for body in bodies:
+        decoded = templates.decode(body)
+        columns += decoded.shape is not None
+        shaped.sink(decoded)
+        plain.sink(reference(body))
+    assert columns == templates.hits >= 6
+    assert shaped.limiter.dropped == plain.limiter.dropped
+    assert shaped.limiter.series() == plain.limiter.series()
+    if limit.max_per_metric == 5:
+        assert sum(shaped.limiter.dropped.values()) > 0
+    assert generate_latest(shaped.registry) == generate_latest(plain.registry)
+    names = sorted(plain.store.metrics()["name"])
+    assert names == sorted(shaped.store.metrics()["name"]) and len(names) >= 6
+    for name in names:
+        pd.testing.assert_frame_equal(shaped.store.query(name, resolution="raw"),
+                                      plain.store.query(name, resolution="raw"))
+    shaped.store.close()
+    plain.store.close()
