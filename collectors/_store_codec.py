@@ -48,10 +48,10 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pack(words: np.ndarray) -> bytes:
-    """Byte-shuffle uint64 words, drop the all-zero byte planes, zlib the rest."""
-    planes = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
-    kept: list[int] = np.flatnonzero(planes.any(axis=0)).tolist()
+def _pack_planes(planes: np.ndarray, mask: np.ndarray) -> bytes:
+    """Byte-shuffled uint64 words (``planes``: one row of 8 bytes per word) without the
+    all-zero byte planes (``mask``: the planes kept), zlib'd after a one-byte mask."""
+    kept: list[int] = np.flatnonzero(mask).tolist()
     return bytes((sum(1 << i for i in kept),)) + zlib.compress(
         planes[:, kept].T.tobytes(), _ZLIB_LEVEL)
 
@@ -110,22 +110,45 @@ def encode_frame(kinds: str, columns: list[np.ndarray]) -> bytes:
     """Encode equal-length columns in one blob; ``kinds[i]`` is "t" (int64 ns) or "v" (float64).
 
     One zlib stream for all columns keeps the fixed cost per blob low (a rollup piece of a few
-    buckets has seven columns); the columns of a kind are transformed together, as one array,
-    since a fold encodes thousands of such small blobs.
+    buckets has seven columns); the columns of a kind are transformed together, as one array.
     """
-    n = len(columns[0])
-    heads: list[bytes] = [b""] * len(kinds)
-    words = np.empty((len(kinds), n), dtype=np.uint64)
+    return encode_frames(kinds, [columns])[0]
+
+
+def encode_frames(kinds: str, frames: list[list[np.ndarray]]) -> list[bytes]:
+    """:func:`encode_frame` of each of ``frames``, byte for byte, with the transforms of all
+    frames of one length done as one array: a fold encodes a small blob for each of thousands
+    of series, and the numpy calls per blob cost more than the bytes in it."""
+    out: list[bytes] = [b""] * len(frames)
+    by_length: dict[int, list[int]] = {}
+    for i, columns in enumerate(frames):
+        by_length.setdefault(len(columns[0]), []).append(i)
+    for n, which in by_length.items():
+        for i, blob in zip(which, _encode_same_length(kinds, [frames[i] for i in which], n),
+                           strict=True):
+            out[i] = blob
+    return out
+
+
+def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int) -> list[bytes]:
+    count = len(frames)
+    heads: list[list[bytes]] = [[b""] * len(kinds) for _ in range(count)]
+    words = np.empty((count, len(kinds), n), dtype=np.uint64)
     for kind, transform, dtype in (("t", _time_words, np.int64), ("v", _value_words,
                                                                    np.float64)):
         rows = [i for i, k in enumerate(kinds) if k == kind]
         if rows:
-            kind_heads, words[rows] = transform(
-                np.array([np.asarray(columns[i], dtype=dtype) for i in rows]).reshape(
-                    len(rows), n))
-            for i, head in zip(rows, kind_heads, strict=True):
-                heads[i] = head
-    return b"".join(heads) + _pack(words.reshape(-1))
+            stacked = np.array([[np.asarray(columns[i], dtype=dtype) for i in rows]
+                                for columns in frames]).reshape(count * len(rows), n)
+            kind_heads, kind_words = transform(stacked)
+            words[:, rows] = kind_words.reshape(count, len(rows), n)
+            for f in range(count):
+                for j, i in enumerate(rows):
+                    heads[f][i] = kind_heads[f * len(rows) + j]
+    planes = words.reshape(count, -1).astype("<u8", copy=False).view(np.uint8).reshape(
+        count, -1, 8)
+    masks = np.asarray(planes.any(axis=1))  # per frame: which byte planes carry anything
+    return [b"".join(heads[f]) + _pack_planes(planes[f], masks[f]) for f in range(count)]
 
 
 def decode_frame(blob: bytes, kinds: str, n: int) -> list[np.ndarray]:

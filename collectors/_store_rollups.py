@@ -70,9 +70,9 @@ def combine(agg: Agg, *, presorted: bool) -> Agg:
     return out
 
 
-def encode_agg(agg: Agg) -> bytes:
-    """One series' bucket rows as a ``rollups.data`` blob."""
-    return codec.encode_frame(_AGG_KINDS, [agg[k] for k in AGG_FIELDS])
+def encode_aggs(aggs: list[Agg]) -> list[bytes]:
+    """Series' bucket rows as ``rollups.data`` blobs, one each (encoded together)."""
+    return codec.encode_frames(_AGG_KINDS, [[agg[k] for k in AGG_FIELDS] for agg in aggs])
 
 
 def decode_agg(blob: bytes, n: int) -> Agg:

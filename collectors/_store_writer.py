@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -45,7 +46,7 @@ from collectors._store_rollups import (
     by_series,
     combine,
     decode_agg,
-    encode_agg,
+    encode_aggs,
     encode_journal,
     hour_buckets,
     points_agg,
@@ -123,6 +124,41 @@ class _Batch:
                 found[value] = found.get(value, 0) + count
             self._counts[attribute] = found
         return found
+
+
+class _Writes:
+    """The chunks and rollup pieces one commit or fold adds, encoded together at its end: a
+    fold adds a few small blobs for each of thousands of series, and encoding them one at a
+    time cost more than the bytes in them."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[tuple[int, int, int, int, int, int], np.ndarray]] = []
+        """(series, block, t_min, t_max, n, times id) and the values of each new chunk."""
+        self.rollups: list[tuple[tuple[int, int, int, int], Agg]] = []
+        """(series, step, block, n) and the buckets of each new rollup piece."""
+        self.times_ids: dict[bytes, int] = {}
+        """Timestamp columns this commit stored or found, by digest."""
+        self.times_unused: set[int] = set()
+        """Timestamp columns of merged-away chunks: dropped unless a chunk still uses them."""
+
+    def execute(self, conn: sqlite3.Connection) -> None:
+        if self.chunks:
+            blobs = codec.encode_frames("v", [[values] for _, values in self.chunks])
+            conn.executemany(
+                "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals) "
+                "VALUES(?, ?, ?, ?, ?, ?, ?)",
+                [(*row, blob) for (row, _), blob in zip(self.chunks, blobs, strict=True)])
+        if self.rollups:
+            blobs = encode_aggs([agg for _, agg in self.rollups])
+            conn.executemany(
+                "INSERT INTO rollups(series_id, step_s, block_ns, n, data) VALUES(?, ?, ?, ?, ?)",
+                [(*row, blob) for (row, _), blob in zip(self.rollups, blobs, strict=True)])
+        # Ids in times_ids stay valid until here: nothing was dropped before the new chunks
+        # that use them went in.
+        conn.executemany("DELETE FROM times WHERE id = ? AND NOT EXISTS "
+                         "(SELECT 1 FROM chunks WHERE times_id = times.id)",
+                         [(i,) for i in sorted(self.times_unused)])
+        self.chunks, self.rollups, self.times_unused = [], [], set()
 
 
 class StoreWriter:
@@ -326,9 +362,10 @@ class StoreWriter:
             self._count_points(series, starts, stops, times)
             many = (stops - starts) >= points_journal.DIRECT_AT_POINTS
             if many.any():
-                times_ids: dict[bytes, int] = {}
+                writes = _Writes()
                 for a, b in zip(starts[many].tolist(), stops[many].tolist(), strict=True):
-                    self._append_series(int(series[a]), times[a:b], values[a:b], times_ids)
+                    self._append_series(int(series[a]), times[a:b], values[a:b], writes)
+                writes.execute(conn)
             if not many.all():
                 few = np.repeat(~many, stops - starts)
                 points_journal.append(conn, series[few], times[few], values[few])
@@ -350,14 +387,13 @@ class StoreWriter:
                 series[starts].tolist(), starts.tolist(), stops.tolist(),
                 times[starts].tolist(), times[stops - 1].tolist(), strict=True)])
 
-    def _append_series(self, sid: int, t: np.ndarray, v: np.ndarray,
-                       times_ids: dict[bytes, int]) -> None:
+    def _append_series(self, sid: int, t: np.ndarray, v: np.ndarray, writes: _Writes) -> None:
         """Append one series' points to its chunks, a chunk per 2-hour block they reach."""
         if (t[1:] < t[:-1]).any():
             order = np.argsort(t, kind="stable")
             t, v = t[order], v[order]
         for block, part, sealed in split_by_block(t, RAW_BLOCK_NS):
-            self._append_chunk(sid, block, t[part], v[part], times_ids, sealed)
+            self._append_chunk(sid, block, t[part], v[part], writes, sealed)
 
     def _series_id(self, name: str, akey: str) -> int:
         sid = self._series_ids.get((name, akey))
@@ -384,7 +420,7 @@ class StoreWriter:
         return tid
 
     def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
-                      times_ids: dict[bytes, int], sealed: bool) -> None:
+                      writes: _Writes, sealed: bool) -> None:
         conn = self._file.conn
         count = self._rows_in_block(0, sid, block)
         if count + 1 >= MERGE_AT_CHUNKS or (sealed and count):
@@ -397,18 +433,11 @@ class StoreWriter:
             order = np.argsort(t, kind="stable")
             t, v = t[order], v[order]
             conn.executemany("DELETE FROM chunks WHERE id = ?", [(r[0],) for r in rows])
-            # Drop timestamp columns no chunk uses any more. Ids cached in times_ids stay valid:
-            # each is used by a chunk inserted in this commit, and those are not merged again
-            # before it ends (a commit appends to each series' block once).
-            conn.executemany("DELETE FROM times WHERE id = ? AND NOT EXISTS "
-                             "(SELECT 1 FROM chunks WHERE times_id = times.id)",
-                             [(i,) for i in {r[4] for r in rows}])
+            # their timestamp columns go once no chunk uses them, after the new chunks are in
+            writes.times_unused.update(r[4] for r in rows)
             count = 0
-        conn.execute(
-            "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals) "
-            "VALUES(?, ?, ?, ?, ?, ?, ?)",
-            (sid, block, int(t[0]), int(t[-1]), int(t.shape[0]),
-             self._times_id(t, times_ids), codec.encode_values(v)))
+        writes.chunks.append(((sid, block, int(t[0]), int(t[-1]), int(t.shape[0]),
+                               self._times_id(t, writes.times_ids)), v))
         self._chunk_counts[(0, sid, block)] = count + 1
 
     def _rows_in_block(self, step_s: int, sid: int, block: int) -> int:
@@ -424,7 +453,7 @@ class StoreWriter:
 
     # -- maintenance ---------------------------------------------------------------------
 
-    def _merge_rollup(self, sid: int, step_s: int, agg: Agg) -> None:
+    def _merge_rollup(self, sid: int, step_s: int, agg: Agg, writes: _Writes) -> None:
         """Append this flush's buckets as a piece; merge a block's pieces at 8 or once sealed."""
         conn = self._file.conn
         for block, part, sealed in split_by_block(agg["bucket"], ROLLUP_BLOCK_NS[step_s]):
@@ -439,9 +468,7 @@ class StoreWriter:
                               presorted=False)
                 conn.executemany("DELETE FROM rollups WHERE id = ?", [(r[0],) for r in rows])
                 count = 0
-            conn.execute("INSERT INTO rollups(series_id, step_s, block_ns, n, data) "
-                         "VALUES(?, ?, ?, ?, ?)",
-                         (sid, step_s, block, int(new["bucket"].shape[0]), encode_agg(new)))
+            writes.rollups.append(((sid, step_s, block, int(new["bucket"].shape[0])), new))
             self._chunk_counts[(step_s, sid, block)] = count + 1
 
     def fold(self) -> None:
@@ -454,21 +481,22 @@ class StoreWriter:
 
         def attempt() -> None:
             with transaction(conn):
+                writes = _Writes()
                 series, times, values = self._points.columns(conn)
                 if series.shape[0]:
-                    times_ids: dict[bytes, int] = {}
                     starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
                     for start, stop in zip(starts.tolist(), [*starts[1:].tolist(),
                                                              series.shape[0]], strict=True):
                         self._append_series(int(series[start]), times[start:stop],
-                                            values[start:stop], times_ids)
+                                            values[start:stop], writes)
                     conn.execute("DELETE FROM points_journal")
                 minute = self._journal.agg(conn)
                 for sid, part in by_series(minute):
-                    self._merge_rollup(sid, 60, part)
+                    self._merge_rollup(sid, 60, part, writes)
                 if minute["bucket"].shape[0]:
                     for sid, part in by_series(hour_buckets(minute)):
-                        self._merge_rollup(sid, 3600, part)
+                        self._merge_rollup(sid, 3600, part, writes)
+                writes.execute(conn)
                 conn.execute("DELETE FROM rollup_journal")
 
         with self._file.lock:

@@ -28,6 +28,7 @@ from collectors._store_codec import (
     decode_times,
     decode_values,
     encode_frame,
+    encode_frames,
     encode_times,
     encode_values,
 )
@@ -93,6 +94,33 @@ def test_frames_of_mixed_columns_round_trip_each_column_bit_for_bit(
     back = decode_frame(encode_frame(kinds, columns), kinds, columns[0].shape[0])
     for column, got in zip(columns, back, strict=True):
         assert got.view(np.uint64).tolist() == column.view(np.uint64).tolist()
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> tuple[str, list[list[np.ndarray]]]:
+    """Frames of one kinds string and of several lengths, as a fold encodes them together."""
+    kinds, first = draw(_frames())
+    frames = [first]
+    for _ in range(draw(st.integers(0, 6))):
+        other_kinds, columns = draw(_frames())
+        n = columns[0].shape[0]
+        frames.append([columns[0] if k == "t" and other_kinds[0] == "t" else
+                       (np.arange(n, dtype=np.int64) * 7 if k == "t" else
+                        np.linspace(-1.5, 3.25, n)) for k in kinds])
+    return kinds, frames
+
+
+@settings(max_examples=200, deadline=None)
+@given(_batches())
+def test_frames_encoded_together_are_the_bytes_of_each_encoded_alone(
+        batch: tuple[str, list[list[np.ndarray]]]) -> None:
+    kinds, frames = batch
+    blobs = encode_frames(kinds, frames)
+    assert blobs == [encode_frames(kinds, [columns])[0] for columns in frames]
+    for columns, blob in zip(frames, blobs, strict=True):
+        back = decode_frame(blob, kinds, columns[0].shape[0])
+        for column, got in zip(columns, back, strict=True):
+            assert got.view(np.uint64).tolist() == column.view(np.uint64).tolist()
 
 
 def test_special_values_round_trip() -> None:
