@@ -3,10 +3,20 @@ the same points again) and decode, in both encodings, to every series once."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from bench.otlp_ingest import T0, export_body, stamped
-from collectors._otlp_decode import decode_json, decode_protobuf, points_from_request
+import pytest
+from fastapi import FastAPI
+
+from bench.otlp_ingest import T0, _load, export_body, stamped
+from collectors._otlp_decode import (
+    DecodedMetrics,
+    decode_json,
+    decode_protobuf,
+    points_from_request,
+)
+from collectors._otlp_receiver import otlp_router
+from tests.collectors.test_otlp_receiver import serve
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
@@ -19,3 +29,28 @@ def test_a_stamped_export_carries_every_series_once_at_the_new_time(encoding: st
     assert {p.time_ns for p in points} == {t}
     assert len({(p.name, tuple(sorted(p.attributes.items()))) for p in points}) == 40
     assert {p.attributes["seedance.rank"] for p in points} == {"3"}
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_the_load_speaks_otlp_http_to_a_real_receiver(encoding: str) -> None:
+    """The hand-written HTTP/1.1 exporters against the real receiver under uvicorn: every
+    answered export is counted with its status, and what was accepted was decoded whole."""
+    received: list[DecodedMetrics] = []
+    refuse = {"next": False}
+
+    def sink(decoded: DecodedMetrics) -> None:
+        refuse["next"] = not refuse["next"]
+        if refuse["next"]:  # every other export: the receiver answers 503 and goes on
+            raise RuntimeError("store is down")
+        received.append(decoded)
+
+    app = FastAPI()
+    app.include_router(otlp_router(sink))
+    bodies = [export_body(rank, metrics=4, series=20, encoding=encoding) for rank in range(3)]
+    with serve(app) as url:
+        out = asyncio.run(_load(url + "/v1/metrics", bodies, encoding, 20, 0.0, 1.0))
+    answered = sum(out["status"].values())
+    assert set(out["status"]) == {"200", "503"} and answered == len(out["latency_s"]) > 10
+    assert out["points"] == 20 * out["status"]["200"]
+    assert len(received) >= out["status"]["200"]  # (exports in flight at the end count too)
+    assert all(len(d) == 20 for d in received)
