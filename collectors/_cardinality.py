@@ -61,7 +61,7 @@ class SeriesLimiter:
         """The points of series within the limits (every other one dropped and counted)."""
         listed = list(points)
         dropped = self._dropped([(p.name, frozenset(p.attributes.items())) for p in listed],
-                                [p.attributes for p in listed])
+                                lambda i: listed[i].attributes)
         if not dropped:
             return listed
         out = set(dropped)
@@ -80,17 +80,17 @@ class SeriesLimiter:
             keys = shape.derived[_SHAPE_KEY] = [
                 (name, frozenset(attributes.items()))
                 for name, attributes in zip(shape.names, shape.attributes, strict=True)]
-        dropped = self._dropped(keys, shape.attributes)  # type: ignore[arg-type]
+        dropped = self._dropped(keys, shape.attributes.__getitem__)  # type: ignore[arg-type]
         if not dropped:
             return decoded
         out = set(dropped)
         return DecodedMetrics(points=[p for i, p in enumerate(decoded.points) if i not in out],
                               metrics=decoded.metrics)
 
-    def _dropped(self, keys: Sequence[_Key], attributes: Sequence[Mapping[str, str]]
+    def _dropped(self, keys: Sequence[_Key], attributes: Callable[[int], Mapping[str, str]]
                  ) -> list[int]:
-        """Admit the series ``keys`` (with their points' ``attributes``); the indices of
-        those over a limit."""
+        """Admit the series ``keys`` (``attributes(i)``: those of the i-th point, read only
+        for a new series); the indices of those over a limit."""
         dropped: list[int] = []
         limit = self.limit
         seen = self._seen
@@ -99,7 +99,7 @@ class SeriesLimiter:
             for i, key in enumerate(keys):
                 if seen.get(key) is None:
                     name = key[0]
-                    job = str(attributes[i].get(JOB_ATTR, ""))
+                    job = str(attributes(i).get(JOB_ATTR, ""))
                     if self._per_metric[(job, name)] >= limit.max_per_metric:
                         self.dropped["metric"] += 1
                         dropped.append(i)

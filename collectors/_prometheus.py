@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -79,21 +79,7 @@ def _role(name: str, metrics: Mapping[str, MetricInfo]) -> tuple[str, str] | Non
     return None
 
 
-class _Roles:
-    """:func:`_role` of the names of one request, each worked out once."""
-
-    def __init__(self, metrics: Mapping[str, MetricInfo]) -> None:
-        self._metrics = metrics
-        self._found: dict[str, tuple[str, str] | None] = {}
-
-    def __call__(self, name: str) -> tuple[str, str] | None:
-        try:
-            return self._found[name]
-        except KeyError:
-            found = self._found[name] = _role(name, self._metrics)
-            return found
-
-
+_UNKNOWN: tuple[str, str] = ("", "")
 _SeriesOf = tuple[str, str, str, "LabelKey"]
 """(family name, role, bound, label key) of one Point."""
 _SHAPE_KEY = "prometheus.latest"
@@ -126,7 +112,7 @@ class LatestValueCollector(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._families: dict[str, _Family] = {}
-        self._labels: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, LabelKey]] = {}
+        self._labels: dict[tuple[tuple[str, str], tuple[tuple[str, str], ...]], _SeriesOf] = {}
         self.idle_s = idle_s
         self._swept_s = clock()
 
@@ -137,19 +123,20 @@ class LatestValueCollector(Collector):
             self._swept_s = now
             self.expire(self.idle_s)
         families: dict[str, _Family] = {}
-        rows: Iterable[tuple[_SeriesOf | None, float]]
         with self._lock:
             if decoded.shape is not None:
                 assert decoded.values is not None
-                rows = zip(self._shape_series(decoded), decoded.values.tolist(), strict=True)
+                found = self._shape_series(decoded)
+                values: list[float] = decoded.values.tolist()
             else:
-                roles = _Roles(decoded.metrics)
-                rows = ((self._series_of(roles(p.name), p.attributes), p.value)
-                        for p in decoded.points)
-            for found, value in rows:
-                if found is None:
+                points = decoded.points
+                found = self._series_of([p.name for p in points],
+                                        [p.attributes for p in points], decoded.metrics)
+                values = [p.value for p in points]
+            for series_of, value in zip(found, values, strict=True):
+                if series_of is None:
                     continue
-                name, role, bound, key = found
+                name, role, bound, key = series_of
                 family = families.get(name)
                 if family is None:
                     info = decoded.metrics[name]
@@ -168,33 +155,38 @@ class LatestValueCollector(Collector):
                     series.samples[sample] = value
                 series.updated_s = now
 
-    def _series_of(self, named: tuple[str, str] | None, attributes: Mapping[str, str]
-                   ) -> _SeriesOf | None:
-        """(family name, role, bound, label key) of one Point of role ``named``; None for an
-        undescribed name. Label keys are cached by attribute set: the same series arrive every
-        export."""
-        if named is None:
-            return None
-        family, role = named
-        items = (role, tuple(attributes.items()))
-        found = self._labels.get(items)
-        if found is None:
-            if len(self._labels) >= _LABELS_MAX:
-                self._labels.clear()
-            found = self._labels[items] = _labels_of(role, attributes)
-        return family, role, *found
+    def _series_of(self, names: list[str], attributes: list[Mapping[str, str]],
+                   metrics: Mapping[str, MetricInfo]) -> list[_SeriesOf | None]:
+        """(family name, role, bound, label key) of each Point; None for an undescribed name.
+        Cached by role and attribute set: the same series arrive every export."""
+        roles: dict[str, tuple[str, str] | None] = {}
+        labels = self._labels
+        out: list[_SeriesOf | None] = []
+        for name, attrs in zip(names, attributes, strict=True):
+            named = roles.get(name, _UNKNOWN)
+            if named is _UNKNOWN:
+                named = roles[name] = _role(name, metrics)
+            if named is None:
+                out.append(None)
+                continue
+            key = (named, tuple(attrs.items()))
+            found = labels.get(key)
+            if found is None:
+                if len(labels) >= _LABELS_MAX:
+                    labels.clear()
+                found = labels[key] = (*named, *_labels_of(named[1], attrs))
+            out.append(found)
+        return out
 
     def _shape_series(self, decoded: DecodedMetrics) -> list[_SeriesOf | None]:
-        """What :meth:`_series_of` gives for each Point of a shape, worked out once per shape
-        (it follows from the names, attributes and metric metadata, all fixed by the shape)."""
+        """:meth:`_series_of` for the Points of a shape, worked out once per shape (it follows
+        from the names, attributes and metric metadata, all fixed by the shape)."""
         shape = decoded.shape
         assert shape is not None
         found = shape.derived.get(_SHAPE_KEY)
         if found is None:
-            roles = _Roles(decoded.metrics)
-            found = shape.derived[_SHAPE_KEY] = [
-                self._series_of(roles(name), attributes)
-                for name, attributes in zip(shape.names, shape.attributes, strict=True)]
+            found = shape.derived[_SHAPE_KEY] = self._series_of(
+                shape.names, list(shape.attributes), decoded.metrics)
         return found  # type: ignore[return-value]
 
     def expire(self, max_age_s: float) -> int:
