@@ -369,6 +369,11 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
                description="OTLP requests answered 4xx or 5xx (reason any), those without "
                "the ingest token (reason unauthorised) and those a job sent over its share of "
                "the store's buffer, answered 429 (reason throttled)"),
+    MetricSpec(name="seedance.ingest.accepted_requests", unit="{request}", kind=S,
+               source="sidecar", attributes=("service.name", "decoded_by"),
+               description="OTLP requests answered 200 (decoded_by any) and the metric exports "
+               "among them decoded from a template, a repeat of a shape seen before, with no "
+               "protobuf walk and no Point built (decoded_by template)"),
     MetricSpec(name="seedance.store.buffered_points", unit="{point}", kind=G,
                source="sidecar", attributes=("service.name",),
                description="Points waiting for the store's next commit (the backlog); past "

@@ -85,6 +85,8 @@ class ReceiverStats:
     spans_rejected: int = 0
     bytes_received: int = 0
     sink_errors: int = 0
+    requests_templated: int = 0
+    """Accepted metric exports decoded from a template (a repeat of a known shape)."""
     requests_throttled: int = 0
     """Requests the sink turned away with 429 (a sender over its share): counted, not logged
     as errors, as at load they come by the hundred a second."""
@@ -285,6 +287,7 @@ class _Signal(Generic[_T]):
     decode: Mapping[str, Callable[[bytes], _T]]
     sink: Callable[[_T], object]
     count: Callable[[_T], int]
+    templated: Callable[[_T], bool]
     unit: str
     response: Message
     forwarder: Forwarder | None
@@ -389,22 +392,23 @@ def otlp_router(
             return reject(415, f"Content-Encoding must be gzip or identity, got {encoding!r}",
                           content_type)
 
-        def decode_and_sink(raw: bytes) -> tuple[int, Exception | None]:
-            """The items decoded and the sink's failure (None: taken); one trip to a worker
-            thread for both, as each trip is a thread hand-off on every request."""
+        def decode_and_sink(raw: bytes) -> tuple[int, bool, Exception | None]:
+            """The items decoded, whether from a template, and the sink's failure (None:
+            taken); one trip to a worker thread for all, as each trip is a thread hand-off on
+            every request."""
             body = gunzip(raw, max_body_bytes) if encoding == "gzip" else raw
             decoded = signal.decode[content_type](body)
             try:
                 signal.sink(decoded)
             except Exception as e:  # the receiver never dies of its sink; the client retries
-                return signal.count(decoded), e
-            return signal.count(decoded), None
+                return signal.count(decoded), False, e
+            return signal.count(decoded), signal.templated(decoded), None
 
         try:
             raw = await _read_body(request, max_body_bytes)
             counters._add(bytes_received=len(raw))
-            items, failed = await anyio.to_thread.run_sync(decode_and_sink, raw,
-                                                           limiter=threads)
+            items, templated, failed = await anyio.to_thread.run_sync(decode_and_sink, raw,
+                                                                      limiter=threads)
         except BodyTooLarge as e:
             return reject(413, str(e), content_type)
         except zlib.error as e:
@@ -430,7 +434,8 @@ def otlp_router(
             # OTLP exporters honour Retry-After on 503
             response.headers["Retry-After"] = str(getattr(failed, "retry_after_s", 1))
             return response
-        counters._add(requests_accepted=1, **{f"{signal.unit}_accepted": items})
+        counters._add(requests_accepted=1, requests_templated=int(templated),
+                      **{f"{signal.unit}_accepted": items})
         if signal.forwarder is not None:
             signal.forwarder.submit(raw, request.headers)
         return Response(_encode(signal.response, content_type), media_type=content_type)
@@ -438,7 +443,7 @@ def otlp_router(
     metrics = _Signal(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
                 JSON: points_from_json},
-        sink=sink, count=len, unit="points",
+        sink=sink, count=len, templated=lambda d: d.shape is not None, unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder)
 
     @router.post("/v1/metrics")
@@ -449,7 +454,8 @@ def otlp_router(
         traces = _Signal(
             decode={PROTOBUF: lambda b: spans_from_request(decode_traces_protobuf(b)),
                     JSON: lambda b: spans_from_request(decode_traces_json(b))},
-            sink=span_sink, count=len, unit="spans", response=ExportTraceServiceResponse(),
+            sink=span_sink, count=len, templated=lambda _: False, unit="spans",
+            response=ExportTraceServiceResponse(),
             forwarder=traces_forwarder)
 
         @router.post("/v1/traces")

@@ -12,14 +12,16 @@ Correctness does not rest on the wire walk that finds the numbers: before a temp
 decodes a probe, the body with a distinct value written into every slot, and must give exactly
 the Points that ``points_from_request`` gives for that probe; otherwise the shape is left to the
 reference path. Shapes with exponential histograms, summaries or exemplars are not templated.
-A shape whose templates keep changing before they pay off is not templated again, so a client
-whose exports never repeat costs a few failed builds, not one per request.
+A shape whose templates keep changing before they pay off is not templated again, and builds
+have a budget, so a client whose exports never repeat costs a few builds a second at most, not
+one per request.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,9 @@ MAX_TEMPLATES: Final = 256
 """Shapes kept (least recently used go first): a sidecar's exporters, one shape each."""
 MAX_TEMPLATE_POINTS: Final = 200_000
 """Points all kept templates may produce together: bounds their memory (about 0.5 KiB each)."""
+BUILDS_PER_S: Final = 16
+"""Template builds a second at most (bursts of as many): a build costs about three reference
+decodes, so a client whose exports never repeat costs at most 16 of them a second."""
 MIN_TEMPLATE_POINTS: Final = 16
 """Smaller exports decode fast enough; a template would only cost memory."""
 
@@ -307,6 +312,25 @@ def _build(body: bytes, reference: Callable[[bytes], DecodedMetrics]) -> _Templa
     return template
 
 
+class _Budget:
+    """A token bucket: ``rate`` a second, holding at most ``rate``."""
+
+    def __init__(self, rate: float, clock: Callable[[], float]) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._tokens = rate
+        self._at = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
 class ExportTemplates:
     """Decodes protobuf metric exports, from a template when the body repeats a known shape.
 
@@ -317,7 +341,8 @@ class ExportTemplates:
 
     def __init__(self, reference: Callable[[bytes], DecodedMetrics], *,
                  max_templates: int = MAX_TEMPLATES,
-                 max_points: int = MAX_TEMPLATE_POINTS) -> None:
+                 max_points: int = MAX_TEMPLATE_POINTS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._reference = reference
         self._max_templates = max_templates
         self._max_points = max_points
@@ -325,7 +350,8 @@ class ExportTemplates:
         # (length, prefix) -> template, or None for a shape not worth templating
         self._shapes: OrderedDict[tuple[int, bytes], _Template | None] = OrderedDict()
         self._prefixes: dict[int, dict[int, int]] = {}  # length -> prefix length -> shapes
-        self._seen: OrderedDict[tuple[int, bytes], None] = OrderedDict()
+        self._seen: OrderedDict[int, None] = OrderedDict()  # body lengths seen
+        self._budget = _Budget(BUILDS_PER_S, clock)
         self._points = 0
         self.hits = 0
         """Bodies decoded from a template."""
@@ -372,18 +398,17 @@ class ExportTemplates:
         return None
 
     def _learn(self, body: bytes, strikes: int) -> None:
-        """Build a template for a shape seen before with the same length and first bytes (a
-        one-off export is never worth the build)."""
-        sighting = (len(body), body[:64])
+        """Build a template for a body whose length was seen before (a one-off export is never
+        worth the build; the first bytes cannot tell shapes apart, as a small export's first
+        timestamp sits in them), within the build budget."""
         with self._lock:
-            first = sighting not in self._seen
-            self._seen[sighting] = None
-            self._seen.move_to_end(sighting)
+            first = len(body) not in self._seen
+            self._seen[len(body)] = None
+            self._seen.move_to_end(len(body))
             while len(self._seen) > self._max_templates:
                 self._seen.popitem(last=False)
-        if first:
-            return
-        with self._lock:
+            if first or not self._budget.take():
+                return
             self.builds += 1
         template = _build(body, self._reference)
         if template is None:

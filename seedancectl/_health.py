@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from collectors.names import (
+    ATTR_DECODED_BY,
     FORWARD_FAILURES,
+    INGEST_ACCEPTED_REQUESTS,
     INGEST_DROPPED_POINTS,
     INGEST_REJECTED_REQUESTS,
     SCRAPE_ERRORS,
@@ -151,6 +153,11 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
         store = sidecar.store
         return [] if store is None else [Observation(store.buffered)]
 
+    def accepted(_: CallbackOptions) -> Iterable[Observation]:
+        stats = sidecar.stats
+        return [Observation(stats.requests_accepted, {ATTR_DECODED_BY: "any"}),
+                Observation(stats.requests_templated, {ATTR_DECODED_BY: "template"})]
+
     def rejected(_: CallbackOptions) -> Iterable[Observation]:
         stats = sidecar.stats
         return [Observation(stats.requests_rejected, {"reason": "any"}),
@@ -172,6 +179,9 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
     meter.create_observable_gauge(STORE_BUFFERED_POINTS, [buffered],
                                   unit="{point}", description="Points waiting for the store's "
                                   "next commit (the backlog)")
+    meter.create_observable_counter(INGEST_ACCEPTED_REQUESTS, [accepted], unit="{request}",
+                                    description="OTLP requests answered 200 (any) and the "
+                                    "metric exports among them decoded from a template")
     meter.create_observable_counter(INGEST_REJECTED_REQUESTS, [rejected],
                                     unit="{request}",
                                     description="OTLP requests answered 4xx/5xx (any) and those "

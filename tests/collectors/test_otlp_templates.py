@@ -28,7 +28,12 @@ from collectors._otlp_decode import (
     decode_protobuf,
     points_from_request,
 )
-from collectors._otlp_templates import MIN_TEMPLATE_POINTS, ExportTemplates, protobuf_templates
+from collectors._otlp_templates import (
+    BUILDS_PER_S,
+    MIN_TEMPLATE_POINTS,
+    ExportTemplates,
+    protobuf_templates,
+)
 from collectors._prometheus import LatestValueCollector
 from collectors._store import TimeSeriesStore
 
@@ -137,6 +142,20 @@ def test_exports_that_never_repeat_stop_costing_template_builds() -> None:
         same(templates, body)
     assert templates.hits == 0
     assert templates.builds <= 4  # three strikes, then the shape is left alone
+
+
+def test_new_shapes_every_export_cost_at_most_the_build_budget() -> None:
+    """Each export from a new rank (its resource differs before the first number): no template
+    is ever used, so builds are held to BUILDS_PER_S a second, however many exports come."""
+    now = [0.0]
+    templates = ExportTemplates(reference, clock=lambda: now[0])
+    for rank in range(100, 400):  # 300 exports, the same length, each a new shape
+        same(templates, gauges(32, stamp=1, rank=str(rank)))
+    assert templates.hits == 0
+    assert templates.builds == BUILDS_PER_S
+    now[0] += 1.0  # a second later the budget is back
+    same(templates, gauges(32, stamp=1, rank="999"))
+    assert templates.builds == BUILDS_PER_S + 1
 
 
 def test_shapes_a_template_cannot_hold_are_decoded_by_the_reference() -> None:
