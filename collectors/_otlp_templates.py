@@ -119,61 +119,61 @@ class _Spec:
     bucket_run: list[tuple[int, int]]  # (first word, words summed) of each cumulative point
 
 
-def _number_point(buf: bytes, start: int, end: int, slots: _Slots, spec: _Spec) -> None:
-    time = value = -1
+def _point_words(buf: bytes, start: int, end: int, slots: _Slots, kinds: dict[int, int],
+                 exemplars: int, flags: int) -> tuple[dict[int, int], list[tuple[int, int, int,
+                                                                           int]]] | None:
+    """One data point: the slot of each fixed-width field of ``kinds`` by field number (the
+    last one, as a parser keeps it) and the point's other fields; None when its ``flags``
+    say it holds no recorded value."""
+    words: dict[int, int] = {}
+    others = []
     skipped = False
-    for number, wire, a, _ in _fields(buf, start, end):
-        if number == 5:
+    for number, wire, a, b in _fields(buf, start, end):
+        if number == exemplars:
             raise _NoTemplate("exemplars")
-        if wire == 1 and number in (2, 3, 4, 6):
-            kind = {2: _IGNORED, 3: _TIME, 4: _DOUBLE, 6: _INT}[number]
-            word = slots.add(a, kind)
-            if number == 3:
-                time = word
-            elif number in (4, 6):
-                value = word
-        elif number == 8 and wire == 0:
+        if wire == 1 and number in kinds:
+            words[number] = slots.add(a, kinds[number])
+        elif number == flags and wire == 0:
             skipped = bool(_varint(buf, a)[0] & _NO_RECORDED_VALUE)
-    if skipped:
+        else:
+            others.append((number, wire, a, b))
+    return None if skipped else (words, others)
+
+
+def _number_point(buf: bytes, start: int, end: int, slots: _Slots, spec: _Spec) -> None:
+    found = _point_words(buf, start, end, slots, {2: _IGNORED, 3: _TIME, 4: _DOUBLE, 6: _INT},
+                         exemplars=5, flags=8)
+    if found is None:
         return
-    if time < 0 or value < 0:
+    words = found[0]
+    value = max(words.get(4, -1), words.get(6, -1))  # a oneof: the later field wins
+    if 3 not in words or value < 0:
         raise _NoTemplate("a data point without time or value")
-    spec.time.append(time)
+    spec.time.append(words[3])
     spec.value.append(value)
 
 
 def _histogram_point(buf: bytes, start: int, end: int, slots: _Slots, spec: _Spec) -> None:
-    time = count = total = -1
+    found = _point_words(buf, start, end, slots, {2: _IGNORED, 3: _TIME, 4: _COUNT, 5: _DOUBLE,
+                                                  11: _IGNORED, 12: _IGNORED},
+                         exemplars=8, flags=10)
+    if found is None:
+        return
+    words, others = found
     buckets: list[int] = []
     bounds = 0
-    skipped = False
-    for number, wire, a, b in _fields(buf, start, end):
-        if number == 8:
-            raise _NoTemplate("exemplars")
-        if wire == 1 and number in (2, 3, 4, 5, 11, 12):
-            kind = {2: _IGNORED, 3: _TIME, 4: _COUNT, 5: _DOUBLE, 11: _IGNORED,
-                    12: _IGNORED}[number]
-            word = slots.add(a, kind)
-            if number == 3:
-                time = word
-            elif number == 4:
-                count = word
-            elif number == 5:
-                total = word
-        elif number == 6 and wire in (1, 2):
+    for number, wire, a, b in others:
+        if number == 6 and wire in (1, 2):
             if (b - a) % 8:
                 raise _NoTemplate("bucket counts not fixed64")
             buckets.extend(slots.add(o, _BUCKET) for o in range(a, b, 8))
         elif number == 7 and wire in (1, 2):
             bounds += (b - a) // 8
-        elif number == 10 and wire == 0:
-            skipped = bool(_varint(buf, a)[0] & _NO_RECORDED_VALUE)
-    if skipped:
-        return
-    if time < 0 or count < 0:
+    if 3 not in words or 4 not in words:
         raise _NoTemplate("a histogram point without time or count")
+    time, count = words[3], words[4]
     # as points_from_request: count, sum (when present), cumulative buckets, +Inf = count
-    for word in (count, total):
+    for word in (count, words.get(5, -1)):
         if word >= 0:
             spec.time.append(time)
             spec.value.append(word)
