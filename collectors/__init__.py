@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from collectors._points import REPLAYED_ATTR as REPLAYED_ATTR
     from collectors._points import MetricKind as MetricKind
     from collectors._points import Point as Point
+    from collectors._priority import background_thread as background_thread
+    from collectors._priority import yield_cpu as yield_cpu
     from collectors._prometheus import LatestValueCollector as LatestValueCollector
     from collectors._prometheus import MetricsServer as MetricsServer
     from collectors._prometheus import MetricsServerError as MetricsServerError

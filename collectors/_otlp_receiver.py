@@ -9,6 +9,7 @@ the spec lists as retryable (429, 502, 503, 504), so exporters send the batch ag
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import hmac
 import logging
@@ -21,8 +22,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final, Generic, TypeVar
 
-import anyio
-import anyio.to_thread
 import httpx
 from fastapi import APIRouter, Request, Response
 from google.protobuf import json_format
@@ -49,6 +48,7 @@ from collectors._otlp_traces import (
     decode_traces_protobuf,
     spans_from_request,
 )
+from collectors._priority import background_pool
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ INGEST_WORKERS: Final = 4
 """Worker threads that decode and sink requests at once. Decoding holds the GIL, so more
 threads add no throughput, only hand-offs: at 64 exporters, a thread per request (anyio's 40)
 left the sidecar a third idle and halved its points/s, where 4 kept it busy
-(``bench/otlp_ingest.py``). Apart from anyio's pool, ingest also leaves the API's threads free."""
+(``bench/otlp_ingest.py``). A pool of its own, apart from anyio's, leaves the API's threads free
+and runs below them (`collectors._priority`)."""
 
 
 class BodyTooLarge(SeedanceError):
@@ -367,7 +368,8 @@ def otlp_router(
     if workers < 1:
         raise ValueError(f"otlp_router workers must be >= 1, got {workers}")
     counters = stats if stats is not None else ReceiverStats()
-    threads = anyio.CapacityLimiter(workers)  # its own: ingest never waits on API calls
+    # its own threads: ingest never waits on API calls, and runs at the background niceness
+    threads = background_pool(workers, name="otlp-ingest")
     router = APIRouter()
 
     def reject(code: int, message: str, content_type: str, **counts: int) -> Response:
@@ -407,8 +409,8 @@ def otlp_router(
         try:
             raw = await _read_body(request, max_body_bytes)
             counters._add(bytes_received=len(raw))
-            items, templated, failed = await anyio.to_thread.run_sync(decode_and_sink, raw,
-                                                                      limiter=threads)
+            items, templated, failed = await asyncio.get_running_loop().run_in_executor(
+                threads, decode_and_sink, raw)
         except BodyTooLarge as e:
             return reject(413, str(e), content_type)
         except zlib.error as e:

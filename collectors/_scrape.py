@@ -18,6 +18,7 @@ import httpx
 
 from collectors._errors import ConfigError
 from collectors._points import Point
+from collectors._priority import background_thread
 from collectors._scrape_mapping import ScrapeError, map_exposition
 from collectors._scrape_rules import EXPORTERS
 from collectors.names import ATTR_SERVICE_NAME
@@ -173,9 +174,7 @@ class Scraper:
                 raise ScrapeError(f"scraper for {self.source.url} was shut down; make a new one")
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(
-                target=self._run, name=f"seedance-scrape-{self.source.job}", daemon=True
-            )
+            self._thread = background_thread(self._run, name=f"seedance-scrape-{self.source.job}")
             self._thread.start()
 
     def _run(self) -> None:

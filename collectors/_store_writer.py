@@ -27,6 +27,7 @@ from collectors import _store_points_journal as points_journal
 from collectors._generations import GenerationalMap
 from collectors._otlp_decode import Shape
 from collectors._points import Point
+from collectors._priority import background_thread
 from collectors._store_file import (
     StoreError,
     StoreFile,
@@ -323,8 +324,8 @@ class StoreWriter:
         """Flush every ``flush_interval_s`` from a background thread until :meth:`stop_flusher`,
         and sooner once a quarter of ``max_buffered_points`` wait: a sidecar refuses a job's
         points past half, so a burst must not sit out the interval."""
-        self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
-                                         name=f"store-flush:{self._file.path.name}")
+        self._flusher = background_thread(self._flush_loop,
+                                           name=f"store-flush:{self._file.path.name}")
         self._flusher.start()
 
     def stop_flusher(self) -> None:

@@ -21,7 +21,7 @@ from opentelemetry import metrics
 from opentelemetry._logs import LoggerProvider, SeverityNumber, get_logger_provider
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from collectors import ConfigError
+from collectors import ConfigError, background_thread
 from collectors.names import ATTR_DETECTOR, ATTR_SEEDANCE_JOB, FINDINGS_ACTIVE, POLICY_ERRORS
 from policies._detector import Detector, SelfCheck
 from policies._findings import Finding, more_severe
@@ -313,7 +313,7 @@ class PolicyEngine:
         if self._closed:
             raise RuntimeError("the engine is shut down")
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="policy-engine", daemon=True)
+            self._thread = background_thread(self._loop, name="policy-engine")
             self._thread.start()
 
     def _loop(self) -> None:

@@ -193,9 +193,11 @@ class SidecarConfig(_Section):
     """How often the sidecar tells the fleet it is alive; after 3 periods of silence its jobs
     may be claimed by another sidecar. Every sidecar of a fleet should use the same."""
     nice: int = Field(default=10, ge=0, le=19)
-    """How far the sidecar lowers its own CPU priority (Unix niceness, added to what it started
-    with): it shares cores with the job it watches, and its bursts (a policy pass, a flush)
-    must not stall the job's threads. 0 keeps the priority it was started with."""
+    """How far the sidecar lowers the CPU priority of its bulk work (Unix niceness, added to
+    what it started with): it shares cores with the job it watches, and its bursts (a policy
+    pass, a flush, decoding) must not stall the job's threads. On Linux only the bulk threads
+    are lowered, and the threads that answer the API and the jobs' leases keep the priority it
+    started with; elsewhere the whole process. 0 keeps the priority it was started with."""
     price_per_gpu_hour: float = Field(default=2.5, gt=0)
     currency: str = Field(default="USD", pattern=r"^[A-Za-z$€£¥]{1,8}$")
     """What one GPU-hour costs, in ``currency``: the report's money figures."""

@@ -49,6 +49,7 @@ from collectors import (
     otlp_router,
     serve_metrics,
     setup_telemetry,
+    yield_cpu,
 )
 from collectors.names import ATTR_SERVICE_NAME
 from dashboards.web import web_router
@@ -443,17 +444,6 @@ class Sidecar:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
         return app
-
-
-def yield_cpu(nice: int) -> None:
-    """Lower this process's priority by ``nice`` so the job on the same cores runs first; a
-    platform without ``os.nice`` (Windows) keeps its priority, and says so once."""
-    if nice <= 0:
-        return
-    if not hasattr(os, "nice"):
-        log.warning("nice = %d ignored: this platform has no os.nice", nice)
-        return
-    os.nice(nice)
 
 
 def settle_heap() -> None:

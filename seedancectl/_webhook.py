@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from collectors import background_thread
 from tuner import Change
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class WebhookNotifier(Notifier):
     def start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="webhook", daemon=True)
+                self._thread = background_thread(self._run, name="webhook")
                 self._thread.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:

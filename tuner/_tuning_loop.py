@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from collectors import background_thread
 from tuner._change import ACTIVE
 from tuner._rollout import RolloutController
 from tuner._search import SearchDriver
@@ -67,7 +68,7 @@ class TuningLoop:
             if self._thread is not None:
                 return
             self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="rollout", daemon=True)
+            self._thread = background_thread(self._run, name="rollout")
             self._thread.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
