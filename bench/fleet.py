@@ -16,7 +16,8 @@ For each N in ``--sidecars`` (default 1, 4, 16), in one run, against one real Po
   then ``tell``; each call timed) every 0.5 s on the simulated job's knobs, in the same
   database: the latency a sidecar's search sees from the shared PostgreSQL under the fleet's
   load;
-- every second, PostgreSQL's lock waits (``pg_locks`` not granted) and deadlocks;
+- every second, PostgreSQL's lock waits (``pg_locks`` not granted), deadlocks and client
+  connections (against its ``max_connections``; a refused connection is logged by a sidecar);
 - every 10 s, each sidecar's RSS (``/proc/PID/status``).
 
 The measured ``--minutes`` start once every job holds its lease (``jobs_attached_after_s``),
@@ -73,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 from bench._fleet_knobs import KNOBS, timed_step  # noqa: E402
 from bench._targets import Target, at_most, block, holds, judged  # noqa: E402
 from seedancectl._sidecar import settle_heap  # noqa: E402
+from tests.postgres import MAX_CONNECTIONS as POSTGRES_MAX_CONNECTIONS  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 from tuner import KnobSpace, SearchConfig, SearchDriver  # noqa: E402
@@ -430,6 +432,7 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
     spawn = multiprocessing.get_context("spawn")
     stop, outage, results = spawn.Event(), spawn.Event(), spawn.Queue()
     locks = {"waiting_max": 0, "waiting_samples": 0, "deadlocks": 0}
+    connections: list[int] = []  # client connections PostgreSQL holds, every second
     rss: dict[str, list[float]] = {s.job: [] for s in sidecars}
     lock_engine = create_engine(state_db, pool_pre_ping=True)
 
@@ -442,6 +445,9 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
             deadlocks = conn.execute(text(
                 "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
             ).scalar() or 0
+            connections.append(int(conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+            ).scalar() or 0))
         locks["waiting_max"] = max(locks["waiting_max"], int(waiting))
         locks["waiting_samples"] += int(waiting > 0)
         locks["deadlocks"] = int(deadlocks)
@@ -525,6 +531,11 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         "api": {**latency(api_ms, outage_report), "errors": measured["api_errors"]},
         "study": {op: latency(v, outage_report) for op, v in study_ms.items()},
         "locks": {**locks, "journal_conflicts_logged": logs.count("moved under us")},
+        "postgres_connections": {
+            "max": max(connections, default=0),
+            "median": statistics.median(connections) if connections else 0,
+            "max_connections": POSTGRES_MAX_CONNECTIONS,
+            "refused_logged": logs.count("too many clients")},
         "rss_mib": {"max": max((max(v) for v in rss.values() if v), default=None),
                     "median_of_max": statistics.median(max(v) for v in rss.values() if v)
                     if any(rss.values()) else None},

@@ -83,6 +83,8 @@ if TYPE_CHECKING:
     from collectors._state_engine import StateDbError as StateDbError
     from collectors._state_engine import autocommit_reads as autocommit_reads
     from collectors._state_engine import ping_state_db as ping_state_db
+    from collectors._state_engine import release_state_engine as release_state_engine
+    from collectors._state_engine import shared_state_engine as shared_state_engine
     from collectors._state_engine import sqlite_url as sqlite_url
     from collectors._state_engine import state_db_error as state_db_error
     from collectors._state_engine import state_engine as state_engine

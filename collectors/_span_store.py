@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 
 from collectors._otlp_traces import SpanRecord
-from collectors._state_engine import autocommit_reads, state_engine
+from collectors._state_engine import autocommit_reads, release_state_engine, shared_state_engine
 
 _metadata = MetaData()
 spans_table = Table(
@@ -49,7 +49,7 @@ class SpanStore:
     """Saves and reads spans. Thread-safe (one pooled engine); ``close`` is idempotent."""
 
     def __init__(self, db_url: str) -> None:
-        self._engine = state_engine(db_url)
+        self._engine = shared_state_engine(db_url)
         self._reads = autocommit_reads(self._engine)
         _metadata.create_all(self._engine)
 
@@ -76,7 +76,7 @@ class SpanStore:
                               "resource": json.loads(row["resource"])}) for row in rows]
 
     def close(self) -> None:
-        self._engine.dispose()
+        release_state_engine(self._engine)
 
 
 def _row(span: SpanRecord) -> dict[str, Any]:

@@ -16,6 +16,7 @@ ledger, spans, one Optuna storage per search) and a fleet of them shares one ser
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,12 @@ from collectors._errors import ConfigError, SeedanceError
 CONNECT_TIMEOUT_S = 10
 """How long opening one PostgreSQL connection may take before it is an error."""
 POSTGRES_POOL: dict[str, Any] = {"pool_size": 2, "max_overflow": 8, "pool_timeout": 30}
-"""Idle connections kept per engine (``pool_size``) and the burst above it; a sidecar has
-about six engines, so a fleet of N sidecars holds about 12 N connections at rest."""
+"""Idle connections kept per engine (``pool_size``) and the burst above it, for an engine of
+its own (a search's Optuna storage, the lock holder, the heartbeat)."""
+SHARED_POSTGRES_POOL: dict[str, Any] = {**POSTGRES_POOL, "pool_size": 4, "max_overflow": 16}
+"""The pool of the one engine the stores of a process share (`shared_state_engine`): with an
+engine each, a sidecar's six stores kept up to 12 idle connections and burst to 60, and 16
+sidecars exhausted a PostgreSQL's ``max_connections = 200`` (``bench/fleet.py``)."""
 _BACKENDS = ("sqlite", "postgresql")
 
 
@@ -96,6 +101,47 @@ def state_engine(url: str) -> Engine:
     if sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+_shared: dict[str, Engine] = {}  # url -> the engine its stores share
+_holders: dict[int, tuple[str | None, Engine]] = {}  # id(handed out) -> (shared url, it)
+_shared_lock = threading.Lock()
+
+
+def shared_state_engine(url: str) -> Engine:
+    """An engine on the state database at ``url`` for one store, to give back with
+    `release_state_engine`. On PostgreSQL the stores of a process share one pool, so a
+    sidecar's connections do not grow with its stores; not for work that holds a connection
+    while it needs another (a lock held across a block), which takes an engine of its own.
+    SQLite gets an engine of its own: its connections are cheap, and an in-memory database is
+    one engine's alone."""
+    with _shared_lock:
+        if state_url(url).get_backend_name() != "postgresql":
+            engine, key = state_engine(url), None
+        else:
+            if url not in _shared:
+                _shared[url] = create_engine(
+                    state_url(url), **{**state_engine_options(url), **SHARED_POSTGRES_POOL})
+            engine, key = _shared[url].execution_options(), url  # one handle per store
+        _holders[id(engine)] = (key, engine)
+        return engine
+
+
+def release_state_engine(engine: Engine) -> None:
+    """A store is done with ``engine``: its connections close once no store holds its pool
+    (harmless twice)."""
+    with _shared_lock:
+        held = _holders.pop(id(engine), None)
+        if held is None:
+            return
+        url = held[0]
+        if url is None:
+            pool_owner = engine
+        elif any(key == url for key, _ in _holders.values()):
+            return
+        else:
+            pool_owner = _shared.pop(url)
+    pool_owner.dispose()
 
 
 def autocommit_reads(engine: Engine) -> Engine:

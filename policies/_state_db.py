@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from collectors import SeedanceError, autocommit_reads, state_engine
+from collectors import SeedanceError, autocommit_reads, release_state_engine, shared_state_engine
 from collectors import sqlite_url as sqlite_url
 from policies._findings import Finding
 
@@ -58,7 +58,7 @@ class FindingStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._engine: Engine = state_engine(url)
+        self._engine: Engine = shared_state_engine(url)
         self._reads = autocommit_reads(self._engine)
         _metadata.create_all(self._engine)
 
@@ -122,7 +122,7 @@ class FindingStore:
 
     def close(self) -> None:
         """Release the connection pool; a second call is harmless."""
-        self._engine.dispose()
+        release_state_engine(self._engine)
 
     def __enter__(self) -> FindingStore:
         return self

@@ -32,10 +32,13 @@ port = {port}
 unix_socket_directories = '{socket_dir}'
 fsync = off
 full_page_writes = off
-max_connections = 200
+max_connections = {max_connections}
 shared_buffers = 32MB
 log_min_messages = warning
 """
+
+
+MAX_CONNECTIONS = 200
 
 
 class PostgresUnavailable(RuntimeError):
@@ -107,7 +110,8 @@ class PostgresServer:
         self._run(str(self.bindir / "initdb"), "-D", str(self.data_dir), "-U", SUPERUSER,
                   "--auth=trust", "--encoding=UTF8", "--no-sync", "--no-instructions")
         with (self.data_dir / "postgresql.conf").open("a") as conf:
-            conf.write(_SETTINGS.format(port=self.port, socket_dir=self.root))
+            conf.write(_SETTINGS.format(port=self.port, socket_dir=self.root,
+                                         max_connections=MAX_CONNECTIONS))
         self._initialised = True
 
     def start(self) -> None:

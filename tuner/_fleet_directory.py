@@ -17,7 +17,7 @@ from types import TracebackType
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from collectors import ConfigError, autocommit_reads, state_engine
+from collectors import ConfigError, autocommit_reads, release_state_engine, shared_state_engine
 from tuner._fleet_tables import jobs_table, sidecars_table
 from tuner._knobs import Config
 from tuner._lease_messages import JobKind
@@ -73,7 +73,7 @@ class FleetDirectory:
     def __init__(self, db_url: str, *, heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                  clock: Callable[[], float] = time.time) -> None:
         self.stale_after_s = stale_after_s(heartbeat_s)
-        self._engine: Engine = state_engine(db_url)
+        self._engine: Engine = shared_state_engine(db_url)
         self._reads = autocommit_reads(self._engine)
         self._clock = clock
         self._exists = False
@@ -87,7 +87,7 @@ class FleetDirectory:
 
     def close(self) -> None:
         """Release the connections (idempotent)."""
-        self._engine.dispose()
+        release_state_engine(self._engine)
 
     def sidecars(self) -> list[FleetSidecar]:
         """Every sidecar that registered, oldest start first."""

@@ -17,7 +17,13 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from collectors import FingerprintError, JobFingerprint, autocommit_reads, state_engine
+from collectors import (
+    FingerprintError,
+    JobFingerprint,
+    autocommit_reads,
+    release_state_engine,
+    shared_state_engine,
+)
 from tuner._fleet_tables import fleet_metadata, jobs_table
 
 log = logging.getLogger(__name__)
@@ -30,14 +36,14 @@ class FleetJobs:
 
     def __init__(self, db_url: str, *, create: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
-        self._engine: Engine = state_engine(db_url)
+        self._engine: Engine = shared_state_engine(db_url)
         self._reads = autocommit_reads(self._engine)
         self._clock = clock
         if create:
             fleet_metadata.create_all(self._engine)
 
     def close(self) -> None:
-        self._engine.dispose()
+        release_state_engine(self._engine)
 
     def record_fingerprint(self, job: str, fingerprint: JobFingerprint, *, kind: str,
                            sidecar_id: str, study: str | None) -> None:

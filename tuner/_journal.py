@@ -24,7 +24,12 @@ from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from collectors import autocommit_reads, lock_transaction, state_engine
+from collectors import (
+    autocommit_reads,
+    lock_transaction,
+    release_state_engine,
+    shared_state_engine,
+)
 from tuner._change import Change, ChangeCursor, IllegalTransition, Mode, RolloutError
 from tuner._change_tables import change_events_table, changes_table, metadata, modes_table
 
@@ -39,7 +44,7 @@ class ChangeJournal:
                  create: bool = True) -> None:
         """``create=False`` opens a journal that may not exist yet without creating it (a
         read-only reader: reads answer empty until a controller created the tables)."""
-        self._engine: Engine = state_engine(db_url)
+        self._engine: Engine = shared_state_engine(db_url)
         self._reads = autocommit_reads(self._engine)
         self._clock = clock
         self._created = create
@@ -48,7 +53,7 @@ class ChangeJournal:
 
     def close(self) -> None:
         """Release the database connections."""
-        self._engine.dispose()
+        release_state_engine(self._engine)
 
     # ---- writes ------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from collectors import autocommit_reads, state_engine
+from collectors import autocommit_reads, release_state_engine, shared_state_engine
 
 _metadata = MetaData()
 versions_table = Table(
@@ -26,7 +26,7 @@ class VersionLedger:
     """Per job, the highest version issued; ``issued`` only ever raises it."""
 
     def __init__(self, db_url: str) -> None:
-        self._engine = state_engine(db_url)
+        self._engine = shared_state_engine(db_url)
         self._reads = autocommit_reads(self._engine)
         _metadata.create_all(self._engine)
 
@@ -48,5 +48,5 @@ class VersionLedger:
             conn.execute(upsert)
 
     def close(self) -> None:
-        self._engine.dispose()
+        release_state_engine(self._engine)
 

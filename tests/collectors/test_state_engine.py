@@ -3,14 +3,24 @@ URL or an unreachable server is one line that hides the password."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from collectors import ConfigError, autocommit_reads, state_db_error, state_engine
+from collectors import (
+    ConfigError,
+    autocommit_reads,
+    release_state_engine,
+    shared_state_engine,
+    state_db_error,
+    state_engine,
+)
+from collectors._state_engine import SHARED_POSTGRES_POOL
 from tests.postgres import PostgresServer
 from tests.servers import free_port
 
@@ -112,3 +122,49 @@ def test_an_unreachable_server_is_one_line_without_the_password() -> None:
 def test_a_bad_url_is_a_config_error(url: str, says: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)):
         state_engine(url)
+
+
+def _connections(admin_engine: sa.Engine, database: str) -> int:
+    with admin_engine.connect() as admin:
+        return int(admin.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = :db "
+            "AND application_name = 'seedance'"), {"db": database}).scalar_one())
+
+
+@pytest.mark.integration
+def test_a_process_stores_share_one_pool_on_postgres(postgres_url: str) -> None:
+    """A sidecar opens six stores on the state DB; with an engine each a fleet of 16 ran
+    PostgreSQL out of connections. Shared, the connections are the pool's, whatever the
+    number of stores, and a store that closes leaves the others working."""
+    from policies import FindingStore
+    from tuner import ChangeJournal
+
+    database = str(sa.engine.make_url(postgres_url).database)
+    admin_engine = sa.create_engine(postgres_url)
+    stores = [ChangeJournal(postgres_url) for _ in range(3)] + \
+        [FindingStore(postgres_url) for _ in range(3)]
+    try:
+        for _ in range(3):  # every store reads while the others hold their connection
+            with contextlib.ExitStack() as held:
+                for store in stores:
+                    held.enter_context(store._engine.connect())
+        assert _connections(admin_engine, database) == SHARED_POSTGRES_POOL["pool_size"]
+        for store in stores[1:]:
+            store.close()
+            store.close()  # harmless twice: the pool stays for the store still open
+        assert stores[0].changes() == []
+        assert _connections(admin_engine, database) >= 1
+        stores[0].close()
+        assert _connections(admin_engine, database) == 0
+    finally:
+        admin_engine.dispose()
+
+
+def test_sqlite_stores_keep_engines_of_their_own(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    first, second = shared_state_engine(url), shared_state_engine(url)
+    assert first.pool is not second.pool
+    release_state_engine(first)
+    with second.connect() as conn:
+        assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+    release_state_engine(second)
