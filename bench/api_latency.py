@@ -90,7 +90,7 @@ def one_round(trees: dict[str, Path], warmup_s: float, seconds: float,
             errors = dict.fromkeys(ARMS, 0)
             with httpx.Client(timeout=30) as http:
                 start = time.monotonic()
-                for path, arm in itertools.product(itertools.cycle(PATHS), ARMS):
+                for path, arm in itertools.cycle(itertools.product(PATHS, ARMS)):
                     if time.monotonic() - start > seconds:
                         break
                     t0 = time.perf_counter()
