@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import collectors
 
@@ -51,3 +52,24 @@ def test_tuner_facade_names_resolve_without_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_started_sidecar_leaves_scipy_stats_and_matplotlib_unloaded(tmp_path: Path) -> None:
+    """Each costs every sidecar of a fleet tens of MiB (scipy.stats 47, matplotlib 31): the
+    measurement takes its quantiles from scipy.special, and plots load when one is drawn."""
+    code = (
+        "import sys, time\n"
+        "from fastapi.testclient import TestClient\n"
+        "from seedancectl._config import SidecarConfig\n"
+        "from seedancectl._sidecar import Sidecar\n"
+        f"config = SidecarConfig(job='j', store={str(tmp_path / 'm.db')!r}, nvml='off',\n"
+        f"    state_db='sqlite:///{tmp_path / 's.db'}', jobs={{'j': {{'tune': True}}}})\n"
+        "with TestClient(Sidecar(config, environ={}).app()) as client:\n"
+        "    assert client.get('/readyz').status_code == 200\n"
+        "    assert client.get('/v1/status').status_code == 200\n"
+        "    assert client.get('/v1/fleet').status_code == 200\n"
+        "print(sorted(m for m in ('scipy.stats', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
