@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench._busy import busy_cores  # noqa: E402
 from bench._targets import Target, at_most, judged  # noqa: E402
 from bench._worktree import worktree  # noqa: E402
-from bench.idle_sidecar import ARMS, cpu_s, start_arm  # noqa: E402
+from bench.idle_sidecar import ARMS, cpu_s, start_arm, stop_arms  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "api_latency.json"
 PATHS = ("/v1/status", "/v1/changes", "/v1/findings")
@@ -115,12 +115,7 @@ def one_round(trees: dict[str, Path], warmup_s: float, seconds: float,
                       "sidecar_core_share": (after[arm] - before[arm]) / took}
                 for arm in ARMS}
     finally:
-        for sidecar, simulated in procs.values():
-            simulated.terminate()
-            sidecar.terminate()
-        for sidecar, simulated in procs.values():
-            simulated.wait(30)
-            sidecar.wait(60)
+        stop_arms(procs)
 
 
 def main() -> None:

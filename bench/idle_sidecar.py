@@ -83,6 +83,16 @@ def start_arm(work: Path, arm: str, tree: Path) -> tuple[subprocess.Popen[bytes]
     return sidecar, simulated
 
 
+def stop_arms(procs: dict[str, tuple[subprocess.Popen[bytes], ...]]) -> None:
+    """Stop every arm's job, then its sidecar."""
+    for sidecar, simulated in procs.values():
+        simulated.terminate()
+        sidecar.terminate()
+    for sidecar, simulated in procs.values():
+        simulated.wait(30)
+        sidecar.wait(60)
+
+
 def one_round(trees: dict[str, Path], warmup_s: float, seconds: float) -> dict[str, float]:
     """Both arms side by side; each sidecar's share of a core over ``seconds``."""
     work = Path(tempfile.mkdtemp(prefix="seedance-idle-"))
@@ -99,12 +109,7 @@ def one_round(trees: dict[str, Path], warmup_s: float, seconds: float) -> dict[s
                 raise SystemExit(f"the {arm} sidecar exited: see {work / arm / 'sidecar.log'}")
         return {arm: (after[arm] - before[arm]) / took for arm in ARMS}
     finally:
-        for sidecar, simulated in procs.values():
-            simulated.terminate()
-            sidecar.terminate()
-        for sidecar, simulated in procs.values():
-            simulated.wait(30)
-            sidecar.wait(60)
+        stop_arms(procs)
 
 
 def main() -> None:
