@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,11 +125,18 @@ def test_a_bad_url_is_a_config_error(url: str, says: str) -> None:
         state_engine(url)
 
 
-def _connections(admin_engine: sa.Engine, database: str) -> int:
-    with admin_engine.connect() as admin:
-        return int(admin.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = :db "
-            "AND application_name = 'seedance'"), {"db": database}).scalar_one())
+def _connections(admin_engine: sa.Engine, database: str, settle_to: int | None = None) -> int:
+    """Our connections the server lists; with ``settle_to``, waits up to 10 s for that count,
+    as a backend leaves the list a moment after its client closed it."""
+    deadline = time.monotonic() + 10
+    while True:
+        with admin_engine.connect() as admin:
+            found = int(admin.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = :db "
+                "AND application_name = 'seedance'"), {"db": database}).scalar_one())
+        if settle_to is None or found == settle_to or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.mark.integration
@@ -148,14 +156,15 @@ def test_a_process_stores_share_one_pool_on_postgres(postgres_url: str) -> None:
             with contextlib.ExitStack() as held:
                 for store in stores:
                     held.enter_context(store._engine.connect())
-        assert _connections(admin_engine, database) == SHARED_POSTGRES_POOL["pool_size"]
+        kept = SHARED_POSTGRES_POOL["pool_size"]
+        assert _connections(admin_engine, database, settle_to=kept) == kept
         for store in stores[1:]:
             store.close()
             store.close()  # harmless twice: the pool stays for the store still open
         assert stores[0].changes() == []
         assert _connections(admin_engine, database) >= 1
         stores[0].close()
-        assert _connections(admin_engine, database) == 0
+        assert _connections(admin_engine, database, settle_to=0) == 0
     finally:
         admin_engine.dispose()
 
