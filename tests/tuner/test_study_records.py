@@ -4,8 +4,12 @@ system attributes, ids by name and number, ended trials staying ended)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import optuna
 import pytest
+from optuna.trial import TrialState, create_trial
+from sqlalchemy import event
 
 from tuner._study_records import StudyRecords
 
@@ -55,3 +59,56 @@ def test_a_started_trial_runs_with_exactly_its_params_and_attributes(
         assert started.system_attrs["seedance:lease_until_s"] == 99.0
     study.tell(numbers[0], 1.5)
     assert records.trial(numbers[0]).value == 1.5
+
+
+def _statements(engine: Any) -> list[str]:
+    """Every statement ``engine`` runs from now on (a list that grows)."""
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda _conn, _cursor, statement, *_rest: seen.append(statement))
+    return seen
+
+
+def test_a_started_trial_is_what_optunas_own_creation_writes_in_a_few_statements(
+        state_db_url: str) -> None:
+    # 8 knobs, as a real job's space has: Optuna writes each param with two reads before it
+    storage = optuna.storages.RDBStorage(state_db_url)
+    optuna.create_study(study_name="same", storage=storage)
+    space: dict[str, optuna.distributions.BaseDistribution] = {
+        **{f"k{i}": optuna.distributions.IntDistribution(0, 8) for i in range(4)},
+        "lr": optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True),
+        **{f"c{i}": optuna.distributions.CategoricalDistribution(["a", "b", None])
+           for i in range(3)}}
+    params = {"k0": 1, "k1": 2, "k2": 3, "k3": 8, "lr": 3e-4, "c0": "b", "c1": None, "c2": "a"}
+    user, system = {"why": "a move", "n": [1, 2]}, {"seedance:lease_until_s": 99.5}
+    records = StudyRecords(storage, "same")
+    theirs = storage.get_trial(storage.create_new_trial(records.study_id, create_trial(
+        state=TrialState.RUNNING, params=params, distributions=space, user_attrs=user,
+        system_attrs=system)))
+
+    statements = _statements(storage.engine)
+    number = records.start_trial(params, space, user_attrs=user, system_attrs=system)
+    written = len(statements)
+    ours = records.trial(number)
+
+    assert (ours.number, theirs.number) == (1, 0)
+    for field in ("state", "params", "distributions", "user_attrs", "system_attrs",
+                  "intermediate_values", "values"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.datetime_start is not None and theirs.datetime_start is not None
+    assert abs((ours.datetime_start - theirs.datetime_start).total_seconds()) < 60
+    assert written <= 7, statements  # Optuna's own: 2 per param and attribute, and then some
+
+
+def test_a_started_trial_with_a_distribution_the_study_cannot_take_writes_nothing(
+        state_db_url: str) -> None:
+    storage = optuna.storages.RDBStorage(state_db_url)
+    study = optuna.create_study(study_name="clash", storage=storage)
+    study.enqueue_trial({"x": 1})
+    study.ask({"x": optuna.distributions.IntDistribution(0, 3)})
+    records = StudyRecords(storage, "clash")
+    with pytest.raises(ValueError, match="distribution"):  # as Optuna's own creation refuses it
+        records.start_trial({"x": "a"},
+                            {"x": optuna.distributions.CategoricalDistribution(["a", "b"])},
+                            user_attrs={}, system_attrs={})
+    assert [t.number for t in study.get_trials()] == [0]
