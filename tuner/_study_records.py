@@ -113,7 +113,7 @@ def _insert_running_trial(storage: RDBStorage, study_id: int, params: Mapping[st
         for name, known in used:
             check_distribution_compatibility(json_to_distribution(known), distributions[name])
         number = session.scalar(select(func.count()).select_from(trial_table)
-                                .where(trial_table.study_id == study_id))
+                                .where(trial_table.study_id == study_id)) or 0
         trial = trial_table(study_id=study_id, number=number, state=TrialState.RUNNING,
                             datetime_start=datetime.now())  # the model converts the time
         session.add(trial)
@@ -132,4 +132,4 @@ def _insert_running_trial(storage: RDBStorage, study_id: int, params: Mapping[st
         for model, values in rows.items():
             if values:
                 session.execute(insert(model), values)  # one executemany per table
-        return int(number)
+        return number
