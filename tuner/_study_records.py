@@ -96,9 +96,8 @@ def _insert_running_trial(storage: RDBStorage, study_id: int, params: Mapping[st
     """What ``RDBStorage.create_new_trial`` writes for a RUNNING template, in 7 statements
     whatever the number of params and attributes: Optuna's own writes each param and attribute
     on its own, with a read of the trial before each (17 statements for 3 knobs and 2
-    attributes, 34 for 8 knobs and 3),
-    and each statement is a round trip that waits its turn on a busy database while the study's
-    lock is held. The same checks: the study's row locked for the number, as Optuna locks it
+    attributes, 34 for 8 knobs and 3), and each statement is a round trip that waits its turn
+    on a busy database while the study's lock is held. The same checks: the study's row locked for the number, as Optuna locks it
     (trial numbers count the study's trials), and each param's distribution compatible with
     the ones the study already used."""
     trial_table, param_table = models.TrialModel, models.TrialParamModel
