@@ -192,12 +192,16 @@ class SidecarConfig(_Section):
     fleet_heartbeat_s: float = Field(default=2.0, gt=0)
     """How often the sidecar tells the fleet it is alive; after 3 periods of silence its jobs
     may be claimed by another sidecar. Every sidecar of a fleet should use the same."""
-    nice: int = Field(default=10, ge=0, le=19)
+    nice: int = Field(default=5, ge=0, le=19)
     """How far the sidecar lowers the CPU priority of its bulk work (Unix niceness, added to
     what it started with): it shares cores with the job it watches, and its bursts (a policy
     pass, a flush, decoding) must not stall the job's threads. On Linux only the bulk threads
     are lowered, and the threads that answer the API and the jobs' leases keep the priority it
-    started with; elsewhere the whole process. 0 keeps the priority it was started with."""
+    started with; elsewhere the whole process. 0 keeps the priority it was started with.
+
+    Not 10: the answering threads share one interpreter lock with the bulk threads, and a bulk
+    thread that holds it when the kernel preempts it makes every answer wait until it runs
+    again, which at +10 on a busy node is tens of milliseconds (``docs/tuning.md``)."""
     price_per_gpu_hour: float = Field(default=2.5, gt=0)
     currency: str = Field(default="USD", pattern=r"^[A-Za-z$€£¥]{1,8}$")
     """What one GPU-hour costs, in ``currency``: the report's money figures."""

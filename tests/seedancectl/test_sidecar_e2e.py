@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from seedancectl._config import SidecarConfig
 from tests.servers import free_port, start_prometheus, wait_for
 
 SENDER = textwrap.dedent("""
@@ -128,15 +129,17 @@ def _threads(pid: int) -> dict[str, list[int]]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_the_sidecar_yields_the_cpu_to_the_job_by_default(sidecar: Sidecar) -> None:
     """It shares cores with the job it measures: by default its bulk work (policy passes,
-    store flushes, decoding) runs 10 niceness steps below the priority it was started with,
-    while the thread that answers the API and the job's leases keeps that priority."""
+    store flushes, decoding) runs ``nice`` (5) niceness steps below the priority it was
+    started with, while the thread that answers the API and the job's leases keeps that
+    priority."""
     base = _niceness(Path(f"/proc/{os.getpid()}/stat"))
     sent = subprocess.run([sys.executable, "-c", SENDER, f"{sidecar.url}/v1/metrics"],
                           capture_output=True, text=True, timeout=60)
     assert sent.returncode == 0, sent.stderr  # an export, so the ingest pool has started
     threads = _threads(sidecar.proc.pid)
     assert _niceness(Path(f"/proc/{sidecar.proc.pid}/stat")) == base  # the event loop's
-    lowered = min(base + 10, 19)
+    lowered = min(base + SidecarConfig.model_fields["nice"].default, 19)
+    assert lowered > base
     for name in ("policy-engine", "store-flush:met", "otlp-ingest_0"):
         assert threads.get(name) == [lowered], (name, threads)
 
