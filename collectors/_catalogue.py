@@ -374,6 +374,12 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
                description="OTLP requests answered 200 (decoded_by any) and the metric exports "
                "among them decoded from a template, a repeat of a shape seen before, with no "
                "protobuf walk and no Point built (decoded_by template)"),
+    MetricSpec(name="http.server.request.duration", unit="s", kind=H, source="sidecar",
+               attributes=("service.name", "http.request.method", "http.route",
+                           "http.response.status_code"),
+               description="Time the sidecar took to answer an HTTP request, from the request "
+               "reaching its app to the last byte handed to the server, per route template: "
+               "its own part of a client's latency (OpenTelemetry HTTP semantic conventions)"),
     MetricSpec(name="seedance.store.buffered_points", unit="{point}", kind=G,
                source="sidecar", attributes=("service.name",),
                description="Points waiting for the store's next commit (the backlog); past "

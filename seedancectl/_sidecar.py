@@ -26,6 +26,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from opentelemetry.metrics import Histogram
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import OperationalError
@@ -67,6 +68,7 @@ from seedancectl._health import (
 )
 from seedancectl._job_searches import JobSearches, auto_bounds, study_name
 from seedancectl._metrics_source import prometheus_reader
+from seedancectl._request_duration import RequestDuration, request_duration_histogram
 from seedancectl._sources import build_gpu_sampler, build_scrapers
 from seedancectl._state_schema import migrate
 from seedancectl._traces import SidecarTraces
@@ -150,6 +152,8 @@ class Sidecar:
             if config.upstream_otlp_endpoint else None
         )
         self._telemetry: Telemetry | None = None
+        self._request_duration: Histogram | None = None
+        """The API's own answer times (``seedancectl._request_duration``), once telemetry runs."""
         self.traces = SidecarTraces(config)  # spans of changes and jobs; see _traces
         # Built here, not in start(), so a bad trace or scrape URL fails before serving.
         self._gpu_sampler = build_gpu_sampler(config)
@@ -198,6 +202,8 @@ class Sidecar:
             self._gpu_sampler.register(self._telemetry.meter("seedance.nvml"),
                                        job=self._gpu_job)
             register_health_metrics(self._telemetry.meter("seedance.sidecar"), self)
+            self._request_duration = request_duration_histogram(
+                self._telemetry.meter("seedance.sidecar"))
             self._gpu_sampler.start()
             self._scrapers = build_scrapers(config, sink=self.sink)
             for scraper in self._scrapers:
@@ -319,6 +325,7 @@ class Sidecar:
                 scraper.shutdown(timeout_s)
             self._gpu_sampler.shutdown(timeout_s)
             if self._telemetry is not None:
+                self._request_duration = None
                 self._telemetry.shutdown(timeout_s)
             if self._forwarder is not None:
                 self._forwarder.shutdown(timeout_s)
@@ -407,6 +414,7 @@ class Sidecar:
                 self.shutdown()
 
         app = FastAPI(title="seedance sidecar", lifespan=lifespan)
+        app.add_middleware(RequestDuration, histogram=lambda: self._request_duration)
         app.include_router(
             otlp_router(self.sink, max_body_bytes=self.config.max_body_bytes,
                         forwarder=self._forwarder, stats=self.stats,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from seedancectl._config import SidecarConfig
 from tests.servers import free_port, start_prometheus, wait_for
@@ -298,3 +299,35 @@ def test_startup_failures_are_one_line_before_the_banner(tmp_path: Path) -> None
         assert "token_file" in done.stderr and str(tmp_path / "missing") in done.stderr
         assert "Traceback" not in done.stderr and "listening on" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _duration_counts(text: str) -> dict[tuple[str, str], float]:
+    """(route, status) -> how many answers ``/metrics`` counted, from the duration histogram."""
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("http_server_request_duration") \
+                    and sample.name.endswith("_count"):
+                key = (sample.labels["http_route"], sample.labels["http_response_status_code"])
+                counts[key] = sample.value
+    return counts
+
+
+@pytest.mark.integration
+def test_the_sidecar_times_its_own_answers_per_route_template(sidecar: Sidecar) -> None:
+    """An operator reading a slow client latency must be able to tell the sidecar's part from
+    the rest: each answer's duration, by route template (never the raw path: a change id per
+    series would grow without bound) and status."""
+    with httpx.Client(base_url=sidecar.url, timeout=10) as http:
+        for _ in range(5):
+            assert http.get("/v1/status").status_code == 200
+        assert http.get("/v1/changes/no-such-change").status_code == 404
+        deadline = time.monotonic() + 20
+        while True:  # the sidecar's own telemetry exports every second
+            counts = _duration_counts(http.get("/metrics").text)
+            if counts.get(("/v1/status", "200"), 0) >= 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+    assert counts.get(("/v1/status", "200")) == 5, counts
+    assert counts.get(("/v1/changes/{change_id}", "404")) == 1, counts
+    assert not any("no-such-change" in route for route, _ in counts), counts
