@@ -66,6 +66,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +110,30 @@ def latency(samples: list[tuple[float, float]], outage: dict[str, Any] | None
         out["by_phase"] = {name: {"calls": len(v), "p50_ms": percentile(v, 50),
                                   "p99_ms": percentile(v, 99)} for name, v in phases.items()}
     return out
+
+
+def served(http: httpx.Client, sidecars: list[Sidecar]) -> dict[str, Any]:
+    """The readers' calls as the sidecars themselves timed them (``http.server.request.duration``
+    from each one's ``/metrics``, answers 200 on ``PATHS``, summed; the whole run, outage
+    included): what share of the API's latency is spent inside the sidecars. Its p99 is a
+    bucket's upper bound, not a sample."""
+    buckets: dict[float, float] = {}
+    calls = 0.0
+    for s in sidecars:
+        for family in text_string_to_metric_families(http.get(f"{s.url}/metrics").text):
+            for sample in family.samples:
+                if (not sample.name.startswith("http_server_request_duration")
+                        or sample.labels.get("http_route") not in PATHS
+                        or sample.labels.get("http_response_status_code") != "200"):
+                    continue
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    buckets[bound] = buckets.get(bound, 0.0) + sample.value
+                elif sample.name.endswith("_count"):
+                    calls += sample.value
+    p99 = next((b for b in sorted(buckets) if buckets[b] >= 0.99 * calls), None)
+    return {"calls": calls, "p99_at_most_ms": None if p99 is None else p99 * 1e3,
+            "share_over_100_ms": (calls - buckets.get(0.1, 0.0)) / calls if calls else None}
 
 
 def rss_mib(pid: int) -> float | None:
@@ -502,6 +527,7 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         proc.join(30)
     api_ms, study_ms = measured["api_ms"], measured["study_ms"]
     sample_rss()
+    in_sidecars = served(http, sidecars)
     ended = time.time()
     cpu_share = [(end - begin) / (ended - started) for s in sidecars if s.proc is not None
                  and (begin := cpu_at_start.get(s.job)) is not None
@@ -528,7 +554,9 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         "sidecars": n, "ranks": args.ranks, "series_per_rank": args.series,
         "jobs_attached_after_s": attached_after_s, "seconds": ended - started,
         "proposals_per_s": found["changes"] / (ended - started),
-        "api": {**latency(api_ms, outage_report), "errors": measured["api_errors"]},
+        "api": {**latency(api_ms, outage_report), "errors": measured["api_errors"],
+                "share_over_100_ms": sum(m > 100 for _, m in api_ms) / max(len(api_ms), 1),
+                "in_sidecars": in_sidecars},
         "study": {op: latency(v, outage_report) for op, v in study_ms.items()},
         "locks": {**locks, "journal_conflicts_logged": logs.count("moved under us")},
         "postgres_connections": {
