@@ -325,7 +325,9 @@ def test_the_sidecar_times_its_own_answers_per_route_template(sidecar: Sidecar) 
         deadline = time.monotonic() + 20
         while True:  # the sidecar's own telemetry exports every second
             counts = _duration_counts(http.get("/metrics").text)
-            if counts.get(("/v1/status", "200"), 0) >= 5 or time.monotonic() > deadline:
+            if (counts.get(("/v1/status", "200"), 0) >= 5
+                    and counts.get(("/v1/changes/{change_id}", "404"), 0) >= 1) \
+                    or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
     assert counts.get(("/v1/status", "200")) == 5, counts
