@@ -7,7 +7,7 @@ study-wide records (priors, barred configs, the reference rate) as system attrib
 ``_trial_id``); the storage (``optuna.storages.BaseStorage``) can, given ids the storage itself
 resolves from the study's name and a trial's number. One write is not through that API:
 ``start_trial`` on an ``RDBStorage`` writes its trial with Optuna's own ORM models
-(``optuna.storages._rdb.models``) in one flush (see there); ``tests/tuner/test_study_records.py``
+(``optuna.storages._rdb.models``) in one transaction (see there); ``tests/tuner/test_study_records.py``
 checks it writes what Optuna's own trial creation writes, so a release that changes the schema
 fails there first.
 """
@@ -97,9 +97,9 @@ def _insert_running_trial(storage: RDBStorage, study_id: int, params: Mapping[st
     whatever the number of params and attributes: Optuna's own writes each param and attribute
     on its own, with a read of the trial before each (17 statements for 3 knobs and 2
     attributes, 34 for 8 knobs and 3), and each statement is a round trip that waits its turn
-    on a busy database while the study's lock is held. The same checks: the study's row locked for the number, as Optuna locks it
-    (trial numbers count the study's trials), and each param's distribution compatible with
-    the ones the study already used."""
+    on a busy database while the study's lock is held. The same checks: the study's row
+    locked for the number, as Optuna locks it (trial numbers count the study's trials), and
+    each param's distribution compatible with the ones the study already used."""
     trial_table, param_table = models.TrialModel, models.TrialParamModel
     with Session(storage.engine) as session, session.begin():
         if session.scalar(select(models.StudyModel.study_id)
