@@ -27,6 +27,7 @@ JOB_ATTR = ATTR_SERVICE_NAME
 _Key = tuple[str, frozenset[tuple[str, str]]]
 """A series: its metric name and attribute set."""
 _SHAPE_KEY = "cardinality.keys"
+_SHAPE_ADMITTED = "cardinality.admitted"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,12 +57,14 @@ class SeriesLimiter:
         self._per_job: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         """Points dropped, by the limit that dropped them ("metric" or "job")."""
+        self._token = object()
+        """Marks the shapes this limiter admitted whole (a shape may meet several limiters)."""
 
     def admit(self, points: Iterable[Point]) -> list[Point]:
         """The points of series within the limits (every other one dropped and counted)."""
         listed = list(points)
-        dropped = self._dropped([(p.name, frozenset(p.attributes.items())) for p in listed],
-                                lambda i: listed[i].attributes)
+        dropped, _ = self._dropped([(p.name, frozenset(p.attributes.items())) for p in listed],
+                                   lambda i: listed[i].attributes)
         if not dropped:
             return listed
         out = set(dropped)
@@ -75,22 +78,33 @@ class SeriesLimiter:
             admitted = self.admit(decoded.points)
             return decoded if len(admitted) == len(decoded) else \
                 DecodedMetrics(points=admitted, metrics=decoded.metrics)
+        if shape.derived.get(_SHAPE_ADMITTED) == (self._token, self._seen.generation):
+            # all its keys are in the current generation: nothing to look up, but other
+            # series may be due to go. A rotation now leaves them in the previous generation,
+            # from where the next repeat's lookup brings them back.
+            with self._lock:
+                self._forget_idle()
+            return decoded
         keys = shape.derived.get(_SHAPE_KEY)
         if keys is None:
             keys = shape.derived[_SHAPE_KEY] = [
                 (name, frozenset(attributes.items()))
                 for name, attributes in zip(shape.names, shape.attributes, strict=True)]
-        dropped = self._dropped(keys, shape.attributes.__getitem__)  # type: ignore[arg-type]
+        dropped, generation = self._dropped(keys, shape.attributes.__getitem__)  # type: ignore[arg-type]
         if not dropped:
+            # every key was read or written in this generation, so until the next rotation
+            # they are all present and a repeat of the shape has nothing to look up
+            shape.derived[_SHAPE_ADMITTED] = (self._token, generation)
             return decoded
         out = set(dropped)
         return DecodedMetrics(points=[p for i, p in enumerate(decoded.points) if i not in out],
                               metrics=decoded.metrics)
 
     def _dropped(self, keys: Sequence[_Key], attributes: Callable[[int], Mapping[str, str]]
-                 ) -> list[int]:
+                 ) -> tuple[list[int], int]:
         """Admit the series ``keys`` (``attributes(i)``: those of the i-th point, read only
-        for a new series); the indices of those over a limit."""
+        for a new series); the indices of those over a limit, and the generation of the
+        series map they were admitted in."""
         dropped: list[int] = []
         limit = self.limit
         seen = self._seen
@@ -111,7 +125,7 @@ class SeriesLimiter:
                     seen[key] = (job, name)
                     self._per_metric[(job, name)] += 1
                     self._per_job[job] += 1
-        return dropped
+            return dropped, seen.generation
 
     def _forget_idle(self) -> None:
         for job_metric in self._seen.expire().values():

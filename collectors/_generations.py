@@ -31,6 +31,9 @@ class GenerationalMap(Generic[K, V]):
         self._current: dict[K, V] = {}
         self._previous: dict[K, V] = {}
         self._rotated_at = clock()
+        self.generation = 0
+        """Counts rotations and clears: while it stays the same, no entry read or written since
+        has gone, so a caller that saw a set of keys present may skip looking them up again."""
 
     def get(self, key: K) -> V | None:
         found = self._current.get(key)
@@ -48,6 +51,7 @@ class GenerationalMap(Generic[K, V]):
         return len(self._current) + len(self._previous)
 
     def clear(self) -> None:
+        self.generation += 1
         self._current.clear()
         self._previous.clear()
 
@@ -57,6 +61,7 @@ class GenerationalMap(Generic[K, V]):
         now = self._clock()
         if now - self._rotated_at < self.idle_s:
             return {}
+        self.generation += 1
         dropped, self._previous, self._current = self._previous, self._current, {}
         if now - self._rotated_at >= 2 * self.idle_s:  # idle past both generations: all go
             dropped.update(self._previous)

@@ -97,7 +97,8 @@ class Shape:
 
     A consumer derives its per-series work (store keys, limiter keys, label sets) once per shape
     and keeps it in ``derived`` under a key of its own; what it keeps must follow from the names
-    and attributes alone, never from its own state, which changes between requests.
+    and attributes alone, or carry a stamp of the consumer state it depends on (the series
+    limiter's generation), as that state changes between requests.
     """
 
     __slots__ = ("attributes", "derived", "names")

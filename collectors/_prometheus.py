@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -27,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from collectors._errors import SeedanceError
 from collectors._otel_internals import map_unit, sanitize_attribute, sanitize_full_name
-from collectors._otlp_decode import DecodedMetrics, MetricInfo, Temporality
+from collectors._otlp_decode import DecodedMetrics, MetricInfo, Shape, Temporality
 from collectors._points import MetricKind
 
 LabelKey = tuple[tuple[str, str], ...]
@@ -61,6 +62,18 @@ class _Series:
 
 
 @dataclass(slots=True)
+class _PendingShape:
+    """A shape's exports not yet folded into the series: the latest values, delta points
+    summed over them. Folding happens in ``order``, the order of each shape's latest export,
+    so a series in several shapes ends with the value of the export that came last."""
+
+    order: int
+    decoded: DecodedMetrics
+    values: np.ndarray
+    updated_s: float
+
+
+@dataclass(slots=True)
 class _Family:
     info: MetricInfo
     series: dict[LabelKey, _Series] = field(default_factory=dict)
@@ -83,6 +96,10 @@ _UNKNOWN: tuple[str, str] = ("", "")
 _SeriesOf = tuple[str, str, str, "LabelKey"]
 """(family name, role, bound, label key) of one Point."""
 _SHAPE_KEY = "prometheus.latest"
+_SHAPE_SUMMED = "prometheus.summed"
+_PENDING_MAX = 1024
+"""Shapes whose exports wait for a scrape before it folds them in; past it they are folded at
+once. One per distinct export shape, so a steady job holds a handful."""
 _LABELS_MAX = 200_000
 """Attribute sets whose labels are kept computed: the same series arrive every export."""
 
@@ -115,45 +132,92 @@ class LatestValueCollector(Collector):
         self._labels: dict[tuple[tuple[str, str], tuple[tuple[str, str], ...]], _SeriesOf] = {}
         self.idle_s = idle_s
         self._swept_s = clock()
+        self._pending: dict[Shape, _PendingShape] = {}
+        self._order = 0
 
     def update(self, decoded: DecodedMetrics) -> None:
-        """Take the points of one decoded request; points of undescribed names are ignored."""
+        """Take the points of one decoded request; points of undescribed names are ignored.
+
+        A repeat export (one with a shape) is only noted: its values replace, or add to, those
+        its shape left pending, and the per-series work waits for a scrape or an expiry, so
+        an export costs the receiver a few array operations however many series it carries.
+        """
         now = self._clock()
         if self.idle_s is not None and now - self._swept_s >= self.idle_s / 4:
             self._swept_s = now
             self.expire(self.idle_s)
-        families: dict[str, _Family] = {}
+        shape = decoded.shape
         with self._lock:
-            if decoded.shape is not None:
-                assert decoded.values is not None
-                found = self._shape_series(decoded)
-                values: list[float] = decoded.values.tolist()
-            else:
+            self._order += 1
+            if shape is None:
+                self._fold_pending()
                 points = decoded.points
                 found = self._series_of([p.name for p in points],
                                         [p.attributes for p in points], decoded.metrics)
-                values = [p.value for p in points]
-            for series_of, value in zip(found, values, strict=True):
-                if series_of is None:
-                    continue
-                name, role, bound, key = series_of
-                family = families.get(name)
-                if family is None:
-                    info = decoded.metrics[name]
-                    family = self._families.get(name)
-                    if family is None or family.info.otlp_type != info.otlp_type:
-                        family = self._families[name] = _Family(info)
-                    family.info = info
-                    families[name] = family
-                series = family.series.get(key)
-                if series is None:
-                    series = family.series[key] = _Series()
-                sample = (role, bound)
-                if family.info.temporality is Temporality.DELTA and role != "quantile":
-                    series.samples[sample] = series.samples.get(sample, 0.0) + value
-                else:
-                    series.samples[sample] = value
-                series.updated_s = now
+                self._apply(found, [p.value for p in points], decoded.metrics, now)
+                return
+            assert decoded.values is not None
+            pending = self._pending.get(shape)
+            if pending is None:
+                self._pending[shape] = _PendingShape(
+                    self._order, decoded, decoded.values.copy(), now)
+                if len(self._pending) > _PENDING_MAX:
+                    self._fold_pending()
+                return
+            summed = self._summed(decoded)
+            pending.values = decoded.values.copy() if summed is None else \
+                np.where(summed, pending.values + decoded.values, decoded.values)
+            pending.order, pending.decoded, pending.updated_s = self._order, decoded, now
+
+    def _summed(self, decoded: DecodedMetrics) -> np.ndarray | None:
+        """Which points of a shape add up over exports (delta sums and histograms); None when
+        none do. Worked out once per shape."""
+        shape = decoded.shape
+        assert shape is not None
+        summed = shape.derived.get(_SHAPE_SUMMED, _UNKNOWN)
+        if summed is _UNKNOWN:
+            mask = np.array([
+                of is not None and of[1] != "quantile"
+                and decoded.metrics[of[0]].temporality is Temporality.DELTA
+                for of in self._shape_series(decoded)], dtype=bool)
+            summed = shape.derived[_SHAPE_SUMMED] = mask if mask.any() else None
+        return summed  # type: ignore[return-value]
+
+    def _fold_pending(self) -> None:
+        """Fold every pending shape into the series, in the order of their latest exports.
+        Called under the lock."""
+        pending = sorted(self._pending.values(), key=lambda p: p.order)
+        self._pending.clear()
+        for shape in pending:
+            self._apply(self._shape_series(shape.decoded), shape.values.tolist(),
+                        shape.decoded.metrics, shape.updated_s)
+
+    def _apply(self, found: list[_SeriesOf | None], values: list[float],
+               metrics: Mapping[str, MetricInfo], now: float) -> None:
+        """Set (or, for delta points, add) each point's value on its series. Called under the
+        lock."""
+        families: dict[str, _Family] = {}
+        for series_of, value in zip(found, values, strict=True):
+            if series_of is None:
+                continue
+            name, role, bound, key = series_of
+            family = families.get(name)
+            if family is None:
+                info = metrics[name]
+                family = self._families.get(name)
+                if family is None or family.info.otlp_type != info.otlp_type:
+                    family = self._families[name] = _Family(info)
+                family.info = info
+                families[name] = family
+            series = family.series.get(key)
+            if series is None:
+                series = family.series[key] = _Series()
+            sample = (role, bound)
+            if family.info.temporality is Temporality.DELTA and role != "quantile":
+                series.samples[sample] = series.samples.get(sample, 0.0) + value
+            else:
+                series.samples[sample] = value
+            series.updated_s = now
 
     def _series_of(self, names: list[str], attributes: list[Mapping[str, str]],
                    metrics: Mapping[str, MetricInfo]) -> list[_SeriesOf | None]:
@@ -194,6 +258,7 @@ class LatestValueCollector(Collector):
         deadline = self._clock() - max_age_s
         dropped = 0
         with self._lock:
+            self._fold_pending()
             for name in list(self._families):
                 series = self._families[name].series
                 stale = [key for key, s in series.items() if s.updated_s < deadline]
@@ -206,6 +271,7 @@ class LatestValueCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
+            self._fold_pending()
             snapshot = [
                 (family.info, [(key, dict(s.samples)) for key, s in family.series.items()])
                 for family in self._families.values()

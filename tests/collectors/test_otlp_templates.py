@@ -15,10 +15,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from collectors._cardinality import CardinalityLimit, SeriesLimiter
 from collectors._otlp_decode import (
@@ -71,10 +72,13 @@ def gauges(series: int, *, stamp: int, version: str = "1", rank: str = "0",
     return request.SerializeToString()
 
 
-def sdk_exports(count: int) -> Iterator[bytes]:
+def sdk_exports(count: int, *, delta: bool = False) -> Iterator[bytes]:
     """``count`` consecutive exports of a real OpenTelemetry SDK: gauges, int and double
-    counters, an up-down counter and histograms, over several attribute sets."""
-    reader = InMemoryMetricReader()
+    counters, an up-down counter and histograms, over several attribute sets (counters and
+    histograms in delta temporality when ``delta``)."""
+    reader = InMemoryMetricReader(preferred_temporality={
+        Counter: AggregationTemporality.DELTA, Histogram: AggregationTemporality.DELTA,
+    } if delta else None)
     provider = MeterProvider(resource=Resource.create({"service.name": "sdk-job",
                                                        "seedance.rank": "1"}),
                              metric_readers=[reader])
@@ -245,3 +249,66 @@ def test_repeat_exports_as_columns_land_where_their_points_would(
                                       plain.store.query(name, resolution="raw"))
     shaped.store.close()
     plain.store.close()
+
+
+def test_interleaved_shapes_on_metrics_show_the_last_export_and_add_up_deltas(
+        tmp_path: Path) -> None:
+    """Repeat exports wait, per shape, for a scrape to fold them in: two shapes over the same
+    series, interleaved, and delta counters summed over several exports, must scrape exactly
+    as the reference path, which applies every export at once (sums to rounding: they are
+    added in another order)."""
+    templates = protobuf_templates(decode_protobuf)
+    shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
+    wide = [gauges(40, stamp=s) for s in range(0, 12, 2)]
+    narrow = [gauges(30, stamp=s) for s in range(1, 12, 2)]  # the first 30 series of wide
+    deltas = list(sdk_exports(6, delta=True))
+    scrapes = columns = 0
+    for i, body in enumerate(b for trio in zip(wide, narrow, deltas, strict=True) for b in trio):
+        decoded = templates.decode(body)
+        shaped.sink(decoded)
+        plain.sink(reference(body))
+        if i % 7 == 6:  # a scrape now and then folds what is pending
+            assert scraped(shaped.registry) == pytest.approx(scraped(plain.registry), rel=1e-12)
+            scrapes += 1
+        columns += decoded.shape is not None
+    assert columns >= 12  # most exports went the columns' way
+    assert scrapes >= 2
+    final = scraped(shaped.registry)
+    assert final == pytest.approx(scraped(plain.registry), rel=1e-12)
+    def norm(module: str) -> float:
+        return final["grad_norm", (("module", module), ("seedance_config_version", "1"),
+                                   ("seedance_rank", "0"), ("service_name", "job"))]
+
+    assert norm("layer000") == 11.0  # both shapes carry it: narrow's stamp 11 came last
+    assert norm("layer035") == 35 * 1.5 + 10.0  # wide's alone: its last, stamp 10
+    assert final["tokens_total", (("phase", "fwd"), ("seedance_rank", "1"),
+                                  ("service_name", "sdk-job"))] == sum(100 + n for n in range(6))
+    for store in (shaped.store, plain.store):
+        store.close()
+
+
+def scraped(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample /metrics shows: (name, sorted labels) -> value."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples}
+
+
+def test_a_shape_admitted_whole_is_still_kept_alive_and_forgotten_like_its_series() -> None:
+    """The limiter skips looking up a shape it admitted whole until its series map rotates:
+    series in use must stay counted across rotations, idle ones must go even while only
+    repeats arrive, and come back when sent again."""
+    now = [0.0]
+    limiter = SeriesLimiter(CardinalityLimit(idle_s=10.0), clock=lambda: now[0])
+    templates = protobuf_templates(decode_protobuf)
+    busy = [templates.decode(gauges(40, stamp=s)) for s in range(4)][-1]
+    idle = [templates.decode(gauges(20, stamp=s, rank="1")) for s in range(4)][-1]
+    assert busy.shape is not None and idle.shape is not None
+    limiter.admit_decoded(idle)
+    for step in range(40):  # a repeat every 3 s for 120 s: twelve rotations
+        now[0] = 3.0 * step
+        assert limiter.admit_decoded(busy) is busy
+        if now[0] < 10.0 or now[0] >= 30.0:  # idle goes after 10 to 20 s unused
+            assert limiter.series() == (60 if now[0] < 10.0 else 40)
+    limiter.admit_decoded(idle)
+    assert limiter.series() == 60
