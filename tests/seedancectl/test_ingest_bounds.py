@@ -62,3 +62,8 @@ def test_a_job_over_half_the_buffer_waits_and_the_others_go_on(tmp_path: Path) -
             sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=600)))
         sidecar.sink(DecodedMetrics(points=_points("polite", 10)))
         assert store.buffered_by("service.name") == {"greedy": 600, "polite": 10}
+        store.flush()  # the counts follow the buffer as it empties and fills again
+        assert store.buffered_by("service.name") == {}
+        sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=700)))
+        assert store.buffered_by("service.name") == {"greedy": 100}
+        assert store.buffered_by("seedance.rank") == {"": 100}  # counted when first asked
