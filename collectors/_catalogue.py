@@ -372,8 +372,8 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.ingest.accepted_requests", unit="{request}", kind=S,
                source="sidecar", attributes=("service.name", "decoded_by"),
                description="OTLP requests answered 200 (decoded_by any) and the metric exports "
-               "among them decoded from a template, a repeat of a shape seen before, with no "
-               "protobuf walk and no Point built (decoded_by template)"),
+               "among them that repeat a shape seen before, handed on as columns with no Point "
+               "per value (decoded_by template; protobuf ones also skip the protobuf walk)"),
     MetricSpec(name="http.server.request.duration", unit="s", kind=H, source="sidecar",
                attributes=("service.name", "http.request.method", "http.route",
                            "http.response.status_code"),

@@ -41,6 +41,7 @@ from collectors._otlp_decode import (
     decode_protobuf,
 )
 from collectors._otlp_json import points_from_json
+from collectors._otlp_json_shapes import JsonShapes
 from collectors._otlp_templates import protobuf_templates
 from collectors._otlp_traces import (
     SpanRecord,
@@ -87,7 +88,8 @@ class ReceiverStats:
     bytes_received: int = 0
     sink_errors: int = 0
     requests_templated: int = 0
-    """Accepted metric exports decoded from a template (a repeat of a known shape)."""
+    """Accepted metric exports that repeat a known shape, handed on as columns (protobuf ones
+    decoded from a byte template)."""
     requests_throttled: int = 0
     """Requests the sink turned away with 429 (a sender over its share): counted, not logged
     as errors, as at load they come by the hundred a second."""
@@ -444,7 +446,7 @@ def otlp_router(
 
     metrics = _Signal(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
-                JSON: points_from_json},
+                JSON: JsonShapes(points_from_json).decode},
         sink=sink, count=len, templated=lambda d: d.shape is not None, unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder)
 
