@@ -97,9 +97,9 @@ _SeriesOf = tuple[str, str, str, "LabelKey"]
 """(family name, role, bound, label key) of one Point."""
 _SHAPE_KEY = "prometheus.latest"
 _SHAPE_SUMMED = "prometheus.summed"
-_PENDING_MAX = 1024
-"""Shapes whose exports wait for a scrape before it folds them in; past it they are folded at
-once. One per distinct export shape, so a steady job holds a handful."""
+_PENDING_MAX_POINTS = 200_000
+"""Points of shapes whose exports wait for a scrape to fold them in; past it they are folded at
+once. One entry per distinct export shape, so a steady job holds a handful."""
 _LABELS_MAX = 200_000
 """Attribute sets whose labels are kept computed: the same series arrive every export."""
 
@@ -133,6 +133,7 @@ class LatestValueCollector(Collector):
         self.idle_s = idle_s
         self._swept_s = clock()
         self._pending: dict[Shape, _PendingShape] = {}
+        self._pending_points = 0
         self._order = 0
 
     def update(self, decoded: DecodedMetrics) -> None:
@@ -161,7 +162,8 @@ class LatestValueCollector(Collector):
             if pending is None:
                 self._pending[shape] = _PendingShape(
                     self._order, decoded, decoded.values.copy(), now)
-                if len(self._pending) > _PENDING_MAX:
+                self._pending_points += len(shape.names)
+                if self._pending_points > _PENDING_MAX_POINTS:
                     self._fold_pending()
                 return
             summed = self._summed(decoded)
@@ -188,6 +190,7 @@ class LatestValueCollector(Collector):
         Called under the lock."""
         pending = sorted(self._pending.values(), key=lambda p: p.order)
         self._pending.clear()
+        self._pending_points = 0
         for shape in pending:
             self._apply(self._shape_series(shape.decoded), shape.values.tolist(),
                         shape.decoded.metrics, shape.updated_s)

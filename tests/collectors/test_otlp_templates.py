@@ -312,3 +312,28 @@ def test_a_shape_admitted_whole_is_still_kept_alive_and_forgotten_like_its_serie
             assert limiter.series() == (60 if now[0] < 10.0 else 40)
     limiter.admit_decoded(idle)
     assert limiter.series() == 60
+
+
+def test_metrics_view_bounds_what_waits_for_a_scrape(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shapes that come and go (exporters restarting, templates rebuilt) must not pile up
+    pending values until a scrape that may never come: past the bound they are folded in."""
+    monkeypatch.setattr("collectors._prometheus._PENDING_MAX_POINTS", 100)
+    templates = protobuf_templates(decode_protobuf)
+    shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
+    def send(stamp: int, rank: int) -> None:
+        body = gauges(40, stamp=stamp, rank=str(rank))
+        shaped.sink(templates.decode(body))
+        plain.sink(reference(body))
+
+    for rank in range(10):  # ten shapes of 40 points, each sent until it is templated
+        for stamp in range(2):
+            send(stamp, rank)
+    for stamp in range(2, 5):  # then only repeats, which fold nothing in by themselves
+        for rank in range(10):
+            send(stamp, rank)
+            assert sum(len(shape.names) for shape in shaped.latest._pending) <= 100
+    assert templates.hits >= 30
+    assert scraped(shaped.registry) == scraped(plain.registry)
+    for store in (shaped.store, plain.store):
+        store.close()
