@@ -1,7 +1,9 @@
 """OTLP/JSON metrics -> Points in one pass over orjson's objects: the fast path.
 
 ``json_format.Parse`` builds a protobuf message field by field in Python and was most of a JSON
-request's cost. This walks the parsed JSON straight to Points for the shapes exporters send:
+request's cost. This walks the parsed JSON straight to columns of Points' fields (Points are
+built when asked for; a repeat shape is handed on as columns, `collectors._otlp_json_shapes`)
+for the shapes exporters send:
 gauges, sums and explicit histograms with string attributes. Anything else, or anything it
 cannot read exactly as ``json_format`` would (an integer attribute, an exemplar, a summary, a
 field of the wrong type, both spellings of one field), sends the whole body down the reference
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import orjson
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
@@ -22,6 +25,7 @@ from collectors._otlp_decode import (
     _TEMPORALITY,
     DecodedMetrics,
     MetricInfo,
+    Shape,
     Temporality,
     _prom_float,
     decode_json,
@@ -36,6 +40,7 @@ class _Unsupported(Exception):
 
 
 _UINT64_MAX = 2**64 - 1
+_INT64_END = 2**63
 _SPECIAL_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _TEMPORALITY_NAMES = {name: number for name, number in
                       metrics_pb2.AggregationTemporality.items()}
@@ -44,14 +49,53 @@ _DATA_KINDS = ("gauge", "sum", "histogram")
 _OTHER_DATA = ("exponentialHistogram", "exponential_histogram", "summary")
 
 
-def points_from_json(body: bytes) -> DecodedMetrics:
-    """The Points of an OTLP/JSON request, as ``points_from_request(decode_json(body))``
-    gives them; raises OtlpDecodeError on bad input (through the reference path)."""
+class JsonColumns:
+    """What the fast path read from one body: each Point's name, value, time and attributes, as
+    lists, and the metadata of every metric name; Points are built only when asked for."""
+
+    __slots__ = ("attributes", "metrics", "names", "times", "values")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.values: list[float] = []
+        self.times: list[int] = []
+        self.attributes: list[dict[str, str]] = []
+        self.metrics: dict[str, MetricInfo] = {}
+
+    def add(self, name: str, value: float, time_ns: int, attributes: dict[str, str]) -> None:
+        self.names.append(name)
+        self.values.append(value)
+        self.times.append(time_ns)
+        self.attributes.append(attributes)
+
+    def decoded(self, shape: Shape | None = None) -> DecodedMetrics:
+        """As Points, or as columns over ``shape`` (the Points' names and attributes, which
+        the caller vouches for); Points whenever a time is past int64 (2262), as the
+        reference path keeps the exact int for the store to refuse."""
+        if shape is not None and (not self.times or max(self.times) < _INT64_END):
+            return DecodedMetrics(metrics=self.metrics, shape=shape,
+                                  times=np.array(self.times, dtype=np.int64),
+                                  values=np.array(self.values, dtype=np.float64))
+        return DecodedMetrics(points=list(map(Point, self.names, self.values, self.times,
+                                              self.attributes)), metrics=self.metrics)
+
+
+def json_columns(body: bytes) -> JsonColumns | DecodedMetrics:
+    """The fast path's columns of an OTLP/JSON request; for a body it does not read exactly,
+    the reference path's Points. Raises OtlpDecodeError on bad input (through the reference
+    path)."""
     try:
         return _walk(orjson.loads(body))
     except (_Unsupported, orjson.JSONDecodeError, KeyError, TypeError, ValueError,
             AttributeError, OverflowError):
         return points_from_request(decode_json(body))
+
+
+def points_from_json(body: bytes) -> DecodedMetrics:
+    """The Points of an OTLP/JSON request, as ``points_from_request(decode_json(body))``
+    gives them; raises OtlpDecodeError on bad input (through the reference path)."""
+    found = json_columns(body)
+    return found if isinstance(found, DecodedMetrics) else found.decoded()
 
 
 def _field(obj: dict[str, Any], camel: str, snake: str) -> Any:
@@ -135,9 +179,8 @@ def _check_unread(dp: dict[str, Any]) -> None:
             _double(dp[bound])
 
 
-def _walk(doc: Any) -> DecodedMetrics:
-    decoded = DecodedMetrics()
-    out = decoded.points
+def _walk(doc: Any) -> JsonColumns:
+    out = JsonColumns()
     for rm in _list(_field(_obj(doc), "resourceMetrics", "resource_metrics")):
         rm = _obj(rm)
         _str(_field(rm, "schemaUrl", "schema_url"))
@@ -152,12 +195,11 @@ def _walk(doc: Any) -> DecodedMetrics:
             _str(scope.get("version"))
             _attributes({}, scope.get("attributes"))
             for metric in _list(sm.get("metrics")):
-                _metric(decoded, out, _obj(metric), resource_attrs)
-    return decoded
+                _metric(out, _obj(metric), resource_attrs)
+    return out
 
 
-def _metric(decoded: DecodedMetrics, out: list[Point], metric: dict[str, Any],
-            resource: dict[str, str]) -> None:
+def _metric(out: JsonColumns, metric: dict[str, Any], resource: dict[str, str]) -> None:
     if any(metric.get(k) is not None for k in _OTHER_DATA) or metric.get("metadata"):
         raise _Unsupported("data kind")
     present = [k for k in _DATA_KINDS if metric.get(k) is not None]
@@ -183,7 +225,7 @@ def _metric(decoded: DecodedMetrics, out: list[Point], metric: dict[str, Any],
             kind, monotonic = MetricKind.SUM, bool(flag)
         else:
             kind, monotonic = MetricKind.HISTOGRAM, True
-    decoded.metrics[name] = MetricInfo(name=name, kind=kind, otlp_type=which, unit=unit,
+    out.metrics[name] = MetricInfo(name=name, kind=kind, otlp_type=which, unit=unit,
                                        description=description, monotonic=monotonic,
                                        temporality=temporality)
     for dp in _list(_field(data, "dataPoints", "data_points")):
@@ -200,12 +242,12 @@ def _metric(decoded: DecodedMetrics, out: list[Point], metric: dict[str, Any],
                 raise _Unsupported("two values")
             value = (_double(as_double) if as_double is not None
                      else float(_sint(as_int)) if as_int is not None else 0.0)
-            out.append(Point(name, value, t, attrs))
+            out.add(name, value, t, attrs)
             continue
         count = _uint(dp.get("count"))
-        out.append(Point(name + ".count", float(count), t, attrs))
+        out.add(name + ".count", float(count), t, attrs)
         if dp.get("sum") is not None:
-            out.append(Point(name + ".sum", _double(dp["sum"]), t, attrs))
+            out.add(name + ".sum", _double(dp["sum"]), t, attrs)
         counts = [_uint(c) for c in _list(_field(dp, "bucketCounts", "bucket_counts"))]
         bounds = [_double(b) for b in _list(_field(dp, "explicitBounds", "explicit_bounds"))]
         if not counts:
@@ -213,5 +255,5 @@ def _metric(decoded: DecodedMetrics, out: list[Point], metric: dict[str, Any],
         bucket, total = name + ".bucket", 0
         for bound, n in zip(bounds, counts, strict=False):
             total += n
-            out.append(Point(bucket, float(total), t, {**attrs, "le": _prom_float(bound)}))
-        out.append(Point(bucket, float(count), t, {**attrs, "le": "+Inf"}))
+            out.add(bucket, float(total), t, {**attrs, "le": _prom_float(bound)})
+        out.add(bucket, float(count), t, {**attrs, "le": "+Inf"})

@@ -17,20 +17,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-import numpy as np
-
 from collectors._otlp_decode import DecodedMetrics, Shape
+from collectors._otlp_json import JsonColumns, json_columns
 from collectors._otlp_templates import MAX_TEMPLATE_POINTS, MAX_TEMPLATES, MIN_TEMPLATE_POINTS
 
 _ShapeKey = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
-_INT64_END = 2**63
 
 
 class JsonShapes:
     """Decodes with ``decode`` and gives a repeat shape's Points as columns. Thread-safe."""
 
-    def __init__(self, decode: Callable[[bytes], DecodedMetrics], *,
-                 max_shapes: int = MAX_TEMPLATES, max_points: int = MAX_TEMPLATE_POINTS) -> None:
+    def __init__(self, decode: Callable[[bytes], JsonColumns | DecodedMetrics] = json_columns,
+                 *, max_shapes: int = MAX_TEMPLATES, max_points: int = MAX_TEMPLATE_POINTS
+                 ) -> None:
         self._decode = decode
         self._max_shapes = max_shapes
         self._max_points = max_points
@@ -43,29 +42,27 @@ class JsonShapes:
         """Bodies handed on as columns."""
 
     def decode(self, body: bytes) -> DecodedMetrics:
-        decoded = self._decode(body)
-        points = decoded.points
-        if len(points) < MIN_TEMPLATE_POINTS:
-            return decoded
-        key = tuple((p.name, tuple(p.attributes.items())) for p in points)
+        columns = self._decode(body)
+        if isinstance(columns, DecodedMetrics):  # a body the fast path does not read
+            return columns
+        names, attributes = columns.names, columns.attributes
+        if len(names) < MIN_TEMPLATE_POINTS:
+            return columns.decoded()
+        key = tuple(zip(names, [tuple(a.items()) for a in attributes], strict=True))
         digest = hash(key)
-        times = [p.time_ns for p in points]
         with self._lock:
             found = self._shapes.get(digest)
             if found is None or found[0] != key:  # new (or a hash shared by another shape)
                 self._keep(digest, key, None)
-                return decoded
+                return columns.decoded()
             self._shapes.move_to_end(digest)
             shape = found[1]
             if shape is None:
-                shape = Shape([p.name for p in points], [p.attributes for p in points])
+                shape = Shape(names, attributes)  # type: ignore[arg-type]
                 self._shapes[digest] = (key, shape)
-            if max(times) >= _INT64_END:  # past 2262: Points keep the exact int, for the
-                return decoded  # store to refuse, as the reference path does
-            self.hits += 1
-        return DecodedMetrics(metrics=decoded.metrics, shape=shape,
-                              times=np.array(times, dtype=np.int64),
-                              values=np.array([p.value for p in points], dtype=np.float64))
+            decoded = columns.decoded(shape)
+            self.hits += decoded.shape is not None
+        return decoded
 
     def _keep(self, digest: int, key: _ShapeKey, shape: Shape | None) -> None:
         """Remember ``key`` (its shape once built), dropping the least recently used past the

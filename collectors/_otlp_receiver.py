@@ -40,7 +40,6 @@ from collectors._otlp_decode import (
     decode_json,
     decode_protobuf,
 )
-from collectors._otlp_json import points_from_json
 from collectors._otlp_json_shapes import JsonShapes
 from collectors._otlp_templates import protobuf_templates
 from collectors._otlp_traces import (
@@ -446,7 +445,7 @@ def otlp_router(
 
     metrics = _Signal(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
-                JSON: JsonShapes(points_from_json).decode},
+                JSON: JsonShapes().decode},
         sink=sink, count=len, templated=lambda d: d.shape is not None, unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder)
 

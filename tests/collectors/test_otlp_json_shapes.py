@@ -27,7 +27,7 @@ def as_json(body: bytes) -> bytes:
 
 
 def test_repeat_sdk_exports_are_columns_with_the_fast_paths_points() -> None:
-    shapes = JsonShapes(points_from_json)
+    shapes = JsonShapes()
     bodies = [as_json(b) for b in sdk_exports(6, delta=True)]
     for n, body in enumerate(bodies):
         decoded, expected = shapes.decode(body), points_from_json(body)
@@ -38,7 +38,7 @@ def test_repeat_sdk_exports_are_columns_with_the_fast_paths_points() -> None:
 
 
 def test_a_changed_attribute_is_another_shape_and_small_bodies_none() -> None:
-    shapes = JsonShapes(points_from_json)
+    shapes = JsonShapes()
     for version in "1212":
         for stamp in range(2):
             body = as_json(gauges(20, stamp=stamp, version=version))
@@ -53,7 +53,7 @@ def test_a_changed_attribute_is_another_shape_and_small_bodies_none() -> None:
 
 
 def test_times_past_int64_keep_the_points_path() -> None:
-    shapes = JsonShapes(points_from_json)
+    shapes = JsonShapes()
     request = ExportMetricsServiceRequest.FromString(gauges(20, stamp=0))
     for dp in request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points:
         dp.time_unix_nano = 2**63 + 5
@@ -63,10 +63,11 @@ def test_times_past_int64_keep_the_points_path() -> None:
         assert decoded.shape is None
         assert decoded.points == points_from_json(late).points
     assert decoded.points[0].time_ns == 2**63 + 5
+    assert shapes.hits == 0
 
 
 def test_shapes_are_bounded_in_number_and_points() -> None:
-    shapes = JsonShapes(points_from_json, max_shapes=4, max_points=100)
+    shapes = JsonShapes(max_shapes=4, max_points=100)
     for stamp in range(3):
         for rank in range(10):
             body = as_json(gauges(32, stamp=stamp, rank=str(rank)))
@@ -78,7 +79,7 @@ def test_shapes_are_bounded_in_number_and_points() -> None:
 def test_repeat_json_exports_land_where_their_points_would(tmp_path: Path) -> None:
     """The sink, fed columns or the same exports' Points, must give the same store rows,
     /metrics and limiter counts."""
-    shapes = JsonShapes(points_from_json)
+    shapes = JsonShapes()
     shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
     bodies = [as_json(b) for b in [*sdk_exports(4, delta=True),
                                    *(gauges(40, stamp=s, version=v) for v in "12"
