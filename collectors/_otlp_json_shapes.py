@@ -1,7 +1,8 @@
 """Repeat OTLP/JSON exports handed on as columns over a known shape, as protobuf ones are.
 
 JSON numbers change width from one export to the next, so the byte templates that decode a
-repeat protobuf body (`collectors._otlp_templates`) cannot hold, and the walk to Points stays.
+repeat protobuf body (`collectors._otlp_templates`) cannot hold, and the walk stays (into
+columns, `collectors._otlp_json.JsonColumns`).
 What a shape saves is downstream: the series limiter, ``/metrics`` and the store work out a
 shape's series once, then take each repeat as two arrays, where Points cost each of them a
 lookup per point, most of a JSON request's cost at the sink.
@@ -25,7 +26,7 @@ _ShapeKey = tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
 
 
 class JsonShapes:
-    """Decodes with ``decode`` and gives a repeat shape's Points as columns. Thread-safe."""
+    """Decodes with ``decode`` and hands a repeat shape's columns on over it. Thread-safe."""
 
     def __init__(self, decode: Callable[[bytes], JsonColumns | DecodedMetrics] = json_columns,
                  *, max_shapes: int = MAX_TEMPLATES, max_points: int = MAX_TEMPLATE_POINTS

@@ -177,10 +177,11 @@ class StoreWriter:
         self._lock = threading.Lock()  # guards the pending buffer
         self._pending: list[_Batch] = []
         self._buffered = 0
-        self._buffered_by: dict[str, dict[str, int]] = {}
-        """For each attribute asked about, the pending points by its value, kept as batches
-        come and go: a sidecar over half full asks on every request, when hundreds of batches
-        wait."""
+        self._buffered_by: dict[str, tuple[int, dict[str, int]]] = {}
+        """For each attribute asked about, how many pending batches its counts cover and the
+        pending points by its value: a sidecar over half full asks on every request, when
+        hundreds of batches wait, so each batch is counted once, when next asked, not on the
+        write path."""
         # per-series caches forget series idle for _SERIES_IDLE_S: each trial starts new ones
         self._attr_keys: GenerationalMap[tuple[str, tuple[tuple[object, object], ...]], str] = \
             GenerationalMap(_SERIES_IDLE_S)
@@ -262,7 +263,6 @@ class StoreWriter:
                     f"{self._buffered} points wait: retry later")
             self._pending.append(batch)
             self._buffered += batch.times.shape[0]
-            self._count_by_attributes([batch])
             if (self.write_error is None
                     and self._buffered >= self._file.config.max_buffered_points // 4):
                 self._wake.set()
@@ -275,22 +275,12 @@ class StoreWriter:
     def buffered_by(self, attribute: str) -> dict[str, int]:
         """Points waiting for the next flush, by the value of ``attribute`` ("" without it)."""
         with self._lock:
-            counts = self._buffered_by.get(attribute)
-            if counts is None:
-                counts = self._buffered_by[attribute] = {}
-                self._count_batches(counts, self._pending, attribute)
+            counted, counts = self._buffered_by.get(attribute, (0, {}))
+            for batch in self._pending[counted:]:
+                for value, count in batch.counts_by(attribute).items():
+                    counts[value] = counts.get(value, 0) + count
+            self._buffered_by[attribute] = (len(self._pending), counts)
             return dict(counts)
-
-    def _count_by_attributes(self, batches: list[_Batch]) -> None:
-        """Add ``batches`` to the kept counts (a flush clears them). Under the lock."""
-        for attribute, counts in self._buffered_by.items():
-            self._count_batches(counts, batches, attribute)
-
-    @staticmethod
-    def _count_batches(counts: dict[str, int], batches: list[_Batch], attribute: str) -> None:
-        for batch in batches:
-            for value, count in batch.counts_by(attribute).items():
-                counts[value] = counts.get(value, 0) + count
 
     # -- flushing ------------------------------------------------------------------------
 
@@ -306,8 +296,7 @@ class StoreWriter:
         with self._file.lock:
             with self._lock:
                 batch, self._pending, self._buffered = self._pending, [], 0
-                for counts in self._buffered_by.values():
-                    counts.clear()
+                self._buffered_by.clear()
             if batch:
                 try:
                     self._series_ids.expire()
@@ -332,7 +321,7 @@ class StoreWriter:
     def _requeue(self, batch: list[_Batch]) -> None:
         with self._lock:
             self._pending[:0] = batch
-            self._count_by_attributes(batch)
+            self._buffered_by.clear()  # counted from the start when next asked
             self._buffered += sum(b.times.shape[0] for b in batch)
 
     def start_flusher(self) -> None:
