@@ -112,28 +112,50 @@ def latency(samples: list[tuple[float, float]], outage: dict[str, Any] | None
     return out
 
 
+def slow_calls(api_ms: list[tuple[float, float, str, int]]) -> dict[str, Any]:
+    """The calls over 100 ms, each with the calls of other sidecars that ended within 50 ms
+    of it: when slow calls come together across sidecars, the cause is the box (its run
+    queue, the reading process), not one sidecar."""
+    slow = sorted((t, ms, path, k) for t, ms, path, k in api_ms if ms > 100)
+    together = sum(any(abs(t - u) < 0.05 and k != j for u, _, _, j in slow)
+                   for t, _, _, k in slow)
+    return {"calls": len(slow), "with_another_sidecars_slow_call_within_50_ms": together,
+            "each": [{"at": round(t, 3), "ms": round(ms, 1), "path": path, "sidecar": k}
+                     for t, ms, path, k in slow]}
+
+
 def served(http: httpx.Client, sidecars: list[Sidecar]) -> dict[str, Any]:
     """The readers' calls as the sidecars themselves timed them (``http.server.request.duration``
     from each one's ``/metrics``, answers 200 on ``PATHS``, summed; the whole run, outage
-    included): what share of the API's latency is spent inside the sidecars. Its p99 is a
-    bucket's upper bound, not a sample."""
-    buckets: dict[float, float] = {}
-    calls = 0.0
+    included): what share of the API's latency is spent inside the sidecars, in all and by
+    path. Its p99 is a bucket's upper bound, not a sample."""
+    buckets: dict[str, dict[float, float]] = {path: {} for path in PATHS}
+    calls = dict.fromkeys(PATHS, 0.0)
     for s in sidecars:
         for family in text_string_to_metric_families(http.get(f"{s.url}/metrics").text):
             for sample in family.samples:
+                route = sample.labels.get("http_route")
                 if (not sample.name.startswith("http_server_request_duration")
-                        or sample.labels.get("http_route") not in PATHS
+                        or route not in PATHS
                         or sample.labels.get("http_response_status_code") != "200"):
                     continue
                 if sample.name.endswith("_bucket"):
                     bound = float(sample.labels["le"])
-                    buckets[bound] = buckets.get(bound, 0.0) + sample.value
+                    buckets[route][bound] = buckets[route].get(bound, 0.0) + sample.value
                 elif sample.name.endswith("_count"):
-                    calls += sample.value
-    p99 = next((b for b in sorted(buckets) if buckets[b] >= 0.99 * calls), None)
-    return {"calls": calls, "p99_at_most_ms": None if p99 is None else p99 * 1e3,
-            "share_over_100_ms": (calls - buckets.get(0.1, 0.0)) / calls if calls else None}
+                    calls[route] += sample.value
+
+    def summary(counts: dict[float, float], n: float) -> dict[str, Any]:
+        p99 = next((b for b in sorted(counts) if counts[b] >= 0.99 * n), None)
+        return {"calls": n, "p99_at_most_ms": None if p99 is None else p99 * 1e3,
+                "share_over_100_ms": (n - counts.get(0.1, 0.0)) / n if n else None}
+
+    total: dict[float, float] = {}
+    for counts in buckets.values():
+        for bound, n in counts.items():
+            total[bound] = total.get(bound, 0.0) + n
+    return {**summary(total, sum(calls.values())),
+            "by_path": {path: summary(buckets[path], calls[path]) for path in PATHS}}
 
 
 def rss_mib(pid: int) -> float | None:
@@ -312,7 +334,7 @@ def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
     during the outage are not counted (they may wait on the database). Its start-up heap is
     frozen, as a sidecar's is, so collections of it add no pause to the calls it times."""
     settle_heap()
-    api_ms: list[tuple[float, float]] = []  # (wall clock at the end, ms)
+    api_ms: list[tuple[float, float, str, int]] = []  # (wall clock at the end, ms, path, sidecar)
     errors = Counter[str]()
 
     def run(k: int) -> None:
@@ -320,7 +342,8 @@ def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
         i = k
         while not stop.wait(0.25):
             i += 1
-            url, path = urls[i % len(urls)], PATHS[i % len(PATHS)]
+            sidecar = i % len(urls)
+            url, path = urls[sidecar], PATHS[i % len(PATHS)]
             t0 = time.perf_counter()
             try:
                 r = client.get(f"{url}{path}")
@@ -331,7 +354,7 @@ def api_readers(urls: list[str], stop: Any, outage: Any, results: Any) -> None:
             if outage.is_set():
                 continue
             if r.status_code == 200:
-                api_ms.append((time.time(), ms))
+                api_ms.append((time.time(), ms, path, sidecar))
             else:
                 errors[f"{path} {r.status_code}"] += 1
 
@@ -554,8 +577,12 @@ def run_fleet(server: PostgresServer, n: int, args: argparse.Namespace,
         "sidecars": n, "ranks": args.ranks, "series_per_rank": args.series,
         "jobs_attached_after_s": attached_after_s, "seconds": ended - started,
         "proposals_per_s": found["changes"] / (ended - started),
-        "api": {**latency(api_ms, outage_report), "errors": measured["api_errors"],
-                "share_over_100_ms": sum(m > 100 for _, m in api_ms) / max(len(api_ms), 1),
+        "api": {**latency([(t, m) for t, m, _, _ in api_ms], outage_report),
+                "errors": measured["api_errors"],
+                "share_over_100_ms": sum(m > 100 for _, m, _, _ in api_ms) / max(len(api_ms), 1),
+                "by_path": {path: latency([(t, m) for t, m, p, _ in api_ms if p == path], None)
+                            for path in PATHS},
+                "slow_calls": slow_calls(api_ms),
                 "in_sidecars": in_sidecars},
         "study": {op: latency(v, outage_report) for op, v in study_ms.items()},
         "locks": {**locks, "journal_conflicts_logged": logs.count("moved under us")},

@@ -388,6 +388,12 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
                attributes=("service.name",),
                description="1 when the store's last flush committed; 0 while it cannot "
                "(disk full, read-only): /readyz says why"),
+    MetricSpec(name="cpython.gc.collections", unit="{collection}", kind=S, source="sidecar",
+               attributes=("service.name", "cpython.gc.generation"),
+               description="Collections of each generation by the sidecar's garbage collector "
+               "(OpenTelemetry CPython runtime conventions): each one holds the interpreter "
+               "lock, and a full one (generation 2) every few seconds was the API's slow tail "
+               "(docs/scale.md)"),
 )
 
 CATALOGUE: tuple[MetricSpec, ...] = (

@@ -132,11 +132,13 @@ HTTP_SERVER_REQUEST_DURATION_COUNT = "http.server.request.duration.count"
 HTTP_SERVER_REQUEST_DURATION_SUM = "http.server.request.duration.sum"
 STORE_BUFFERED_POINTS = "seedance.store.buffered_points"
 STORE_WRITABLE = "seedance.store.writable"
+CPYTHON_GC_COLLECTIONS = "cpython.gc.collections"
 
 # ---- attributes
 
 ATTR_CAUSE = "cause"
 ATTR_CLOCK = "clock"
+ATTR_CPYTHON_GC_GENERATION = "cpython.gc.generation"
 ATTR_DECODED_BY = "decoded_by"
 ATTR_DETECTOR = "detector"
 ATTR_ERROR_TYPE = "error.type"

@@ -6,6 +6,7 @@ telemetry."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -13,7 +14,9 @@ from typing import TYPE_CHECKING
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from collectors.names import (
+    ATTR_CPYTHON_GC_GENERATION,
     ATTR_DECODED_BY,
+    CPYTHON_GC_COLLECTIONS,
     FORWARD_FAILURES,
     INGEST_ACCEPTED_REQUESTS,
     INGEST_DROPPED_POINTS,
@@ -164,6 +167,10 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
                 Observation(stats.requests_unauthorised, {"reason": "unauthorised"}),
                 Observation(stats.requests_throttled, {"reason": "throttled"})]
 
+    def collections(_: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(stats["collections"], {ATTR_CPYTHON_GC_GENERATION: generation})
+                for generation, stats in enumerate(gc.get_stats())]
+
     meter.create_observable_gauge(SCRAPE_UP, [scrapes_up], unit="1",
                                   description="1 when the last scrape of a source worked")
     meter.create_observable_counter(SCRAPE_ERRORS, [scrape_errors],
@@ -186,3 +193,6 @@ def register_health_metrics(meter: Meter, sidecar: Sidecar) -> None:
                                     unit="{request}",
                                     description="OTLP requests answered 4xx/5xx (any) and those "
                                     "without the ingest token (unauthorised)")
+    meter.create_observable_counter(CPYTHON_GC_COLLECTIONS, [collections],
+                                    unit="{collection}", description="Collections of each "
+                                    "generation by the sidecar's garbage collector")

@@ -454,6 +454,19 @@ class Sidecar:
         return app
 
 
+GC_THRESHOLDS = (10_000, 10, 100)
+"""The sidecar's garbage-collector thresholds (CPython's are 700, 10, 10). Objects that live
+a few seconds (a buffered batch, a request's rows) outlived two young collections at the
+default and reached the old generation, so with the start-up heap frozen (`settle_heap`) a
+full collection came every 10-20 s in each sidecar of a 16-sidecar fleet, each holding the
+interpreter lock 15-440 ms on a busy node; the API's calls over 100 ms came with them. Here
+young collections are rarer, such objects die before one, and a full collection waits for 100
+middle ones: one per sidecar in a 2-minute fleet run where there were 10 or more, the API's
+p99 66 ms where it was 120-178, RSS alike (``docs/scale.md``, ``bench/fleet.py``). Garbage in
+reference cycles waits longer for its collection: at most the objects of 10,000 allocations
+in the young generation."""
+
+
 def settle_heap() -> None:
     """Collect, then freeze what survives (the imports, the config): a full collection held
     the GIL about 60 ms walking the ~240k objects they leave, stalling every request in flight;
@@ -461,6 +474,13 @@ def settle_heap() -> None:
     process anyway)."""
     gc.collect()
     gc.freeze()
+
+
+def quiet_collector() -> None:
+    """`settle_heap`, then collect at `GC_THRESHOLDS`: the sidecar process's collector, set
+    once before it serves."""
+    settle_heap()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 KEEP_ALIVE_S = 75
@@ -483,5 +503,5 @@ def run_sidecar(sidecar: Sidecar) -> None:
         timeout_keep_alive=KEEP_ALIVE_S,
         ssl_certfile=str(config.tls_cert_file) if tls else None,
         ssl_keyfile=str(config.tls_key_file) if tls else None))
-    settle_heap()
+    quiet_collector()
     server.run()
