@@ -33,7 +33,7 @@ rules in `collectors/_scrape_rules.py`; do not edit by hand (a test compares the
 ## Naming rules
 
 - A name follows the OpenTelemetry semantic conventions where one exists (`hw.gpu.*`, `hw.*`,
-  `gen_ai.*`); everything else is `seedance.*`. Names are lower case, dot-separated; units are
+  `gen_ai.*`, `http.*`, `cpython.*`); everything else is `seedance.*`. Names are lower case, dot-separated; units are
   UCUM as OpenTelemetry writes them (`By`, `By/s`, `s`, `W`, `J`, `Cel`, `1` for a fraction).
 - Histograms are stored as three series, as Prometheus does: `NAME.bucket` (cumulative count,
   attribute `le` = upper bound, `+Inf` last), `NAME.count` and `NAME.sum`. Summaries give

@@ -55,7 +55,7 @@ def test_names_units_and_attributes_are_well_formed() -> None:
         assert NAME.match(spec.name), spec.name
         assert not spec.name.endswith((".bucket", ".count", ".sum")), spec.name
         assert not spec.name.endswith("_total"), spec.name
-        assert spec.name.startswith(("hw.", "gen_ai.", "http.", "seedance.")), spec.name
+        assert spec.name.startswith(("hw.", "gen_ai.", "http.", "cpython.", "seedance.")), spec.name
         assert UNIT.match(spec.unit), (spec.name, spec.unit)
         assert spec.description and spec.source, spec.name
         assert len(set(spec.attributes)) == len(spec.attributes), spec.name
