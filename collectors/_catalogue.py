@@ -392,7 +392,7 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
                attributes=("service.name", "cpython.gc.generation"),
                description="Collections of each generation by the sidecar's garbage collector "
                "(OpenTelemetry CPython runtime conventions): each one holds the interpreter "
-               "lock, and a full one (generation 2) every few seconds was the API's slow tail "
+               "lock, and a full one (generation 2) every 10-20 s was part of a fleet API's slow tail "
                "(docs/scale.md)"),
 )
 

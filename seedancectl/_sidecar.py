@@ -461,8 +461,10 @@ default and reached the old generation, so with the start-up heap frozen (`settl
 full collection came every 10-20 s in each sidecar of a 16-sidecar fleet, each holding the
 interpreter lock 15-440 ms on a busy node; the API's calls over 100 ms came with them. Here
 young collections are rarer, such objects die before one, and a full collection waits for 100
-middle ones: one per sidecar in a 2-minute fleet run where there were 10 or more, the API's
-p99 66 ms where it was 120-178, RSS alike (``docs/scale.md``, ``bench/fleet.py``). Garbage in
+middle ones: one per sidecar in a 2-minute fleet run where there were 10 or more, RSS alike.
+The fleet's API p99 (``bench/fleet.py``, ``docs/scale.md``): 88 ms in the full N = 16 run where
+the three before took 178-186; median 103 against 145 ms over 2-minute runs, which move by a
+factor of three at the same code, so the rest of the tail has other causes. Garbage in
 reference cycles waits longer for its collection: at most the objects of 10,000 allocations
 in the young generation."""
 
