@@ -113,9 +113,10 @@ def latency(samples: list[tuple[float, float]], outage: dict[str, Any] | None
 
 
 def slow_calls(api_ms: list[tuple[float, float, str, int]]) -> dict[str, Any]:
-    """The calls over 100 ms, each with the calls of other sidecars that ended within 50 ms
-    of it: when slow calls come together across sidecars, the cause is the box (its run
-    queue, the reading process), not one sidecar."""
+    """The calls over 100 ms (each with its time, path and sidecar), and how many of them
+    have another sidecar's slow call ending within 50 ms: when slow calls come together
+    across sidecars, the cause is the box (its run queue, the reading process), not one
+    sidecar."""
     slow = sorted((t, ms, path, k) for t, ms, path, k in api_ms if ms > 100)
     together = sum(any(abs(t - u) < 0.05 and k != j for u, _, _, j in slow)
                    for t, _, _, k in slow)
