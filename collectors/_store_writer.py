@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import random
 import sqlite3
 import threading
 import time
@@ -60,6 +62,8 @@ _MAINTENANCE_EVERY_S = 60.0
 _SERIES_IDLE_S = 600.0
 _FOLD_EVERY_S = 60.0
 _FOLD_AT_ROWS = 120  # or sooner, when flushes come faster than one a second
+_clock = time.monotonic  # when folds and retention passes fall due; a test steps its own
+_phases = random.Random()  # each writer's place in the minute; a test seeds its own
 
 
 def _check_name(name: object) -> str:
@@ -187,9 +191,14 @@ class StoreWriter:
             GenerationalMap(_SERIES_IDLE_S)
         self._series_ids: GenerationalMap[tuple[str, str], int] = GenerationalMap(_SERIES_IDLE_S)
         self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
-        self._last_maintenance = 0.0
-        self._last_fold = time.monotonic()
-        self._journal_rows = 0  # rows this writer added since it last folded (or opened)
+        self._next_maintenance = 0.0  # the first flush runs retention
+        self._next_fold = _clock() + _FOLD_EVERY_S
+        self._phase_s = _phases.uniform(0.0, _FOLD_EVERY_S)
+        """Added once to both timers after the first retention pass. Sidecars started together
+        (a rollout, a node's restart) would otherwise fold in the same second of every minute,
+        and on a shared host those folds slow each other, and every API call that waits on
+        them, several times over."""
+        self._journal_rows = 0  # rows added since the last fold (less the phase, once)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -308,15 +317,13 @@ class StoreWriter:
                     self.write_error = f"{type(e).__name__}: {e}"
                     raise
                 self.write_error = None
-            if (time.monotonic() - self._last_fold >= _FOLD_EVERY_S
-                    or self._journal_rows >= _FOLD_AT_ROWS):
+            maintain = _clock() >= self._next_maintenance
+            if maintain or _clock() >= self._next_fold or self._journal_rows >= _FOLD_AT_ROWS:
                 try:
-                    self.fold()
+                    self.prune() if maintain else self.fold()  # a retention pass folds first
                 except BaseException as e:  # the journal keeps the buckets: nothing is lost
                     self.write_error = f"{type(e).__name__}: {e}"
                     raise
-            if time.monotonic() - self._last_maintenance >= _MAINTENANCE_EVERY_S:
-                self.prune()
 
     def _requeue(self, batch: list[_Batch]) -> None:
         with self._lock:
@@ -511,7 +518,7 @@ class StoreWriter:
                 self._chunk_counts.clear()  # counts cached inside the rolled-back transaction
                 raise
             self._journal_rows = 0
-            self._last_fold = time.monotonic()
+            self._next_fold = _clock() + _FOLD_EVERY_S
 
     def prune(self, *, now_ns: int | None = None) -> None:
         """Fold, then delete data past its retention, relative to ``now_ns`` (default: the
@@ -522,4 +529,8 @@ class StoreWriter:
             self.fold()
             delete_expired(self._file, now)
             self._chunk_counts.clear()
-            self._last_maintenance = time.monotonic()
+            self._next_maintenance = _clock() + _MAINTENANCE_EVERY_S + self._phase_s
+            self._next_fold += self._phase_s
+            # the row trigger too: at one flush a second it falls due with the timer, not before
+            self._journal_rows -= math.ceil(_FOLD_AT_ROWS * self._phase_s / _FOLD_EVERY_S)
+            self._phase_s = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from collectors import _store_writer
 from collectors._errors import SeedanceError
 from collectors._points import Point
 from collectors._store import TimeSeriesStore
@@ -717,3 +719,32 @@ def test_a_batch_of_only_nan_values_is_stored_and_leaves_rollups_empty(tmp_path:
         raw = store.query("loss", resolution="raw")
         assert len(raw) == 2 and raw["value"].isna().all()
         assert store.query("loss", resolution="1m").empty
+
+
+def test_stores_opened_together_fold_once_a_minute_each_at_its_own_moment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet restarted at once must not fold in the same second of every minute: on a shared
+    host those folds slow each other, and every API call waiting on them, several times over."""
+    now = [1000.0]
+    monkeypatch.setattr(_store_writer, "_clock", lambda: now[0])
+    monkeypatch.setattr(_store_writer, "_phases", random.Random(3))
+    paths = [tmp_path / f"s{i}.db" for i in range(8)]
+    stores = [_store(path, flush_interval_s=3600.0) for path in paths]  # the test's flushes only
+    folds: list[list[int]] = [[] for _ in paths]
+    try:
+        for second in range(200):
+            for store, path, folded in zip(stores, paths, folds, strict=True):
+                store.write_series("m", {}, np.array([T0 + second * NS]), np.array([1.0]))
+                store.flush()  # one point: one journal row, none left after a fold
+                if second and _rows(path, "points_journal") == 0:
+                    folded.append(second)
+            now[0] += 1.0
+    finally:
+        for store in stores:
+            store.close()
+    for folded in folds:
+        assert np.diff(folded).tolist() == [60] * (len(folded) - 1), folds
+        assert 60 <= folded[0] < 120, folds
+    firsts = sorted(folded[0] for folded in folds)
+    assert firsts[-1] - firsts[0] >= 30, f"folds bunch together: {firsts}"
+    assert len(set(firsts)) >= 6, f"folds share their second: {firsts}"
