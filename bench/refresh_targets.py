@@ -28,7 +28,7 @@ from bench._targets import block, no_target  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BENCHES = {  # a results file's name (a pattern) -> the bench module that writes it
-    "api_latency.json": "api_latency",
+    "api_latency*.json": "api_latency",
     "changes_page.json": "changes_page",
     "collective_hook.json": "collective_hook",
     "detection.json": "detection",

@@ -1,6 +1,7 @@
-"""The sidecar process keeps its garbage collector off the API's path: it freezes what its
-start-up left, so full collections stay short, and collects at its own thresholds, so work that
-keeps objects a few seconds does not set off a full collection every few seconds."""
+"""The sidecar process keeps its interpreter off the API's path: it freezes what its start-up
+left, so full collections stay short; it collects at its own thresholds, so work that keeps
+objects a few seconds does not set off a full collection every few seconds; and it hands the
+interpreter lock between threads sooner, so a request waits less behind a busy thread."""
 
 from __future__ import annotations
 
@@ -32,6 +33,42 @@ def test_a_full_collection_no_longer_walks_the_start_up_objects() -> None:
     assert counts["before"] > 50_000  # the sidecar's imports alone leave this many
     assert counts["after"] < counts["before"] / 100
     assert counts["frozen"] >= counts["before"] // 2
+
+
+HANDOFFS = """
+import json, threading, time
+import seedancectl._sidecar as sidecar
+
+def busy(stop):  # a fold or a policy pass: pure Python, never waits
+    while not stop.is_set():
+        sum(range(1000))
+
+def handoffs():
+    \"\"\"A request thread's GIL round trips (a database call, a socket write), timed.\"\"\"
+    stop = threading.Event()
+    worker = threading.Thread(target=busy, args=(stop,))
+    worker.start()
+    began = time.perf_counter()
+    for _ in range(40):
+        time.sleep(0.0001)
+    took = time.perf_counter() - began
+    stop.set()
+    worker.join()
+    return took
+
+default = handoffs()
+sidecar.settle_interpreter()
+print(json.dumps({"default_s": default, "sidecar_s": handoffs()}))
+"""
+
+
+def test_a_request_thread_gets_the_interpreter_back_from_a_busy_thread_sooner() -> None:
+    """While a fold or a policy pass runs, each of a request's GIL round trips waits for the
+    busy thread's switch interval: the sidecar's is a fifth of CPython's."""
+    done = subprocess.run([sys.executable, "-c", HANDOFFS], capture_output=True, text=True,
+                          check=True, timeout=120)
+    took = json.loads(done.stdout.strip().splitlines()[-1])
+    assert took["sidecar_s"] < took["default_s"] / 2, took
 
 
 def collections(sidecar: SidecarProcess) -> dict[str, float]:
