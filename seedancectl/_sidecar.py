@@ -482,7 +482,7 @@ def settle_heap() -> None:
 SWITCH_INTERVAL_S = 0.001
 """How long a thread holds the interpreter lock while another waits (CPython's is 5 ms). A
 request thread gives the lock up at each database call and socket write, and while a fold or
-a policy pass runs it waits up to the whole interval to get it back, a dozen times a call; on
+a policy pass runs it waits up to the whole interval to get it back, each time; on
 a busy node (``bench/api_latency.py``, two sidecars side by side with 2 busy cores) the API's
 p99 went 26.4 -> 20.8, 23.5 -> 18.3 and 16.8 -> 17.0 ms (median ratio 0.79), the sidecar's
 CPU 0.23 of a core in both."""
