@@ -68,6 +68,7 @@ from seedancectl._health import (
     sidecar_job,
 )
 from seedancectl._job_searches import JobSearches, auto_bounds, study_name
+from seedancectl._logs import configure_sidecar_logging
 from seedancectl._metrics_source import prometheus_reader
 from seedancectl._request_duration import RequestDuration, request_duration_histogram
 from seedancectl._sources import build_gpu_sampler, build_scrapers
@@ -506,15 +507,16 @@ def run_sidecar(sidecar: Sidecar) -> None:
     """Serve until interrupted; the lifespan starts and stops the parts."""
     config = sidecar.config
     yield_cpu(config.nice)
-    if not config.loopback:
-        log.warning("listening on %s, reachable from other hosts (%s)", config.listen,
-                    "TLS" if config.tls_cert_file is not None else "allow_insecure_listen: "
-                    "plain HTTP, bearer tokens readable on the wire")
     tls = config.tls_cert_file is not None
     server = uvicorn.Server(uvicorn.Config(
         sidecar.app(), host=config.host.strip("[]"), port=config.port, log_level="warning",
         timeout_keep_alive=KEEP_ALIVE_S,
         ssl_certfile=str(config.tls_cert_file) if tls else None,
         ssl_keyfile=str(config.tls_key_file) if tls else None))
+    configure_sidecar_logging()  # after uvicorn's own logging set-up, which resets handlers
+    if not config.loopback:
+        log.warning("listening on %s, reachable from other hosts (%s)", config.listen,
+                    "TLS" if tls else "allow_insecure_listen: "
+                    "plain HTTP, bearer tokens readable on the wire")
     settle_interpreter()
     server.run()

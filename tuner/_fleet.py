@@ -74,6 +74,7 @@ class FleetMember:
         """``time.monotonic()`` of the last heartbeat that committed: the state DB writes."""
         self.write_error: tuple[float, str] | None = None
         """(``time.monotonic()``, reason) of the last heartbeat, if it failed."""
+        self._failing_since: float | None = None  # monotonic time of the first failed beat
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -177,14 +178,27 @@ class FleetMember:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            try:
-                self.beat()
-            except Exception as exc:  # a loop never dies: the next period tries again
-                reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-                self.write_error = (time.monotonic(), reason)
-                log.warning("fleet heartbeat of sidecar %s failed: %s", self.sidecar_id, reason)
-            else:
-                self.wrote_at, self.write_error = time.monotonic(), None
+            self._beat_once()
+
+    def _beat_once(self) -> None:
+        """One heartbeat; a failure is recorded for readiness, and the first success after
+        failures says in the log how long the state DB was out of reach."""
+        try:
+            self.beat()
+        except Exception as exc:  # a loop never dies: the next period tries again
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            now = time.monotonic()
+            self.write_error = (now, reason)
+            if self._failing_since is None:
+                self._failing_since = now
+            log.warning("fleet heartbeat of sidecar %s failed: %s", self.sidecar_id, reason)
+        else:
+            self.wrote_at, self.write_error = time.monotonic(), None
+            if self._failing_since is not None:
+                log.warning("fleet heartbeat of sidecar %s written again, after %.0f s of failed "
+                            "heartbeats", self.sidecar_id,
+                            self.wrote_at - self._failing_since)
+                self._failing_since = None
 
     def _attached(self, event: AttachEvent) -> None:
         """Right after an attach: the job's kept config, so the fleet view need not wait for

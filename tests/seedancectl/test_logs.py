@@ -1,0 +1,105 @@
+"""The sidecar's log lines: a repeated failure is shown once a minute with the count held
+back, distinct failures and info lines always; every line carries its time and source. Real
+``logging`` records through the real filter and formatter, on a stepped clock."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from seedancectl._logs import LINE_FORMAT, REPEAT_PERIOD_S, RepeatedRecords
+
+
+class SteppedClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def logged() -> Iterator[tuple[logging.Logger, io.StringIO, SteppedClock]]:
+    clock, out = SteppedClock(), io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter(LINE_FORMAT))
+    handler.addFilter(RepeatedRecords(clock=clock))
+    logger = logging.getLogger("tests.logs.sidecar")
+    logger.propagate, logger.level = False, logging.DEBUG
+    logger.addHandler(handler)
+    try:
+        yield logger, out, clock
+    finally:
+        logger.removeHandler(handler)
+
+
+def refused() -> ConnectionRefusedError:
+    try:
+        raise ConnectionRefusedError("connection to server at 127.0.0.1 failed: refused")
+    except ConnectionRefusedError as e:
+        return e
+
+
+def test_a_failure_repeated_every_second_is_one_traceback_a_minute_with_its_count(
+        logged: tuple[logging.Logger, io.StringIO, SteppedClock]) -> None:
+    logger, out, clock = logged
+    for _ in range(45):  # a tuning round a second through a 45 s outage
+        logger.error("tuning loop failed; going on", exc_info=refused())
+        clock.now += 1.0
+    assert out.getvalue().count("tuning loop failed") == 1
+    assert out.getvalue().count("Traceback") == 1
+    clock.now += REPEAT_PERIOD_S
+    logger.error("tuning loop failed; going on", exc_info=refused())
+    lines = [ln for ln in out.getvalue().splitlines() if "tuning loop failed" in ln]
+    assert len(lines) == 2 and "[44 more like this in the last 105 s not shown]" in lines[1]
+    assert out.getvalue().count("Traceback") == 2
+    assert "ConnectionRefusedError" in out.getvalue().splitlines()[-1]
+
+
+def test_other_failures_and_info_lines_are_never_held_back(
+        logged: tuple[logging.Logger, io.StringIO, SteppedClock]) -> None:
+    logger, out, _ = logged
+    for k in range(3):
+        logger.warning("state DB write failed: %s", "refused")
+        logger.warning("store not writable: %s", "disk full")
+        logger.info("job train: trial %d released", k)
+        logger.info("job train: trial %d released", k)
+    text = out.getvalue()
+    assert text.count("state DB write failed: refused") == 1
+    assert text.count("store not writable: disk full") == 1
+    assert all(text.count(f"trial {k} released") == 2 for k in range(3))
+
+
+def test_the_same_message_with_another_error_is_shown(
+        logged: tuple[logging.Logger, io.StringIO, SteppedClock]) -> None:
+    logger, out, _ = logged
+    logger.error("tuning loop failed; going on", exc_info=refused())
+    try:
+        raise OSError("No space left on device")
+    except OSError as e:
+        logger.error("tuning loop failed; going on", exc_info=e)
+    assert out.getvalue().count("Traceback") == 2
+
+
+def test_the_sidecar_process_logs_timestamped_lines_from_its_packages_at_info() -> None:
+    """``configure_sidecar_logging`` in a process of its own (it sets the root logger)."""
+    code = ("import logging\n"
+            "from seedancectl._logs import configure_sidecar_logging\n"
+            "configure_sidecar_logging()\n"
+            "configure_sidecar_logging()\n"  # a second call replaces the handler
+            "logging.getLogger('tuner._search').info('trial 3 released')\n"
+            "logging.getLogger('urllib3').info('a library chatting')\n"
+            "logging.getLogger('urllib3').warning('a library warning')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stderr
+    stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+    assert re.match(stamp + r"INFO tuner\._search: trial 3 released$", lines[0]), lines
+    assert re.match(stamp + r"WARNING urllib3: a library warning$", lines[1]), lines
