@@ -59,6 +59,10 @@ class LivenessCheckedPool(QueuePool):
     """A QueuePool whose checkouts run :func:`_check_alive` (pass as ``poolclass``, so
     Optuna's engine, built from the same keyword arguments, gets it too)."""
 
+    # SQLAlchemy names a pool's logger after its class: under ``sqlalchemy`` its routine
+    # lines (pool disposed, recreated) stay at SQLAlchemy's level, not at ours
+    _sqla_logger_namespace = "sqlalchemy.pool.impl.LivenessCheckedPool"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # recreate() (engine.dispose) hands the listeners on: add ours once
