@@ -1,5 +1,5 @@
-"""The sidecar's log: each line with its time, level and source, and a failure that repeats
-said once a minute, not once per attempt.
+"""The sidecar's log: each line with its time, level and source, a failure that repeats said
+once a minute, not once per attempt, and a fault outside the sidecar in one line.
 
 Without a handler, Python printed only the bare message of warnings and errors: no time to
 match against a job's incident, and every ``info`` (a trial released, priors enqueued) lost.
@@ -11,10 +11,14 @@ refused connection, which buries the one line an on-call engineer needs.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import TextIO
+
+from sqlalchemy.exc import OperationalError
 
 OUR_PACKAGES = ("collectors", "policies", "tuner", "dashboards", "seedancectl", "workloads")
 """Loggers shown from ``info`` up; other libraries' from ``warning`` up."""
@@ -22,6 +26,11 @@ REPEAT_PERIOD_S = 60.0
 """A warning or error like one already shown is held back for this long, then shown again
 with the count of those held back."""
 LINE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+OUTSIDE_FAULTS: tuple[type[BaseException], ...] = (ConnectionError, OperationalError,
+                                                   sqlite3.OperationalError)
+"""Exceptions that say something outside the sidecar failed (a database or peer refused,
+dropped or filled up): logged as one line, since their traceback is the library's connect
+path, the same every time, and says nothing the message does not."""
 _KINDS_KEPT = 1024  # distinct repeated records remembered; the oldest are forgotten first
 
 RecordKind = tuple[str, int, str, str]
@@ -69,6 +78,23 @@ class RepeatedRecords(logging.Filter):
         return True
 
 
+class SidecarFormatter(logging.Formatter):
+    """``LINE_FORMAT``, with an outside fault (`OUTSIDE_FAULTS`) as one line, not a
+    traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(LINE_FORMAT)
+
+    def formatException(self, ei: tuple[type[BaseException], BaseException, TracebackType | None]
+                        | tuple[None, None, None]) -> str:
+        exc = ei[1]
+        if isinstance(exc, OUTSIDE_FAULTS):
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return f"{type(exc).__module__}.{type(exc).__qualname__}: {first} (no traceback: " \
+                   "a fault outside the sidecar)"
+        return super().formatException(ei)
+
+
 _handler: logging.Handler | None = None
 
 
@@ -78,7 +104,7 @@ def configure_sidecar_logging(stream: TextIO | None = None) -> logging.Handler:
     replaces it, so nothing is printed twice)."""
     global _handler
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(logging.Formatter(LINE_FORMAT))
+    handler.setFormatter(SidecarFormatter())
     handler.addFilter(RepeatedRecords())
     root = logging.getLogger()
     if _handler is not None:

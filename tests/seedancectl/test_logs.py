@@ -1,6 +1,7 @@
 """The sidecar's log lines: a repeated failure is shown once a minute with the count held
-back, distinct failures and info lines always; every line carries its time and source. Real
-``logging`` records through the real filter and formatter, on a stepped clock."""
+back, distinct failures and info lines always; a database that refuses is one line, a bug a
+whole traceback; every line carries its time and source. Real ``logging`` records through
+the real filter and formatter, on a stepped clock."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 
-from seedancectl._logs import LINE_FORMAT, REPEAT_PERIOD_S, RepeatedRecords
+from seedancectl._logs import REPEAT_PERIOD_S, RepeatedRecords, SidecarFormatter
 
 
 class SteppedClock:
@@ -28,7 +31,7 @@ class SteppedClock:
 def logged() -> Iterator[tuple[logging.Logger, io.StringIO, SteppedClock]]:
     clock, out = SteppedClock(), io.StringIO()
     handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter(LINE_FORMAT))
+    handler.setFormatter(SidecarFormatter())
     handler.addFilter(RepeatedRecords(clock=clock))
     logger = logging.getLogger("tests.logs.sidecar")
     logger.propagate, logger.level = False, logging.DEBUG
@@ -46,20 +49,45 @@ def refused() -> ConnectionRefusedError:
         return e
 
 
-def test_a_failure_repeated_every_second_is_one_traceback_a_minute_with_its_count(
+def test_a_database_out_of_reach_is_one_line_and_a_bug_keeps_its_traceback(
+        logged: tuple[logging.Logger, io.StringIO, SteppedClock], tmp_path: Path) -> None:
+    logger, out, _ = logged
+    (tmp_path / "dir").mkdir()
+    engine = create_engine(f"sqlite:///{tmp_path / 'dir'}")  # a folder: SQLite cannot open it
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as e:
+        logger.error("tuning loop failed; going on", exc_info=e)
+    finally:
+        engine.dispose()
+    try:
+        {}["missing"]
+    except KeyError as e:
+        logger.error("detector x failed", exc_info=e)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("ERROR tests.logs.sidecar: tuning loop failed; going on")
+    assert lines[1].startswith("sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) "
+                               "unable to open database file"), lines
+    assert lines[1].endswith("(no traceback: a fault outside the sidecar)")
+    assert "detector x failed" in lines[2] and lines[3] == "Traceback (most recent call last):"
+    assert lines[-1] == "KeyError: 'missing'"
+
+
+def test_a_failure_repeated_every_second_is_shown_once_a_minute_with_its_count(
         logged: tuple[logging.Logger, io.StringIO, SteppedClock]) -> None:
     logger, out, clock = logged
     for _ in range(45):  # a tuning round a second through a 45 s outage
         logger.error("tuning loop failed; going on", exc_info=refused())
         clock.now += 1.0
     assert out.getvalue().count("tuning loop failed") == 1
-    assert out.getvalue().count("Traceback") == 1
+    assert out.getvalue().count("ConnectionRefusedError") == 1
     clock.now += REPEAT_PERIOD_S
     logger.error("tuning loop failed; going on", exc_info=refused())
     lines = [ln for ln in out.getvalue().splitlines() if "tuning loop failed" in ln]
     assert len(lines) == 2 and "[44 more like this in the last 105 s not shown]" in lines[1]
-    assert out.getvalue().count("Traceback") == 2
-    assert "ConnectionRefusedError" in out.getvalue().splitlines()[-1]
+    assert out.getvalue().count("ConnectionRefusedError") == 2
+    assert "Traceback" not in out.getvalue()  # a refused connection: one line each
 
 
 def test_other_failures_and_info_lines_are_never_held_back(
@@ -84,7 +112,8 @@ def test_the_same_message_with_another_error_is_shown(
         raise OSError("No space left on device")
     except OSError as e:
         logger.error("tuning loop failed; going on", exc_info=e)
-    assert out.getvalue().count("Traceback") == 2
+    assert out.getvalue().count("tuning loop failed") == 2
+    assert out.getvalue().splitlines()[-1] == "OSError: No space left on device"
 
 
 def test_the_sidecar_process_logs_timestamped_lines_from_its_packages_at_info() -> None:
