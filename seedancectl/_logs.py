@@ -3,7 +3,7 @@ once a minute, not once per attempt, and a fault outside the sidecar in one line
 
 Without a handler, Python printed only the bare message of warnings and errors: no time to
 match against a job's incident, and every ``info`` (a trial released, priors enqueued) lost.
-And while the state database was down for 30 s, one sidecar wrote 5,600 lines, 86 of them
+And while the state database was down for 30 s, one sidecar wrote 5,594 lines with 86
 tracebacks: every API call, every tuning round and every detector pass logged the same
 refused connection, which buries the one line an on-call engineer needs.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -58,11 +59,16 @@ class RepeatedRecords(logging.Filter):
         self.period_s = period_s
         self._clock = clock
         self._shown: dict[RecordKind, tuple[float, int]] = {}  # kind -> (shown at, held back)
+        self._lock = threading.Lock()  # a handler filters outside its own lock
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        kind, now = record_kind(record), self._clock()
+        kind = record_kind(record)
+        with self._lock:
+            return self._admit(record, kind, self._clock())
+
+    def _admit(self, record: logging.LogRecord, kind: RecordKind, now: float) -> bool:
         shown = self._shown.get(kind)
         if shown is not None and now - shown[0] < self.period_s:
             self._shown[kind] = (shown[0], shown[1] + 1)

@@ -10,6 +10,7 @@ import logging
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,24 @@ def test_the_sidecar_process_logs_timestamped_lines_from_its_packages_at_info() 
     stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
     assert re.match(stamp + r"INFO tuner\._search: trial 3 released$", lines[0]), lines
     assert re.match(stamp + r"WARNING urllib3: a library warning$", lines[1]), lines
+
+
+def test_threads_logging_at_once_each_show_a_kind_once(
+        logged: tuple[logging.Logger, io.StringIO, SteppedClock]) -> None:
+    """The API, tuning, policy and heartbeat threads log the same outage at once (a handler
+    runs its filters outside its lock, so the filter holds its own)."""
+    logger, out, _ = logged
+
+    def log_many(k: int) -> None:
+        for i in range(300):
+            logger.warning("state DB write failed: refused")
+            logger.warning("thread %d failure %d", k, i % 100)
+
+    threads = [threading.Thread(target=log_many, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = out.getvalue().splitlines()
+    assert sum("state DB write failed" in ln for ln in lines) == 1
+    assert len(lines) == 1 + 8 * 100
