@@ -96,8 +96,10 @@ if TYPE_CHECKING:
     from collectors._store_file import StoreConfig as StoreConfig
     from collectors._store_file import StoreError as StoreError
     from collectors._store_query import AUTO_MIN_POINTS as AUTO_MIN_POINTS
+    from collectors._store_reader import BoundsReader as BoundsReader
     from collectors._store_reader import Resolution as Resolution
     from collectors._store_reader import StoreReader as StoreReader
+    from collectors._store_reader import ValueBounds as ValueBounds
     from collectors._tracing import Tracing as Tracing
     from collectors._tracing import new_traceparent as new_traceparent
     from collectors._tracing import null_tracing as null_tracing

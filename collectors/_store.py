@@ -14,7 +14,7 @@ docs/internals.md, 'The time-series store' explains the tables, concurrency and 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ from collectors._points import Point
 from collectors._store_file import StoreConfig, StoreFile
 from collectors._store_points_journal import PointsJournalView
 from collectors._store_query import StoreQueries
-from collectors._store_reader import Resolution
+from collectors._store_reader import Resolution, ValueBounds
 from collectors._store_rollups import JournalView
 from collectors._store_writer import StoreWriter
 
@@ -123,6 +123,15 @@ class TimeSeriesStore:
         """
         return self._queries.query(name, where=where, since_ns=since_ns, until_ns=until_ns,
                                    resolution=resolution)
+
+    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
+                     since_ns: int, until_ns: int) -> ValueBounds | None:
+        """Bounds on the raw values of ``name``'s series that ``keep`` accepts, in
+        [since_ns, until_ns], without decoding a point of a folded chunk: the bounds of
+        every chunk reaching into the range (a superset), and the journal's points in it.
+        None while such a chunk was written before format 4."""
+        return self._queries.value_bounds(name, keep=keep, since_ns=since_ns,
+                                          until_ns=until_ns)
 
     def metrics(self) -> pd.DataFrame:
         """One row per metric name: series count, points written, first and last timestamp."""

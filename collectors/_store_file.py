@@ -26,8 +26,9 @@ from collectors._errors import SeedanceError
 _T = TypeVar("_T")
 
 _FORMAT = "seedance-tsdb"
-_FORMAT_VERSION = "3"
-_READABLE_VERSIONS = ("1", "2", "3")  # 1: no journals; 2: no points_journal
+_FORMAT_VERSION = "4"
+_READABLE_VERSIONS = ("1", "2", "3", "4")  # 1: no journals; 2: no points_journal;
+# 3: no value bounds on chunks
 
 _SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -37,7 +38,8 @@ CREATE TABLE series(id INTEGER PRIMARY KEY, name TEXT NOT NULL, attrs TEXT NOT N
 CREATE TABLE times(id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE, data BLOB NOT NULL);
 CREATE TABLE chunks(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
                     block_ns INTEGER NOT NULL, t_min INTEGER NOT NULL, t_max INTEGER NOT NULL,
-                    n INTEGER NOT NULL, times_id INTEGER NOT NULL, vals BLOB NOT NULL);
+                    n INTEGER NOT NULL, times_id INTEGER NOT NULL, vals BLOB NOT NULL,
+                    v_nans INTEGER, v_min REAL, v_max REAL);
 CREATE INDEX chunks_by_series ON chunks(series_id, block_ns);
 CREATE INDEX chunks_by_times ON chunks(times_id);
 CREATE TABLE rollups(id INTEGER PRIMARY KEY, series_id INTEGER NOT NULL,
@@ -52,6 +54,11 @@ _JOURNAL_TABLES = {
     "points_journal": """CREATE TABLE points_journal(id INTEGER PRIMARY KEY AUTOINCREMENT,
                                                  n INTEGER NOT NULL, data BLOB NOT NULL)""",
 }
+
+
+# A chunk's value bounds (NaN count, lowest and highest other value; inf and -inf when all
+# are NaN): NULL in chunks written before format 4.
+_BOUNDS_COLUMNS = {"v_nans": "INTEGER", "v_min": "REAL", "v_max": "REAL"}
 
 
 class StoreError(SeedanceError):
@@ -105,6 +112,15 @@ def has_journal(conn: sqlite3.Connection) -> bool:
     """Format 2 has a rollup journal; a format-1 file opened read-only has none."""
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                         "name = 'rollup_journal'").fetchone() is not None
+
+
+def chunk_columns(conn: sqlite3.Connection) -> set[str]:
+    return {r[1] for r in conn.execute("PRAGMA table_info(chunks)")}
+
+
+def has_value_bounds(conn: sqlite3.Connection) -> bool:
+    """Whether chunks can carry value bounds (a format 3 file opened read-only cannot)."""
+    return set(_BOUNDS_COLUMNS) <= chunk_columns(conn)
 
 
 def _is_busy(e: sqlite3.OperationalError) -> bool:
@@ -190,11 +206,14 @@ class StoreFile:
         if not self.readonly:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            if found["version"] != _FORMAT_VERSION:  # 1 or 2 -> 3: add the (empty) journals
+            if found["version"] != _FORMAT_VERSION:  # 1-3 -> 4: add what they lack, empty
                 with transaction(conn):
                     for table, statement in _JOURNAL_TABLES.items():
                         if table not in tables:
                             conn.execute(statement)
+                    for column, kind in _BOUNDS_COLUMNS.items():
+                        if column not in chunk_columns(conn):
+                            conn.execute(f"ALTER TABLE chunks ADD COLUMN {column} {kind}")
                     conn.execute("UPDATE meta SET value = ? WHERE key = 'version'",
                                  (_FORMAT_VERSION,))
 

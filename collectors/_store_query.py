@@ -8,6 +8,7 @@ the policy pass and the rollout re-read the same chunks every few seconds.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -18,9 +19,9 @@ import numpy as np
 import pandas as pd
 
 from collectors import _store_codec as codec
-from collectors._store_file import StoreError, StoreFile, canonical_attrs
+from collectors._store_file import StoreError, StoreFile, canonical_attrs, has_value_bounds
 from collectors._store_points_journal import PointsJournalView
-from collectors._store_reader import Resolution
+from collectors._store_reader import Resolution, ValueBounds
 from collectors._store_rollups import (
     AGG_FIELDS,
     NS,
@@ -126,6 +127,45 @@ class StoreQueries:
                 rows = _stacked([self._read_rollup(sid, _STEP_S[chosen], lo, hi)
                                  for sid, _, _, _ in found], _ROLLUP_COLUMNS)
         return _frame([attrs for _, attrs, _, _ in found], *rows)
+
+    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
+                     since_ns: int, until_ns: int) -> ValueBounds | None:
+        """Bounds on the raw values of the kept series of ``name`` in [since_ns, until_ns],
+        from the bounds of each chunk that reaches into the range (so of a superset) and the
+        journal's points in it; None if such a chunk predates bounds (format 3)."""
+        lo, hi = int(since_ns), int(until_ns)
+        with self._snapshot() as conn:
+            if not has_value_bounds(conn):
+                return None
+            found = conn.execute("SELECT id, attrs FROM series WHERE name = ? AND last_ns >= ? "
+                                 "AND first_ns <= ?", (name, lo, hi)).fetchall()
+            kept = [sid for sid, text in found if keep(self._attrs(text))]
+            wanted = set(kept)
+            # per series only when some are left out: the aggregate of one row is cheaper
+            per_series = len(kept) < len(found)
+            points = nans = 0
+            low, high = math.inf, -math.inf
+            for sid, n, n_nan, unbounded, v_min, v_max in conn.execute(
+                    f"SELECT {'series_id' if per_series else '0'}, sum(n), sum(v_nans), "
+                    "sum(v_nans IS NULL), min(v_min), max(v_max) FROM chunks WHERE series_id "
+                    "IN (SELECT id FROM series WHERE name = ? AND last_ns >= ? AND "
+                    "first_ns <= ?) AND block_ns > ? AND block_ns <= ? AND t_max >= ? AND "
+                    f"t_min <= ?{' GROUP BY series_id' if per_series else ''}",
+                    (name, lo, hi, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS)
+                     - RAW_BLOCK_NS, hi, lo, hi)):
+                if n is None or (per_series and sid not in wanted):
+                    continue  # no chunk at all (the one aggregate row), or a series left out
+                if unbounded:  # SQL's min and max skip NULL: a chunk without bounds hides
+                    return None
+                points, nans = points + n, nans + n_nan
+                low, high = min(low, v_min), max(high, v_max)
+            series, times, values = self._points.columns(conn)
+            journal = values[np.isin(series, kept) & (times >= lo) & (times <= hi)]
+        if journal.shape[0] == 0:
+            return ValueBounds(points, nans, low, high)
+        more = ValueBounds.of(journal)
+        return ValueBounds(points + more.points, nans + more.nans, min(low, more.low),
+                           max(high, more.high))
 
     def _attrs(self, text: str) -> dict[str, str]:
         """A series' attributes, parsed once per distinct text: a pass over a job of

@@ -4,8 +4,12 @@ report reads from any of them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal, Protocol
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,4 +34,53 @@ class StoreReader(Protocol):
               since_ns: int | None = None, until_ns: int | None = None,
               resolution: Resolution = "auto") -> pd.DataFrame:
         """Points of ``name`` (see the class docstring for the frame)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ValueBounds:
+    """Bounds on a set of values: how many (``points``, NaNs included), how many are NaN, and
+    the lowest and highest of the others (``inf`` and ``-inf`` when there are none).
+
+    A reader may give the bounds of a superset of the points asked for (whole stored chunks
+    that reach into the range), so they prove what cannot be there, never what is.
+    """
+
+    points: int
+    nans: int
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> ValueBounds:
+        """The exact bounds of ``values``."""
+        finite = values[~np.isnan(values)]
+        return cls(points=int(values.shape[0]), nans=int(values.shape[0] - finite.shape[0]),
+                   low=float(finite.min()) if finite.size else math.inf,
+                   high=float(finite.max()) if finite.size else -math.inf)
+
+    def could_hold(self, value: float) -> bool:
+        """False when no value in the set can equal ``value``."""
+        return self.low <= value <= self.high
+
+    def spread(self) -> float:
+        """The widest gap between two values that are not NaN (0 with fewer than two)."""
+        return max(self.high - self.low, 0.0)
+
+    def constant(self) -> bool:
+        """True when every value is the same number (no NaN; true of an empty set)."""
+        return self.nans == 0 and (self.points == 0 or self.low == self.high)
+
+
+@runtime_checkable
+class BoundsReader(Protocol):
+    """A reader that can bound a metric's values without reading its points (the embedded
+    store keeps each chunk's bounds): a detector that only asks "could anything be wrong
+    here" then skips reading thousands of series."""
+
+    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
+                     since_ns: int, until_ns: int) -> ValueBounds | None:
+        """Bounds on the values of the series of ``name`` whose attributes ``keep`` accepts,
+        in [since_ns, until_ns] (a superset may be bounded); None when they cannot be told
+        without reading the points."""
         ...

@@ -131,6 +131,19 @@ class _Batch:
         return found
 
 
+def chunk_bounds(chunks: list[np.ndarray]) -> list[tuple[int, float, float]]:
+    """Each chunk's NaN count and lowest and highest other value (inf and -inf when all are
+    NaN: SQLite stores a NaN as NULL), in one pass over all of them: a fold writes a chunk
+    for each of thousands of series."""
+    values = np.concatenate(chunks)
+    starts = np.cumsum([0] + [c.shape[0] for c in chunks[:-1]])
+    nan = np.isnan(values)
+    nans = np.add.reduceat(nan, starts)
+    low = np.minimum.reduceat(np.where(nan, np.inf, values), starts)
+    high = np.maximum.reduceat(np.where(nan, -np.inf, values), starts)
+    return list(zip(nans.tolist(), low.tolist(), high.tolist(), strict=True))
+
+
 class _Writes:
     """The chunks and rollup pieces one commit or fold adds, encoded together at its end: a
     fold adds a few small blobs for each of thousands of series, and encoding them one at a
@@ -148,11 +161,13 @@ class _Writes:
 
     def execute(self, conn: sqlite3.Connection) -> None:
         if self.chunks:
-            blobs = codec.encode_frames("v", [[values] for _, values in self.chunks])
+            values = [v for _, v in self.chunks]
+            blobs = codec.encode_frames("v", [[v] for v in values])
             conn.executemany(
-                "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals) "
-                "VALUES(?, ?, ?, ?, ?, ?, ?)",
-                [(*row, blob) for (row, _), blob in zip(self.chunks, blobs, strict=True)])
+                "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals, "
+                "v_nans, v_min, v_max) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*row, blob, *bounds) for (row, _), blob, bounds
+                 in zip(self.chunks, blobs, chunk_bounds(values), strict=True)])
         if self.rollups:
             blobs = encode_aggs([agg for _, agg in self.rollups])
             conn.executemany(

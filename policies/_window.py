@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from collectors import Point, Resolution, StoreReader
+from collectors import BoundsReader, Point, Resolution, StoreReader, ValueBounds
 from collectors.names import ATTR_SERVICE_NAME
 
 JOB_ATTRIBUTE = ATTR_SERVICE_NAME
@@ -78,6 +78,23 @@ class StoreWindow:
             self._read[key] = frame
         # A shallow copy (copy-on-write): a caller that adds a column changes only its own.
         return frame.copy(deep=False)
+
+    def value_bounds(self, name: str) -> ValueBounds:
+        """Bounds on the values of ``name`` in this window: the store's own when it keeps them
+        (of a superset: whole chunks), else those of the window's points. For a detector
+        that first asks whether anything could be wrong: a job's thousands of module norms
+        then cost one aggregate instead of a frame."""
+        if isinstance(self._store, BoundsReader):
+            found = self._store.value_bounds(name, keep=self._keeps, since_ns=self.since_ns,
+                                             until_ns=self.until_ns)
+            if found is not None:
+                return found
+        return ValueBounds.of(self.query(name)["value"].to_numpy(np.float64))
+
+    def _keeps(self, attributes: Mapping[str, str]) -> bool:
+        """Whether this window reads a series with these attributes (as :meth:`query`)."""
+        job = attributes.get(self.job_attribute)
+        return job is None or job == self.job
 
 
 class FrameStore:

@@ -256,18 +256,17 @@ def nothing_underflowing(window: StoreWindow, config: UnderflowConfig) -> bool:
     """True when no reading in ``window`` could make a finding: no group norm is exactly 0,
     no zero fraction moved by ``zero_fraction_rise`` or more, and the loss scale never moved.
     On a healthy job of hundreds of groups the per-step pairing and the per-group judgement
-    were most of a policy pass; this reads the raw values only.
+    were most of a policy pass; this reads only bounds on the raw values, which the store
+    keeps per chunk (bounds of a superset of the window prove as much: a value absent from
+    them is absent from it).
 
     The per-step readings are a subset of the raw ones: a zeroed group needs a zero norm, a
     rising one a per-group rise no larger than the raw spread, and a back-off streak a fall,
     which an unchanged scale never has (readings of two versions at one instant may pair in
     either order, so any change at all takes the slow path).
     """
-    if (window.query(GROUP_NORM)["value"].to_numpy(np.float64) == 0).any():
+    if window.value_bounds(GROUP_NORM).could_hold(0.0):
         return False
-    fractions = window.query(ZERO_FRACTION)["value"].to_numpy(np.float64)
-    fractions = fractions[~np.isnan(fractions)]
-    if fractions.size and fractions.max() - fractions.min() >= config.zero_fraction_rise:
+    if window.value_bounds(ZERO_FRACTION).spread() >= config.zero_fraction_rise:
         return False
-    scales = window.query(SCALE)["value"].to_numpy(np.float64)
-    return bool(scales.size == 0 or (scales == scales[0]).all())
+    return window.value_bounds(SCALE).constant()

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -21,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from collectors import _store_writer
+from collectors import ValueBounds, _store_writer
 from collectors._errors import SeedanceError
 from collectors._points import Point
 from collectors._store import TimeSeriesStore
@@ -387,14 +388,59 @@ def test_a_format_1_store_is_read_and_upgraded_in_place(tmp_path: Path) -> None:
     with TimeSeriesStore(path, readonly=True) as reader:
         before = reader.query(name, resolution="1m")
     assert len(before) > 0
+    with TimeSeriesStore(path, readonly=True) as reader:  # format 1: no value bounds
+        assert reader.value_bounds(name, keep=lambda _: True, since_ns=0,
+                                   until_ns=2**62) is None
     with _store(path) as writer:
         assert writer.query(name, resolution="1m").equals(before)
+        # upgraded, but its chunks predate bounds: the caller reads the points instead
+        assert writer.value_bounds(name, keep=lambda _: True, since_ns=0,
+                                   until_ns=2**62) is None
+        writer.write([Point("later", 2.0, T0, {}), Point("later", 5.0, T0 + NS, {})])
+        writer.fold()
+        assert writer.value_bounds("later", keep=lambda _: True, since_ns=0,
+                                   until_ns=2**62) == ValueBounds(2, 0, 2.0, 5.0)
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "3"
+        assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "4"
         assert {"rollup_journal", "points_journal"} <= {r[0] for r in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
     with TimeSeriesStore(path, readonly=True) as reader:
         pd.testing.assert_frame_equal(reader.query(name, resolution="1m"), before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=hnp.arrays(np.float64, st.integers(4, 60), elements=st.floats(
+           -1e6, 1e6) | st.just(math.nan)),
+       folded=st.integers(0, 60), lo=st.integers(0, 60), span=st.integers(0, 60))
+def test_value_bounds_hold_every_point_a_query_reads(values: np.ndarray, folded: int, lo: int,
+                                                     span: int) -> None:
+    """Bounds of a range contain every value a raw query of that range returns (the store
+    may bound whole chunks, a superset); over every point they are exactly the points'.
+    Series that ``keep`` leaves out never count, folded or in the journal."""
+    n = values.shape[0]
+    times = T0 + np.arange(n, dtype=np.int64) * NS
+    with tempfile.TemporaryDirectory(prefix="bounds-") as folder, \
+            _store(Path(folder) / "s.db") as store:
+        for part in (slice(0, folded), slice(folded, n)):
+            store.write([Point("m", float(v), int(t), {"job": "a", "s": str(i % 3)})
+                         for i, (t, v) in enumerate(zip(times[part], values[part],
+                                                        strict=True))])
+            store.write([Point("m", -7e6, int(t), {"job": "b"}) for t in times[part]])
+            store.flush()
+            if part.start == 0:
+                store.fold()
+        keep_a = lambda attrs: attrs.get("job") == "a"  # noqa: E731
+        whole = store.value_bounds("m", keep=keep_a, since_ns=T0, until_ns=T0 + n * NS)
+        assert whole == ValueBounds.of(values)
+        since, until = T0 + lo * NS, T0 + (lo + span) * NS
+        bounds = store.value_bounds("m", keep=keep_a, since_ns=since, until_ns=until)
+        read = store.query("m", where={"job": "a"}, since_ns=since, until_ns=until,
+                           resolution="raw")["value"].to_numpy()
+        assert bounds is not None and bounds.points >= read.shape[0]
+        assert bounds.nans >= int(np.isnan(read).sum())
+        finite = read[~np.isnan(read)]
+        if finite.size:
+            assert bounds.low <= finite.min() and finite.max() <= bounds.high
 
 
 def test_auto_resolution_follows_the_documented_rule(tmp_path: Path) -> None:

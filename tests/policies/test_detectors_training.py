@@ -7,6 +7,7 @@ models with the real instrumentation exporting through the OTel SDK into a real 
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from collectors import Point, TimeSeriesStore
 from policies import Detector, FrameStore, StoreWindow
 from policies.detectors import (
     BATCH_SIZE_ATTR,
@@ -309,7 +311,9 @@ def test_the_underflow_shortcut_skips_only_windows_with_no_finding(
     anomaly on group ``mlp`` over ``length`` steps from ``at`` (a falling scale falls at every
     step from ``at`` on, a zeroed group stays zero). Whenever the raw readings let
     ``evaluate`` skip the per-step judgement, that judgement finds nothing; and ``evaluate``
-    always agrees with it."""
+    always agrees with it. The same holds where the readings sit in a real store, half in
+    folded chunks (whose value bounds the shortcut reads) and half in its journal, and a
+    window that ends before the anomaly still skips it only when the store's bounds allow."""
     from policies.detectors._underflow import nothing_underflowing
     rows: dict[str, list[dict[str, object]]] = {}
     for rank in range(ranks):
@@ -342,6 +346,30 @@ def test_the_underflow_shortcut_skips_only_windows_with_no_finding(
     if nothing_underflowing(_window(rows), detector.config):
         assert judged == []
     assert len(detector.evaluate(_window(rows))) == len(judged)
+    with tempfile.TemporaryDirectory(prefix="underflow-") as folder, \
+            _stored(rows, Path(folder) / "metrics.db") as store:
+        for until_ns in (10**6 * S, (start * repeat) * S):
+            window = StoreWindow(store, job=JOB, since_ns=0, until_ns=until_ns)
+            expected = detector.judge(window)
+            if nothing_underflowing(window, detector.config):
+                assert expected == []
+            assert len(detector.evaluate(window)) == len(expected)
+
+
+def _stored(rows: dict[str, list[dict[str, object]]], path: Path) -> TimeSeriesStore:
+    """A real store holding ``rows``: the first half of each metric's rows folded into
+    chunks, the rest left in the journal, as a live sidecar's store holds a window."""
+    store = TimeSeriesStore(path, raw_retention_s=None, rollup_1m_retention_s=None,
+                            rollup_1h_retention_s=None)
+    points = {name: [Point(name, float(r["value"]), int(r["time"]),  # type: ignore[arg-type]
+                           {k: str(v) for k, v in r.items() if k not in ("time", "value")})
+                     for r in part] for name, part in rows.items()}
+    store.write(p for part in points.values() for p in part[:len(part) // 2])
+    store.flush()
+    store.fold()
+    store.write(p for part in points.values() for p in part[len(part) // 2:])
+    store.flush()
+    return store
 
 
 # -- small-batch precision and input-bound (synthetic histograms) ------------------------------
