@@ -67,6 +67,15 @@ class ValueBounds:
         """The widest gap between two values that are not NaN (0 with fewer than two)."""
         return max(self.high - self.low, 0.0)
 
+    def all_finite(self) -> bool:
+        """True when no value is NaN or infinite (true of an empty set)."""
+        return self.nans == 0 and (self.points == 0 or (math.isfinite(self.low)
+                                                        and math.isfinite(self.high)))
+
+    def only(self, value: float) -> bool:
+        """True when every value equals ``value`` (true of an empty set)."""
+        return self.nans == 0 and (self.points == 0 or self.low == self.high == value)
+
     def constant(self) -> bool:
         """True when every value is the same number (no NaN; true of an empty set)."""
         return self.nans == 0 and (self.points == 0 or self.low == self.high)

@@ -217,24 +217,20 @@ _READ_BY_CLEAR_CHECK = (LOSS, GRAD_NORM, NONFINITE, NONFINITE_STEPS, SCALE)
 def nothing_nonfinite(window: StoreWindow) -> bool:
     """True when no reading in ``window`` could make a finding: every loss and gradient norm
     is finite, no element count is above zero, the non-finite step counter stayed at zero, and
-    the loss scale never moved. It reads the raw series, which
-    :meth:`NonFiniteDetector.judge` reads anyway, but none of its per-step pairing: the
-    rollout checks every live trial with this detector each second, and on a healthy job the
-    pairing was most of a sidecar's idle CPU.
+    the loss scale never moved. It reads only bounds on the raw values (the store keeps them
+    per chunk; bounds of a superset of the window prove as much), none of the per-step
+    pairing: the rollout checks every live trial with this detector each second, and on a
+    healthy job the pairing was most of a sidecar's idle CPU.
 
     The per-step readings are a subset of the raw ones, so a clear raw window has clear steps.
     A scale that changed at all takes the slow path: readings of two config versions at the
     same instant may pair in either order, and only an unchanged scale can never fall.
     """
-    for name in (LOSS, GRAD_NORM):
-        if not np.isfinite(window.query(name)["value"].to_numpy(np.float64)).all():
-            return False
-    if (window.query(NONFINITE)["value"].to_numpy(np.float64) > 0).any():
+    if not all(window.value_bounds(name).all_finite() for name in (LOSS, GRAD_NORM)):
         return False
-    if (window.query(NONFINITE_STEPS)["value"].to_numpy(np.float64) != 0).any():
+    if window.value_bounds(NONFINITE).high > 0:
         return False
-    scales = window.query(SCALE)["value"].to_numpy(np.float64)
-    return bool(scales.size == 0 or (scales == scales[0]).all())
+    return window.value_bounds(NONFINITE_STEPS).only(0.0) and window.value_bounds(SCALE).constant()
 
 
 def latest_nonfinite_reading_ns(window: StoreWindow) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -258,8 +259,9 @@ def test_the_non_finite_shortcut_skips_only_windows_with_no_finding(
         ranks: int, steps: int, repeat: int, scaler: bool, at_rank: int, at: int, length: int,
         bad: float, anomaly: str) -> None:
     """SYNTHETIC frames: healthy ranks, one of which may carry one anomaly over ``length``
-    steps from ``at`` (a falling scale falls at every step from ``at`` on). Whenever the raw readings let ``evaluate`` skip the per-step
-    judgement, that judgement finds nothing; and ``evaluate`` always agrees with it."""
+    steps from ``at`` (a falling scale falls at every step from ``at`` on). Whenever the raw
+    readings let ``evaluate`` skip the per-step judgement, that judgement finds nothing; and
+    ``evaluate`` always agrees with it (frames and a real store: :func:`_shortcut_agrees`)."""
     from policies.detectors._nonfinite import nothing_nonfinite
     rows: dict[str, list[dict[str, object]]] = {}
     for rank in range(ranks):
@@ -285,11 +287,8 @@ def test_the_non_finite_shortcut_skips_only_windows_with_no_finding(
             "seedance.nonfinite.what": "grad_norm"}})
         for name, part in frames.items():
             rows.setdefault(name, []).extend({**r, "seedance.rank": str(rank)} for r in part)
-    detector = NonFiniteDetector()
-    judged = detector.judge(_window(rows))
-    if nothing_nonfinite(_window(rows)):
-        assert judged == []
-    assert len(detector.evaluate(_window(rows))) == len(judged)
+    _shortcut_agrees(rows, NonFiniteDetector(), nothing_nonfinite, (at % steps) * repeat * S)
+
 
 @given(ranks=st.integers(1, 2), steps=st.integers(3, 10), repeat=st.integers(1, 2),
        scaler=st.booleans(), at_rank=st.integers(0, 1), at=st.integers(0, 9),
@@ -313,7 +312,7 @@ def test_the_underflow_shortcut_skips_only_windows_with_no_finding(
     ``evaluate`` skip the per-step judgement, that judgement finds nothing; and ``evaluate``
     always agrees with it. The same holds where the readings sit in a real store, half in
     folded chunks (whose value bounds the shortcut reads) and half in its journal, and a
-    window that ends before the anomaly still skips it only when the store's bounds allow."""
+    window that ends before the anomaly (:func:`_shortcut_agrees`)."""
     from policies.detectors._underflow import nothing_underflowing
     rows: dict[str, list[dict[str, object]]] = {}
     for rank in range(ranks):
@@ -342,18 +341,24 @@ def test_the_underflow_shortcut_skips_only_windows_with_no_finding(
         for name, part in _steps_frame(series, repeat=repeat).items():
             rows.setdefault(name, []).extend({**r, "seedance.rank": str(rank)} for r in part)
     detector = GradientUnderflowDetector(UnderflowConfig(zero_fraction_rise=rise))
-    judged = detector.judge(_window(rows))
-    if nothing_underflowing(_window(rows), detector.config):
-        assert judged == []
-    assert len(detector.evaluate(_window(rows))) == len(judged)
-    with tempfile.TemporaryDirectory(prefix="underflow-") as folder, \
+    _shortcut_agrees(rows, detector, lambda w: nothing_underflowing(w, detector.config),
+                     start * repeat * S)
+
+
+def _shortcut_agrees(rows: dict[str, list[dict[str, object]]], detector: Detector,
+                     shortcut: Callable[[StoreWindow], bool], early_end_ns: int) -> None:
+    """Whenever ``shortcut`` lets ``evaluate`` skip ``judge``, ``judge`` finds nothing, and
+    ``evaluate`` agrees with ``judge``: over frames, and over a real store (half the readings
+    folded into chunks, whose value bounds the shortcut reads, half in its journal) for the
+    whole window and for one that ends at ``early_end_ns``, before any anomaly."""
+    with tempfile.TemporaryDirectory(prefix="shortcut-") as folder, \
             _stored(rows, Path(folder) / "metrics.db") as store:
-        for until_ns in (10**6 * S, (start * repeat) * S):
-            window = StoreWindow(store, job=JOB, since_ns=0, until_ns=until_ns)
-            expected = detector.judge(window)
-            if nothing_underflowing(window, detector.config):
-                assert expected == []
-            assert len(detector.evaluate(window)) == len(expected)
+        for window in (_window(rows), *(StoreWindow(store, job=JOB, since_ns=0, until_ns=end)
+                                        for end in (10**6 * S, early_end_ns))):
+            judged = detector.judge(window)  # type: ignore[attr-defined]
+            if shortcut(window):
+                assert judged == []
+            assert len(detector.evaluate(window)) == len(judged)
 
 
 def _stored(rows: dict[str, list[dict[str, object]]], path: Path) -> TimeSeriesStore:
@@ -361,7 +366,7 @@ def _stored(rows: dict[str, list[dict[str, object]]], path: Path) -> TimeSeriesS
     chunks, the rest left in the journal, as a live sidecar's store holds a window."""
     store = TimeSeriesStore(path, raw_retention_s=None, rollup_1m_retention_s=None,
                             rollup_1h_retention_s=None)
-    points = {name: [Point(name, float(r["value"]), int(r["time"]),  # type: ignore[arg-type]
+    points = {name: [Point(name, float(r["value"]), int(r["time"]),  # type: ignore[arg-type, call-overload]
                            {k: str(v) for k, v in r.items() if k not in ("time", "value")})
                      for r in part] for name, part in rows.items()}
     store.write(p for part in points.values() for p in part[:len(part) // 2])
