@@ -140,32 +140,19 @@ class StoreQueries:
             found = conn.execute("SELECT id, attrs FROM series WHERE name = ? AND last_ns >= ? "
                                  "AND first_ns <= ?", (name, lo, hi)).fetchall()
             kept = [sid for sid, text in found if keep(self._attrs(text))]
-            wanted = set(kept)
-            # per series only when some are left out: the aggregate of one row is cheaper
-            per_series = len(kept) < len(found)
-            points = nans = 0
-            low, high = math.inf, -math.inf
-            for sid, n, n_nan, unbounded, v_min, v_max in conn.execute(
-                    f"SELECT {'series_id' if per_series else '0'}, sum(n), sum(v_nans), "
-                    "sum(v_nans IS NULL), min(v_min), max(v_max) FROM chunks WHERE series_id "
-                    "IN (SELECT id FROM series WHERE name = ? AND last_ns >= ? AND "
-                    "first_ns <= ?) AND block_ns > ? AND block_ns <= ? AND t_max >= ? AND "
-                    f"t_min <= ?{' GROUP BY series_id' if per_series else ''}",
-                    (name, lo, hi, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS)
-                     - RAW_BLOCK_NS, hi, lo, hi)):
-                if n is None or (per_series and sid not in wanted):
-                    continue  # no chunk at all (the one aggregate row), or a series left out
-                if unbounded:  # SQL's min and max skip NULL: a chunk without bounds hides
-                    return None
-                points, nans = points + n, nans + n_nan
-                low, high = min(low, v_min), max(high, v_max)
+            n, n_nan, unbounded, v_min, v_max, t_max = conn.execute(
+                "SELECT sum(n), sum(v_nans), sum(v_nans IS NULL), min(v_min), max(v_max), "
+                "max(t_max) FROM chunks WHERE series_id IN (SELECT value FROM json_each(?)) "
+                "AND block_ns > ? AND block_ns <= ? AND t_max >= ? AND t_min <= ?",
+                (json.dumps(kept), max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS)
+                 - RAW_BLOCK_NS, hi, lo, hi)).fetchone()
+            if unbounded:  # SQL's min and max skip NULL: a chunk without bounds would hide
+                return None
+            bounds = (ValueBounds(0, 0, math.inf, -math.inf, None) if n is None  # no chunk
+                      else ValueBounds(n, n_nan, v_min, v_max, t_max))
             series, times, values = self._points.columns(conn)
-            journal = values[np.isin(series, kept) & (times >= lo) & (times <= hi)]
-        if journal.shape[0] == 0:
-            return ValueBounds(points, nans, low, high)
-        more = ValueBounds.of(journal)
-        return ValueBounds(points + more.points, nans + more.nans, min(low, more.low),
-                           max(high, more.high))
+            journal = np.isin(series, kept) & (times >= lo) & (times <= hi)
+        return bounds.merged(ValueBounds.of(values[journal], times[journal]))
 
     def _attrs(self, text: str) -> dict[str, str]:
         """A series' attributes, parsed once per distinct text: a pass over a job of

@@ -39,25 +39,36 @@ class StoreReader(Protocol):
 
 @dataclass(frozen=True)
 class ValueBounds:
-    """Bounds on a set of values: how many (``points``, NaNs included), how many are NaN, and
-    the lowest and highest of the others (``inf`` and ``-inf`` when there are none).
+    """Bounds on a set of timed values: how many (``points``, NaNs included), how many are
+    NaN, the lowest and highest of the others (``inf`` and ``-inf`` when there are none), and
+    the latest time (ns) among them (None when empty).
 
     A reader may give the bounds of a superset of the points asked for (whole stored chunks
-    that reach into the range), so they prove what cannot be there, never what is.
+    that reach into the range), so they prove what cannot be there, never what is; the
+    superset's latest time is the range's own when the range is open at its end.
     """
 
     points: int
     nans: int
     low: float
     high: float
+    latest_ns: int | None
 
     @classmethod
-    def of(cls, values: np.ndarray) -> ValueBounds:
-        """The exact bounds of ``values``."""
+    def of(cls, values: np.ndarray, times_ns: np.ndarray) -> ValueBounds:
+        """The exact bounds of ``values`` taken at ``times_ns``."""
         finite = values[~np.isnan(values)]
         return cls(points=int(values.shape[0]), nans=int(values.shape[0] - finite.shape[0]),
                    low=float(finite.min()) if finite.size else math.inf,
-                   high=float(finite.max()) if finite.size else -math.inf)
+                   high=float(finite.max()) if finite.size else -math.inf,
+                   latest_ns=int(times_ns.max()) if times_ns.size else None)
+
+    def merged(self, other: ValueBounds) -> ValueBounds:
+        """The bounds of both sets together."""
+        latest = [t for t in (self.latest_ns, other.latest_ns) if t is not None]
+        return ValueBounds(self.points + other.points, self.nans + other.nans,
+                           min(self.low, other.low), max(self.high, other.high),
+                           max(latest) if latest else None)
 
     def could_hold(self, value: float) -> bool:
         """False when no value in the set can equal ``value``."""

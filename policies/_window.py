@@ -89,7 +89,9 @@ class StoreWindow:
                                              until_ns=self.until_ns)
             if found is not None:
                 return found
-        return ValueBounds.of(self.query(name)["value"].to_numpy(np.float64))
+        frame = self.query(name)
+        return ValueBounds.of(frame["value"].to_numpy(np.float64),
+                              frame["time"].to_numpy(np.int64))
 
     def _keeps(self, attributes: Mapping[str, str]) -> bool:
         """Whether this window reads a series with these attributes (as :meth:`query`)."""

@@ -3,11 +3,11 @@ point carries it, so a version's points are exactly one window of one config."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pandas as pd
 
-from collectors import CONFIG_VERSION_ATTR, Resolution, StoreReader
+from collectors import CONFIG_VERSION_ATTR, BoundsReader, Resolution, StoreReader, ValueBounds
 from collectors.names import ATTR_SERVICE_NAME
 
 
@@ -26,3 +26,14 @@ class VersionReader:
         """Points of ``name`` the job emitted under the bound version."""
         return self._reader.query(name, where={**(where or {}), **self._bound},
                                   since_ns=since_ns, until_ns=until_ns, resolution=resolution)
+
+    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
+                     since_ns: int, until_ns: int) -> ValueBounds | None:
+        """Bounds on the values of ``name`` the job emitted under the bound version, from the
+        reader's own when it keeps them (None otherwise: the caller reads the points)."""
+        if not isinstance(self._reader, BoundsReader):
+            return None
+        bound = self._bound.items()
+        return self._reader.value_bounds(
+            name, keep=lambda attrs: all(attrs.get(k) == v for k, v in bound) and keep(attrs),
+            since_ns=since_ns, until_ns=until_ns)

@@ -235,10 +235,12 @@ def nothing_nonfinite(window: StoreWindow) -> bool:
 
 def latest_nonfinite_reading_ns(window: StoreWindow) -> int | None:
     """The time (ns) of the latest reading in ``window`` that :func:`nothing_nonfinite`
-    reads, None when it holds none: where a check that only reads what is new starts."""
-    latest = [int(frame["time"].max().value) for name in _READ_BY_CLEAR_CHECK
-              if not (frame := window.query(name)).empty]
-    return max(latest) if latest else None
+    reads, None when it holds none: where a check that only reads what is new starts. From
+    the value bounds it read, so at most ``window.until_ns`` and exact for a window open at
+    its end (bounds may cover whole chunks past it)."""
+    latest = [t for name in _READ_BY_CLEAR_CHECK
+              if (t := window.value_bounds(name).latest_ns) is not None]
+    return min(max(latest), window.until_ns) if latest else None
 
 
 def _counted_nonfinite(counter: pd.DataFrame) -> dict[str, float]:

@@ -399,7 +399,7 @@ def test_a_format_1_store_is_read_and_upgraded_in_place(tmp_path: Path) -> None:
         writer.write([Point("later", 2.0, T0, {}), Point("later", 5.0, T0 + NS, {})])
         writer.fold()
         assert writer.value_bounds("later", keep=lambda _: True, since_ns=0,
-                                   until_ns=2**62) == ValueBounds(2, 0, 2.0, 5.0)
+                                   until_ns=2**62) == ValueBounds(2, 0, 2.0, 5.0, T0 + NS)
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()[0] == "4"
         assert {"rollup_journal", "points_journal"} <= {r[0] for r in conn.execute(
@@ -431,7 +431,7 @@ def test_value_bounds_hold_every_point_a_query_reads(values: np.ndarray, folded:
                 store.fold()
         keep_a = lambda attrs: attrs.get("job") == "a"  # noqa: E731
         whole = store.value_bounds("m", keep=keep_a, since_ns=T0, until_ns=T0 + n * NS)
-        assert whole == ValueBounds.of(values)
+        assert whole == ValueBounds.of(values, times)
         since, until = T0 + lo * NS, T0 + (lo + span) * NS
         bounds = store.value_bounds("m", keep=keep_a, since_ns=since, until_ns=until)
         read = store.query("m", where={"job": "a"}, since_ns=since, until_ns=until,
@@ -441,6 +441,12 @@ def test_value_bounds_hold_every_point_a_query_reads(values: np.ndarray, folded:
         finite = read[~np.isnan(read)]
         if finite.size:
             assert bounds.low <= finite.min() and finite.max() <= bounds.high
+        if read.size:
+            assert bounds.latest_ns is not None and bounds.latest_ns >= since + (
+                min(lo + span, n - 1) - lo) * NS
+        open_ended = store.value_bounds("m", keep=keep_a, since_ns=since, until_ns=2**62)
+        assert open_ended is not None
+        assert open_ended.latest_ns == (int(times[-1]) if lo < n else None)
 
 
 def test_auto_resolution_follows_the_documented_rule(tmp_path: Path) -> None:

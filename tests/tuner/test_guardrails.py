@@ -28,11 +28,15 @@ CHANGE = Change(id="c1", job=JOB, state="observing", source="trial", reason="r",
 
 
 class CountingReader:
-    """The store, counting the rows each query returns: what a check costs."""
+    """The store, counting the rows each query returns: what a check costs. With
+    ``bounds=False`` it hides the store's value bounds, as a reader without them (Prometheus)
+    has none."""
 
-    def __init__(self, store: TimeSeriesStore) -> None:
+    def __init__(self, store: TimeSeriesStore, *, bounds: bool = True) -> None:
         self.store = store
         self.rows = 0
+        if not bounds:
+            self.value_bounds = None
 
     def query(self, name: str, *, where: Mapping[str, str] | None = None,
               since_ns: int | None = None, until_ns: int | None = None,
@@ -65,7 +69,7 @@ def export(store: TimeSeriesStore, second: int, *, ranks: range = range(4),
 def test_later_checks_read_only_recent_readings_and_a_new_nan_trips_at_once(
         tmp_path: Path) -> None:
     with TimeSeriesStore(tmp_path / "m.db") as store:
-        reader = CountingReader(store)
+        reader = CountingReader(store, bounds=False)
         guard = NonFiniteValues(overlap_s=10.0, full_every=1000)
         for second in range(0, 600, 5):  # ten minutes of healthy readings
             export(store, second)
@@ -79,6 +83,28 @@ def test_later_checks_read_only_recent_readings_and_a_new_nan_trips_at_once(
         export(store, 630, nonfinite=1.0)
         trip = guard.check(CHANGE, VERSION, reader)
     assert trip is not None and trip.kind == "full" and "non-finite loss" in trip.reason
+
+
+def test_on_the_store_a_healthy_check_reads_no_points_and_a_new_nan_trips_at_once(
+        tmp_path: Path) -> None:
+    """The store's value bounds answer every check of a healthy version (one aggregate per
+    metric, whatever the version's length); the first doubtful reading is judged point by
+    point."""
+    with TimeSeriesStore(tmp_path / "m.db") as store:
+        reader = CountingReader(store)
+        guard = NonFiniteValues(overlap_s=10.0, full_every=3)
+        for second in range(0, 600, 5):
+            export(store, second)
+            if second % 60 == 0:
+                store.fold()
+        for second in range(600, 630, 5):
+            export(store, second)
+            assert guard.check(CHANGE, VERSION, reader) is None
+        assert reader.rows == 0
+        export(store, 630, nonfinite=1.0)
+        trip = guard.check(CHANGE, VERSION, reader)
+    assert trip is not None and trip.kind == "full" and "non-finite loss" in trip.reason
+    assert reader.rows > 0
 
 
 def test_a_reading_later_than_the_overlap_is_judged_by_the_next_full_check(
