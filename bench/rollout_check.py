@@ -14,7 +14,8 @@ tail at 16 sidecars is the wait for a core). This bench times, on one store file
   new, every 30th the whole life again): the cost per tick;
 - ``small query``: one raw query of one version's loss series.
 
-The store is SIMULATED, written once by this script with the store's own writer, shaped as the
+The store is SIMULATED, written once per arm by this script with that arm's own store writer
+(so each arm reads its own file format; the points are the same), shaped as the
 fleet bench's job (``bench/_fleet_job.py``): 8 ranks x 500 module-group norms every 5 s over
 300 s, and 5 config versions of 60 s each with the training series (step, loss, gradient norm,
 non-finite step counter, learning rate) every second, all healthy; and, as a job exporting its
@@ -162,10 +163,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=120)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: the store of one arm
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # internal: the code of that arm
+    parser.add_argument("--write", help=argparse.SUPPRESS)  # internal: write that arm's store
     args = parser.parse_args()
-    if args.one:
+    if args.one or args.write:
         sys.path.insert(0, args.tree)  # ahead of this tree: the arm's code is imported
-        print(json.dumps(one_arm(Path(args.one), args.calls, Path(args.tree))))
+        if args.write:
+            write_store(Path(args.write))
+        else:
+            print(json.dumps(one_arm(Path(args.one), args.calls, Path(args.tree))))
         return
     base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -173,13 +178,15 @@ def main() -> None:
     runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
     try:
         with tempfile.TemporaryDirectory(prefix="rollout-check-") as tmp:
-            store = Path(tmp) / "metrics.db"
-            write_store(store)
+            stores = {arm: Path(tmp) / f"{arm}.db" for arm in ("base", "new")}
+            for arm, tree in (("base", base), ("new", ROOT)):  # each in its arm's format
+                subprocess.run([sys.executable, str(Path(__file__).resolve()), "--write",
+                                str(stores[arm]), "--tree", str(tree)], cwd=tree, check=True)
             for r in range(args.rounds):
                 for arm, tree in (("base", base), ("new", ROOT)):
                     done = subprocess.run(
-                        [sys.executable, str(Path(__file__).resolve()), "--one", str(store),
-                         "--tree", str(tree), "--calls", str(args.calls)],
+                        [sys.executable, str(Path(__file__).resolve()), "--one",
+                         str(stores[arm]), "--tree", str(tree), "--calls", str(args.calls)],
                         cwd=tree, capture_output=True, text=True, check=True)
                     ms = json.loads(done.stdout.strip().splitlines()[-1])
                     runs[arm].append(ms)
@@ -200,7 +207,7 @@ def main() -> None:
     write_ab_result(RESULTS, bench="rollout_check", summary=summary, runs=runs, targets=targets,
                     protocol={"base": base_rev, "rounds": args.rounds, "calls": args.calls,
                               "warmup_calls": WARMUP, "store": "SIMULATED (see the bench's docstring)",
-                              "order": "base and new alternate per round, fresh process, same file"})
+                              "order": "base and new alternate per round, fresh process; each arm reads the same points, written by its own code"})
 
 
 if __name__ == "__main__":
