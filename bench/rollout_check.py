@@ -21,7 +21,7 @@ fleet bench's job (``bench/_fleet_job.py``): 8 ranks x 500 module-group norms ev
 non-finite step counter, learning rate) every second, all healthy; and, as a job exporting its
 stats-step series does, each group's non-finite element count every 5 s of each version.
 
-Arms, each in a fresh process on the same file, alternate (base, new, base, new, ...):
+Arms, each in a fresh process on its own file, alternate (base, new, base, new, ...):
 
 - ``base``: the code at ``--base`` (a git worktree made for the run);
 - ``new``: this tree.
@@ -207,7 +207,9 @@ def main() -> None:
     write_ab_result(RESULTS, bench="rollout_check", summary=summary, runs=runs, targets=targets,
                     protocol={"base": base_rev, "rounds": args.rounds, "calls": args.calls,
                               "warmup_calls": WARMUP, "store": "SIMULATED (see the bench's docstring)",
-                              "order": "base and new alternate per round, fresh process; each arm reads the same points, written by its own code"})
+                              "order": ("base and new alternate per round, fresh process; "
+                                        "each arm reads the same points, written by its own "
+                                        "code")})
 
 
 if __name__ == "__main__":

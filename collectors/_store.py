@@ -124,13 +124,15 @@ class TimeSeriesStore:
         return self._queries.query(name, where=where, since_ns=since_ns, until_ns=until_ns,
                                    resolution=resolution)
 
-    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
-                     since_ns: int, until_ns: int) -> ValueBounds | None:
-        """Bounds on the raw values of ``name``'s series that ``keep`` accepts, in
+    def value_bounds(self, name: str, *, where: Mapping[str, str] | None = None,
+                     keep: Callable[[Mapping[str, str]], bool], since_ns: int,
+                     until_ns: int) -> ValueBounds | None:
+        """Bounds on the raw values of ``name``'s series whose attributes include ``where``
+        and that ``keep`` accepts, in
         [since_ns, until_ns], without decoding a point of a folded chunk: the bounds of
         every chunk reaching into the range (a superset), and the journal's points in it.
         None while such a chunk was written before format 4."""
-        return self._queries.value_bounds(name, keep=keep, since_ns=since_ns,
+        return self._queries.value_bounds(name, where=where, keep=keep, since_ns=since_ns,
                                           until_ns=until_ns)
 
     def metrics(self) -> pd.DataFrame:

@@ -112,34 +112,51 @@ class StoreQueries:
         lo = np.iinfo(np.int64).min if since_ns is None else int(since_ns)
         hi = np.iinfo(np.int64).max if until_ns is None else int(until_ns)
         with self._snapshot() as conn:
-            # Only series with points in the range: each config version starts new series,
-            # so a window's cost would otherwise grow with every trial the job ever ran.
-            found = [(r[0], self._attrs(r[1]), r[2], r[3]) for r in conn.execute(
-                "SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
-                "AND last_ns >= ? AND first_ns <= ? ORDER BY id", (name, lo, hi))]
-            if wanted:
-                found = [f for f in found if all(f[1].get(k) == v for k, v in wanted.items())]
+            found = self._series(conn, name, lo, hi, wanted)
             chosen = (_pick_resolution(found, since_ns, until_ns) if resolution == "auto"
                       else resolution)
             if chosen == "raw":
-                rows = self._read_raw(conn, name, [sid for sid, _, _, _ in found], lo, hi)
+                rows = self._read_raw(conn, [sid for sid, _, _, _ in found], lo, hi)
             else:
                 rows = _stacked([self._read_rollup(sid, _STEP_S[chosen], lo, hi)
                                  for sid, _, _, _ in found], _ROLLUP_COLUMNS)
         return _frame([attrs for _, attrs, _, _ in found], *rows)
 
-    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
-                     since_ns: int, until_ns: int) -> ValueBounds | None:
-        """Bounds on the raw values of the kept series of ``name`` in [since_ns, until_ns],
-        from the bounds of each chunk that reaches into the range (so of a superset) and the
-        journal's points in it; None if such a chunk predates bounds (format 3)."""
+    def _series(self, conn: sqlite3.Connection, name: str, lo: int, hi: int,
+                wanted: Mapping[str, str]
+                ) -> list[tuple[int, dict[str, str], int | None, int | None]]:
+        """(id, attributes, first_ns, last_ns) of the series of ``name`` with points in
+        [lo, hi] whose attributes include ``wanted``, by id. Only those in the range: each
+        config version starts new series, so a window's cost would otherwise grow with every
+        trial the job ever ran; and ``wanted`` narrows them in SQL first (a version's series
+        among every version's were parsed and dropped here one by one)."""
+        sql = ("SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
+               "AND last_ns >= ? AND first_ns <= ?")
+        params: list[object] = [name, lo, hi]
+        for key, value in wanted.items():
+            # a path names a key as stored: plain ASCII only (the rest is escaped in attrs)
+            if key.isascii() and key.isprintable() and not {'"', "\\"} & set(key):
+                sql += " AND json_extract(attrs, ?) = ?"
+                params += [f'$."{key}"', value]
+        found = [(r[0], self._attrs(r[1]), r[2], r[3])
+                 for r in conn.execute(sql + " ORDER BY id", params)]
+        return [f for f in found if all(f[1].get(k) == v for k, v in wanted.items())]
+
+    def value_bounds(self, name: str, *, where: Mapping[str, str] | None = None,
+                     keep: Callable[[Mapping[str, str]], bool], since_ns: int,
+                     until_ns: int) -> ValueBounds | None:
+        """Bounds on the raw values of the series of ``name`` whose attributes include
+        ``where`` and that ``keep`` accepts, in [since_ns, until_ns], from the bounds of each
+        chunk that reaches into the range (so of a superset) and the journal's points in it;
+        None if such a chunk predates bounds (format 3)."""
+        wanted = {} if where is None else dict(where)
+        canonical_attrs(wanted)
         lo, hi = int(since_ns), int(until_ns)
         with self._snapshot() as conn:
             if not has_value_bounds(conn):
                 return None
-            found = conn.execute("SELECT id, attrs FROM series WHERE name = ? AND last_ns >= ? "
-                                 "AND first_ns <= ?", (name, lo, hi)).fetchall()
-            kept = [sid for sid, text in found if keep(self._attrs(text))]
+            kept = [sid for sid, attrs, _, _ in self._series(conn, name, lo, hi, wanted)
+                    if keep(attrs)]
             n, n_nan, unbounded, v_min, v_max, t_max = conn.execute(
                 "SELECT sum(n), sum(v_nans), sum(v_nans IS NULL), min(v_min), max(v_max), "
                 "max(t_max) FROM chunks WHERE series_id IN (SELECT value FROM json_each(?)) "
@@ -164,31 +181,28 @@ class StoreQueries:
             found = self._parsed_attrs[text] = json.loads(text)
         return found
 
-    def _read_raw(self, conn: sqlite3.Connection, name: str, sids: list[int], lo: int,
-                  hi: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _read_raw(self, conn: sqlite3.Connection, sids: list[int], lo: int, hi: int
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The raw points in [lo, hi] of the series ``sids``, read in one statement and
         stacked in one pass: (each row's index into ``sids``, the time and value columns).
         A job of thousands of series paid more for per-series statements, and then for
         per-series array work, than for decoding."""
         rows = conn.execute(
             "SELECT c.series_id, c.n, t.digest, t.data, c.vals FROM chunks c "
-            "JOIN times t ON t.id = c.times_id WHERE c.series_id IN (SELECT id FROM series "
-            "WHERE name = ? AND last_ns >= ? AND first_ns <= ?) AND c.block_ns > ? "
-            "AND c.block_ns <= ? AND c.t_max >= ? AND c.t_min <= ? "
-            "ORDER BY c.series_id, c.t_min",
-            (name, lo, hi, max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS, hi,
-             lo, hi)).fetchall()
+            "JOIN times t ON t.id = c.times_id WHERE c.series_id IN (SELECT value FROM "
+            "json_each(?)) AND c.block_ns > ? AND c.block_ns <= ? AND c.t_max >= ? "
+            "AND c.t_min <= ? ORDER BY c.series_id, c.t_min",
+            (json.dumps(sids), max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS,
+             hi, lo, hi)).fetchall()
         position = {sid: i for i, sid in enumerate(sids)}
         cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
         owners: list[int] = []
         ts: list[np.ndarray] = []
         vs: list[np.ndarray] = []
         for sid, n, digest, data, vals in rows:
-            at = position.get(sid)
-            if at is not None:
-                owners.append(at)
-                ts.append(cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n)))
-                vs.append(cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n)))
+            owners.append(position[sid])
+            ts.append(cache.get(b"t%d:" % n + digest, partial(codec.decode_times, data, n)))
+            vs.append(cache.get(b"v%d:" % n + vals, partial(codec.decode_values, vals, n)))
         # the journal's points (not folded yet) after the chunks: the frame's sort keeps a
         # series' rows of one instant in this order
         for sid, (t, v) in self._points.of_series(conn, sids).items():

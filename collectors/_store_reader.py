@@ -98,9 +98,10 @@ class BoundsReader(Protocol):
     store keeps each chunk's bounds): a detector that only asks "could anything be wrong
     here" then skips reading thousands of series."""
 
-    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
-                     since_ns: int, until_ns: int) -> ValueBounds | None:
-        """Bounds on the values of the series of ``name`` whose attributes ``keep`` accepts,
-        in [since_ns, until_ns] (a superset may be bounded); None when they cannot be told
-        without reading the points."""
+    def value_bounds(self, name: str, *, where: Mapping[str, str] | None = None,
+                     keep: Callable[[Mapping[str, str]], bool], since_ns: int,
+                     until_ns: int) -> ValueBounds | None:
+        """Bounds on the values of the series of ``name`` whose attributes include ``where``
+        and that ``keep`` accepts, in [since_ns, until_ns] (a superset may be bounded); None
+        when they cannot be told without reading the points."""
         ...

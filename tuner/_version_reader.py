@@ -27,13 +27,12 @@ class VersionReader:
         return self._reader.query(name, where={**(where or {}), **self._bound},
                                   since_ns=since_ns, until_ns=until_ns, resolution=resolution)
 
-    def value_bounds(self, name: str, *, keep: Callable[[Mapping[str, str]], bool],
-                     since_ns: int, until_ns: int) -> ValueBounds | None:
+    def value_bounds(self, name: str, *, where: Mapping[str, str] | None = None,
+                     keep: Callable[[Mapping[str, str]], bool], since_ns: int,
+                     until_ns: int) -> ValueBounds | None:
         """Bounds on the values of ``name`` the job emitted under the bound version, from the
         reader's own when it keeps them (None otherwise: the caller reads the points)."""
         if not isinstance(self._reader, BoundsReader):
             return None
-        bound = self._bound.items()
-        return self._reader.value_bounds(
-            name, keep=lambda attrs: all(attrs.get(k) == v for k, v in bound) and keep(attrs),
-            since_ns=since_ns, until_ns=until_ns)
+        return self._reader.value_bounds(name, where={**(where or {}), **self._bound},
+                                         keep=keep, since_ns=since_ns, until_ns=until_ns)

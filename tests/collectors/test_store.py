@@ -165,6 +165,23 @@ def test_where_and_time_range_select_exactly(tmp_path: Path) -> None:
     assert (df["value"] == 1.0).all() and (df["gpu"] == "1").all()
 
 
+@pytest.mark.parametrize("key", ["seedance.config.version", 'we"ird', "back\\slash", "x y",
+                                 "ünï"])
+def test_where_matches_any_attribute_key_exactly(tmp_path: Path, key: str) -> None:
+    """``where`` narrows series in SQL by a JSON path of the key: keys a path cannot quote
+    are still matched, and a value that only looks alike ("1" against 1, "1 ") never is."""
+    t = T0 + np.arange(5) * NS
+    with _store(tmp_path / "s.db") as store:
+        for value in ("1", "10", "1 ", "2"):
+            store.write_series("m", {key: value, "job": "a"}, t, np.full(5, float(len(value))))
+        store.write_series("m", {"job": "a"}, t, np.zeros(5))
+        df = store.query("m", where={key: "1", "job": "a"}, resolution="raw")
+        bounds = store.value_bounds("m", where={key: "1"}, keep=lambda _: True, since_ns=0,
+                                    until_ns=2**62)
+    assert df["value"].tolist() == [1.0] * 5 and (df[key] == "1").all()
+    assert bounds == ValueBounds(5, 0, 1.0, 1.0, int(t[-1]))
+
+
 def test_a_raw_read_of_many_series_is_every_point_in_time_then_series_order(
         tmp_path: Path) -> None:
     """Chunks and not-yet-folded points of many series, sharing instants, some attribute
