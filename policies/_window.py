@@ -58,6 +58,7 @@ class StoreWindow:
         self.until_ns = until_ns
         self.job_attribute = job_attribute
         self._read: dict[tuple[object, ...], pd.DataFrame] = {}
+        self._bounds: dict[str, ValueBounds] = {}
 
     def query(self, name: str, where: Mapping[str, str] | None = None,
               since_ns: int | None = None, until_ns: int | None = None, *,
@@ -83,15 +84,17 @@ class StoreWindow:
         """Bounds on the values of ``name`` in this window: the store's own when it keeps them
         (of a superset: whole chunks), else those of the window's points. For a detector
         that first asks whether anything could be wrong: a job's thousands of module norms
-        then cost one aggregate instead of a frame."""
-        if isinstance(self._store, BoundsReader):
+        then cost one aggregate instead of a frame. Read once per window, as queries are."""
+        found = self._bounds.get(name)
+        if found is None and isinstance(self._store, BoundsReader):
             found = self._store.value_bounds(name, keep=self._keeps, since_ns=self.since_ns,
                                              until_ns=self.until_ns)
-            if found is not None:
-                return found
-        frame = self.query(name)
-        return ValueBounds.of(frame["value"].to_numpy(np.float64),
-                              frame["time"].to_numpy(np.int64))
+        if found is None:
+            frame = self.query(name)
+            found = ValueBounds.of(frame["value"].to_numpy(np.float64),
+                                   frame["time"].to_numpy(np.int64))
+        self._bounds[name] = found
+        return found
 
     def _keeps(self, attributes: Mapping[str, str]) -> bool:
         """Whether this window reads a series with these attributes (as :meth:`query`)."""
