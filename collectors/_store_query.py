@@ -161,8 +161,7 @@ class StoreQueries:
                 "SELECT sum(n), sum(v_nans), sum(v_nans IS NULL), min(v_min), max(v_max), "
                 "max(t_max) FROM chunks WHERE series_id IN (SELECT value FROM json_each(?)) "
                 "AND block_ns > ? AND block_ns <= ? AND t_max >= ? AND t_min <= ?",
-                (json.dumps(kept), max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS)
-                 - RAW_BLOCK_NS, hi, lo, hi)).fetchone()
+                (json.dumps(kept), _blocks_after(lo), hi, lo, hi)).fetchone()
             if unbounded:  # SQL's min and max skip NULL: a chunk without bounds would hide
                 return None
             bounds = (ValueBounds(0, 0, math.inf, -math.inf, None) if n is None  # no chunk
@@ -192,8 +191,7 @@ class StoreQueries:
             "JOIN times t ON t.id = c.times_id WHERE c.series_id IN (SELECT value FROM "
             "json_each(?)) AND c.block_ns > ? AND c.block_ns <= ? AND c.t_max >= ? "
             "AND c.t_min <= ? ORDER BY c.series_id, c.t_min",
-            (json.dumps(sids), max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS,
-             hi, lo, hi)).fetchall()
+            (json.dumps(sids), _blocks_after(lo), hi, lo, hi)).fetchall()
         position = {sid: i for i, sid in enumerate(sids)}
         cache = self._decoded  # keyed by content and length: a blob of zeros fits any length
         owners: list[int] = []
@@ -296,6 +294,12 @@ def _stacked(parts: list[dict[str, np.ndarray]], columns: tuple[str, ...]
                 else np.empty(0, dtype=np.int64 if c in ("time", "count") else np.float64))
             for c in columns}
     return np.repeat(np.arange(len(parts)), counts), data
+
+
+def _blocks_after(lo: int) -> int:
+    """The ``block_ns`` above which a raw chunk may hold points at or after ``lo`` (one
+    block back, clamped so it cannot leave int64): both raw reads select chunks by it."""
+    return max(lo, np.iinfo(np.int64).min + RAW_BLOCK_NS) - RAW_BLOCK_NS
 
 
 def _frame(attrs: list[dict[str, str]], owner: np.ndarray, data: dict[str, np.ndarray]
