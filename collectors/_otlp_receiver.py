@@ -48,6 +48,7 @@ from collectors._otlp_traces import (
     decode_traces_protobuf,
     spans_from_request,
 )
+from collectors._otlp_wire import first_resource_strings
 from collectors._priority import background_pool
 
 logger = logging.getLogger(__name__)
@@ -293,6 +294,8 @@ class _Signal(Generic[_T]):
     unit: str
     response: Message
     forwarder: Forwarder | None
+    peek: Mapping[str, Callable[[bytes], Mapping[str, str] | None]]
+    """By encoding: what a body's first resource says, read without decoding it."""
 
 
 def _encode(message: Message, content_type: str) -> bytes:
@@ -351,6 +354,7 @@ def otlp_router(
     traces_forwarder: Forwarder | None = None,
     ingest_token: str | None = None,
     workers: int = INGEST_WORKERS,
+    admit: Callable[[Callable[[], Mapping[str, str] | None]], None] | None = None,
 ) -> APIRouter:
     """An APIRouter serving ``POST /v1/metrics`` and, when ``span_sink`` is given,
     ``POST /v1/traces``; every decoded request goes to ``sink`` (or ``span_sink``).
@@ -362,7 +366,10 @@ def otlp_router(
     follow the same rules: encodings, gzip, size limits and status codes. Pass ``stats`` to
     read the counters. With ``ingest_token``, a request without ``Authorization: Bearer
     <ingest_token>`` gets 401 and nothing of it is read (OTel exporters send it from
-    ``OTEL_EXPORTER_OTLP_HEADERS``).
+    ``OTEL_EXPORTER_OTLP_HEADERS``). ``admit``, when given, sees a metrics body before it is
+    decoded, as a call that reads its first resource's string attributes (None when it
+    cannot): raising what a sink raises turns the request away as the sink would, so a sender
+    over its share does not cost a decode on every retry.
     """
     if max_body_bytes < 1:
         raise ValueError(f"otlp_router max_body_bytes must be >= 1, got {max_body_bytes}")
@@ -400,6 +407,12 @@ def otlp_router(
             taken); one trip to a worker thread for all, as each trip is a thread hand-off on
             every request."""
             body = gunzip(raw, max_body_bytes) if encoding == "gzip" else raw
+            peek = signal.peek.get(content_type)
+            if admit is not None and peek is not None:
+                try:
+                    admit(lambda: peek(body))
+                except Exception as e:  # turned away before the decode: its size is unknown
+                    return 0, False, e
             decoded = signal.decode[content_type](body)
             try:
                 signal.sink(decoded)
@@ -447,7 +460,8 @@ def otlp_router(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
                 JSON: JsonShapes().decode},
         sink=sink, count=len, templated=lambda d: d.shape is not None, unit="points",
-        response=ExportMetricsServiceResponse(), forwarder=forwarder)
+        response=ExportMetricsServiceResponse(), forwarder=forwarder,
+        peek={PROTOBUF: first_resource_strings})
 
     @router.post("/v1/metrics")
     async def export_metrics(request: Request) -> Response:
@@ -459,7 +473,7 @@ def otlp_router(
                     JSON: lambda b: spans_from_request(decode_traces_json(b))},
             sink=span_sink, count=len, templated=lambda _: False, unit="spans",
             response=ExportTraceServiceResponse(),
-            forwarder=traces_forwarder)
+            forwarder=traces_forwarder, peek={})
 
         @router.post("/v1/traces")
         async def export_traces(request: Request) -> Response:

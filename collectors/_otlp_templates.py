@@ -29,6 +29,7 @@ from typing import Final
 import numpy as np
 
 from collectors._otlp_decode import DecodedMetrics, MetricInfo, Shape, points_from_request
+from collectors._otlp_wire import WireError, fields, varint
 from collectors._points import Point
 
 MAX_TEMPLATES: Final = 256
@@ -50,50 +51,12 @@ _NO_RECORDED_VALUE: Final = 1
 _WORD = np.arange(8, dtype=np.int64)
 
 
-class _NoTemplate(Exception):
+class _NoTemplate(WireError):
     """This body's shape is not one a template can decode."""
 
 
 # Slot kinds: how an 8-byte word of the body becomes a value.
 _TIME, _DOUBLE, _INT, _COUNT, _BUCKET, _IGNORED = range(6)
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if i >= len(buf) or shift > 63:
-            raise _NoTemplate("truncated varint")
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i
-        shift += 7
-
-
-def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """(field number, wire type, payload start, payload end) of one message's fields."""
-    out = []
-    i = start
-    while i < end:
-        tag, i = _varint(buf, i)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, j = _varint(buf, i)
-        elif wire == 1:
-            j = i + 8
-        elif wire == 2:
-            size, i = _varint(buf, i)
-            j = i + size
-        elif wire == 5:
-            j = i + 4
-        else:
-            raise _NoTemplate(f"wire type {wire}")
-        if j > end:
-            raise _NoTemplate("field past its message")
-        out.append((number, wire, i, j))
-        i = j
-    return out
 
 
 @dataclass
@@ -128,13 +91,13 @@ def _point_words(buf: bytes, start: int, end: int, slots: _Slots, kinds: dict[in
     words: dict[int, int] = {}
     others = []
     skipped = False
-    for number, wire, a, b in _fields(buf, start, end):
+    for number, wire, a, b in fields(buf, start, end):
         if number == exemplars:
             raise _NoTemplate("exemplars")
         if wire == 1 and number in kinds:
             words[number] = slots.add(a, kinds[number])
         elif number == flags and wire == 0:
-            skipped = bool(_varint(buf, a)[0] & _NO_RECORDED_VALUE)
+            skipped = bool(varint(buf, a)[0] & _NO_RECORDED_VALUE)
         else:
             others.append((number, wire, a, b))
     return None if skipped else (words, others)
@@ -188,7 +151,7 @@ def _histogram_point(buf: bytes, start: int, end: int, slots: _Slots, spec: _Spe
 
 def _messages(buf: bytes, start: int, end: int, number: int) -> list[tuple[int, int]]:
     """(start, end) of each length-delimited field ``number`` of one message."""
-    return [(a, b) for n, wire, a, b in _fields(buf, start, end) if n == number and wire == 2]
+    return [(a, b) for n, wire, a, b in fields(buf, start, end) if n == number and wire == 2]
 
 
 def _walk(body: bytes) -> tuple[_Slots, _Spec]:
@@ -198,7 +161,7 @@ def _walk(body: bytes) -> tuple[_Slots, _Spec]:
     for resource_metrics in _messages(body, 0, len(body), 1):
         for scope_metrics in _messages(body, *resource_metrics, 2):
             for metric in _messages(body, *scope_metrics, 2):
-                data = [(n, wire, a, b) for n, wire, a, b in _fields(body, *metric)
+                data = [(n, wire, a, b) for n, wire, a, b in fields(body, *metric)
                         if n in (5, 7, 9, 10, 11)]
                 if len(data) > 1:
                     raise _NoTemplate("a metric with more than one data field")
@@ -293,7 +256,7 @@ def _probe(body: bytes, slots: _Slots) -> bytes:
 def _build(body: bytes, reference: Callable[[bytes], DecodedMetrics]) -> _Template | None:
     try:
         slots, spec = _walk(body)
-    except _NoTemplate:
+    except WireError:
         return None
     if len(spec.time) < MIN_TEMPLATE_POINTS:
         return None

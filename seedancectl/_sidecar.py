@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -175,7 +175,7 @@ class Sidecar:
         """Where every source's metrics go: the store and the Prometheus view, series within
         the cardinality limit only."""
         assert self.store is not None, "sink called before start()"
-        self._fair_share(decoded)
+        self._fair_share(decoded.first_attributes)
         decoded = self.limiter.admit_decoded(decoded)
         # the view first: while the store refuses writes, /metrics still shows why
         self.latest.update(decoded)
@@ -377,16 +377,27 @@ class Sidecar:
 
     # ---- HTTP ---------------------------------------------------------------------------------
 
-    def _fair_share(self, decoded: DecodedMetrics) -> None:
+    def admit(self, resource: Callable[[], Mapping[str, str] | None]) -> None:
+        """The fair share, judged before a body is decoded by what its first resource says:
+        a job over its share is turned away without the decode its retries would cost. A
+        resource that does not name its job is left to the check after the decode."""
+        self._fair_share(resource, unnamed=None)
+
+    def _fair_share(self, attributes: Callable[[], Mapping[str, str] | None], *,
+                    unnamed: str | None = "") -> None:
         """One source cannot take the store's whole buffer: while it is over half full, a job
-        holding more than half of it is told to come back later (429), the others go on."""
+        holding more than half of it is told to come back later (429), the others go on.
+        ``attributes`` (the first Point's or resource's) is only read while that can happen;
+        without a service.name they are job ``unnamed`` (None: not judged)."""
         store = self.store
         assert store is not None
         half = store.config.max_buffered_points // 2
-        first = decoded.first_attributes()
-        if store.buffered < half or first is None or store.write_error is not None:
+        if store.buffered < half or store.write_error is not None:
             return  # (a store that cannot commit refuses everyone itself: 503)
-        job = str(first.get(ATTR_SERVICE_NAME, ""))
+        first = attributes()
+        job = None if first is None else first.get(ATTR_SERVICE_NAME, unnamed)
+        if job is None:
+            return
         waiting = store.buffered_by(ATTR_SERVICE_NAME).get(job, 0)
         if waiting > half:
             raise IngestBackpressure(f"job {job!r} has {waiting} points waiting for the store "
@@ -418,7 +429,7 @@ class Sidecar:
         app = FastAPI(title="seedance sidecar", lifespan=lifespan)
         app.add_middleware(RequestDuration, histogram=lambda: self._request_duration)
         app.include_router(
-            otlp_router(self.sink, max_body_bytes=self.config.max_body_bytes,
+            otlp_router(self.sink, admit=self.admit, max_body_bytes=self.config.max_body_bytes,
                         forwarder=self._forwarder, stats=self.stats,
                         span_sink=self.traces.sink, traces_forwarder=self.traces.forwarder,
                         ingest_token=(read_token(self.config.ingest_token_file)

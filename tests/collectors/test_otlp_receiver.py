@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -90,12 +90,13 @@ class Receiver:
 
 
 @contextlib.contextmanager
-def receiver(forwarder: Forwarder | None = None,
-             ingest_token: str | None = None) -> Iterator[Receiver]:
+def receiver(forwarder: Forwarder | None = None, ingest_token: str | None = None,
+             admit: Callable[[Callable[[], Mapping[str, str] | None]], None] | None = None,
+             ) -> Iterator[Receiver]:
     sink, stats, encodings = Sink(), ReceiverStats(), []
     app = FastAPI()
     app.include_router(otlp_router(sink, max_body_bytes=LIMIT, forwarder=forwarder, stats=stats,
-                                   ingest_token=ingest_token))
+                                   ingest_token=ingest_token, admit=admit))
 
     @app.middleware("http")
     async def record_encoding(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -334,6 +335,38 @@ def test_a_sink_asking_to_slow_down_is_429_counted_and_not_logged_as_an_error(
     assert any("throttled" in rec.getMessage() for rec in caplog.records)
     rx.sink.fail = False
     _assert_good_request_accepted(rx)
+
+
+def test_a_sender_turned_away_before_its_decode_is_429_and_costs_no_decode() -> None:
+    """``admit`` judges a protobuf body by its first resource before it is decoded: the
+    sender over its share gets the sink's 429 without a decode (no points counted, the sink
+    never called); another job, and a JSON body (which has no look before its decode), go on
+    to the sink, which still has the last word."""
+    seen: list[Mapping[str, str] | None] = []
+
+    def admit(resource: Callable[[], Mapping[str, str] | None]) -> None:
+        seen.append(resource())
+        if seen[-1] is not None and seen[-1].get("service.name") == "greedy":
+            raise Throttled("job 'greedy' has too many points waiting")
+
+    request = decode_json(EXAMPLE.read_bytes())
+    polite = request.SerializeToString()
+    request.resource_metrics[0].resource.attributes[0].value.string_value = "greedy"
+    greedy = request.SerializeToString()
+    with receiver(admit=admit) as rx:
+        r = httpx.post(rx.endpoint, content=gzip.compress(greedy),
+                       headers={**PB, "content-encoding": "gzip"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "2"
+        assert "greedy" in Status.FromString(r.content).message
+        assert rx.stats.requests_throttled == 1 and rx.stats.points_rejected == 0
+        assert rx.sink.received == []
+        assert httpx.post(rx.endpoint, content=polite, headers=PB).status_code == 200
+        assert seen == [{"service.name": "greedy"}, {"service.name": "my.service"}]
+        r = httpx.post(rx.endpoint, content=json.dumps(
+            {"resourceMetrics": [{"resource": {"attributes": [
+                {"key": "service.name", "value": {"stringValue": "greedy"}}]}}]}),
+            headers={"content-type": "application/json"})
+        assert r.status_code == 200 and len(seen) == 2
 
 
 class BlockingSink:

@@ -3,6 +3,7 @@ store buffer's fair share, on a real store."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,38 @@ def test_a_job_over_half_the_buffer_waits_and_the_others_go_on(tmp_path: Path) -
         sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=700)))
         assert store.buffered_by("service.name") == {"greedy": 100}
         assert store.buffered_by("seedance.rank") == {"": 100}  # counted when first asked
+
+
+def test_a_job_over_its_share_is_turned_away_before_its_decode(tmp_path: Path) -> None:
+    """The same fair share, judged by a body's first resource before the decode: the resource
+    is only read while the buffer is over half full, and one that names no job is left to the
+    check after the decode (where it counts as the unnamed job)."""
+    sidecar = Sidecar(SidecarConfig(store=tmp_path / "m.db", nvml="off"))
+    looks: list[str] = []
+
+    def resource(attributes: dict[str, str] | None) -> Callable[[], dict[str, str] | None]:
+        def read() -> dict[str, str] | None:
+            looks.append(str(attributes))
+            return attributes
+        return read
+
+    with TimeSeriesStore(tmp_path / "m.db", max_buffered_points=1000,
+                         flush_interval_s=3600) as store:
+        store._writer.stop_flusher()
+        sidecar.store = store
+        sidecar.admit(resource({"service.name": "greedy"}))
+        assert looks == []  # an empty buffer: nothing to judge, nothing read
+        for start in range(0, 600, 100):
+            sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=start)))
+        with pytest.raises(IngestBackpressure, match="greedy"):
+            sidecar.admit(resource({"service.name": "greedy", "seedance.rank": "3"}))
+        sidecar.admit(resource({"service.name": "polite"}))
+        sidecar.admit(resource({"seedance.rank": "0"}))
+        sidecar.admit(resource(None))
+        assert len(looks) == 4
+        unnamed = [Point("m", 1.0, 10**18 + i, {"id": str(i)}) for i in range(600)]
+        store.flush()
+        sidecar.sink(DecodedMetrics(points=unnamed))  # the unnamed job: under half before
+        sidecar.admit(resource({"seedance.rank": "0"}))  # not judged before the decode...
+        with pytest.raises(IngestBackpressure, match="''"):  # ...but after it
+            sidecar.sink(DecodedMetrics(points=unnamed[:1]))
