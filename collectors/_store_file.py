@@ -10,11 +10,12 @@ with few of them, not folded into ``chunks`` yet: :mod:`collectors._store_points
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,38 @@ def chunk_columns(conn: sqlite3.Connection) -> set[str]:
 def has_value_bounds(conn: sqlite3.Connection) -> bool:
     """Whether chunks can carry value bounds (a format 3 file opened read-only cannot)."""
     return set(_BOUNDS_COLUMNS) <= chunk_columns(conn)
+
+
+ROWS_PER_STATEMENT = 512
+"""Rows a statement of :func:`execute_rows` takes at most."""
+
+
+@functools.lru_cache(maxsize=64)
+def _values_list(rows: int, width: int) -> str:
+    return ",".join(["(" + ",".join("?" * width) + ")"] * rows)
+
+
+def execute_rows(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[object]]) -> None:
+    """Run ``sql`` for ``rows``, its ``{values}`` standing for a VALUES list of them (whose
+    columns SQLite names ``column1``, ``column2``...), in statements of up to
+    ``ROWS_PER_STATEMENT`` rows and then of powers of two, so that few shapes of it take room
+    in the connection's statement cache.
+
+    Not ``executemany``: it gives up the interpreter lock around every row's step, and in a
+    busy sidecar each row then waits for the lock to come back; a flush's 16,000-row update
+    took 2.8 s instead of 19 ms beside one busy thread, and 20 ms as these statements."""
+    if not rows:
+        return
+    width = len(rows[0])
+    most = max(1, min(ROWS_PER_STATEMENT,
+                      conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width))
+    done = 0
+    while done < len(rows):
+        left = len(rows) - done
+        size = most if left >= most else 1 << (left.bit_length() - 1)
+        conn.execute(sql.replace("{values}", _values_list(size, width)),
+                     [field for row in rows[done:done + size] for field in row])
+        done += size
 
 
 def _is_busy(e: sqlite3.OperationalError) -> bool:

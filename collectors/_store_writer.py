@@ -35,6 +35,7 @@ from collectors._store_file import (
     StoreFile,
     StoreUnavailable,
     canonical_attrs,
+    execute_rows,
     transaction,
 )
 from collectors._store_retention import delete_expired
@@ -158,27 +159,33 @@ class _Writes:
         """Timestamp columns this commit stored or found, by digest."""
         self.times_unused: set[int] = set()
         """Timestamp columns of merged-away chunks: dropped unless a chunk still uses them."""
+        self.merged_away: dict[str, list[int]] = {"chunks": [], "rollups": []}
+        """Rows of each table whose points a new row holds now."""
 
     def execute(self, conn: sqlite3.Connection) -> None:
+        for table, ids in self.merged_away.items():
+            execute_rows(conn, f"DELETE FROM {table} WHERE id IN "
+                         "(SELECT column1 FROM (VALUES {values}))", [(i,) for i in ids])
         if self.chunks:
             values = [v for _, v in self.chunks]
             blobs = codec.encode_frames("v", [[v] for v in values])
-            conn.executemany(
-                "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals, "
-                "v_nans, v_min, v_max) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            execute_rows(
+                conn, "INSERT INTO chunks(series_id, block_ns, t_min, t_max, n, times_id, vals, "
+                "v_nans, v_min, v_max) VALUES {values}",
                 [(*row, blob, *bounds) for (row, _), blob, bounds
                  in zip(self.chunks, blobs, chunk_bounds(values), strict=True)])
         if self.rollups:
             blobs = encode_aggs([agg for _, agg in self.rollups])
-            conn.executemany(
-                "INSERT INTO rollups(series_id, step_s, block_ns, n, data) VALUES(?, ?, ?, ?, ?)",
+            execute_rows(
+                conn, "INSERT INTO rollups(series_id, step_s, block_ns, n, data) VALUES {values}",
                 [(*row, blob) for (row, _), blob in zip(self.rollups, blobs, strict=True)])
         # Ids in times_ids stay valid until here: nothing was dropped before the new chunks
         # that use them went in.
-        conn.executemany("DELETE FROM times WHERE id = ? AND NOT EXISTS "
-                         "(SELECT 1 FROM chunks WHERE times_id = times.id)",
-                         [(i,) for i in sorted(self.times_unused)])
+        execute_rows(conn, "DELETE FROM times WHERE id IN (SELECT column1 FROM (VALUES {values})) "
+                     "AND NOT EXISTS (SELECT 1 FROM chunks WHERE times_id = times.id)",
+                     [(i,) for i in sorted(self.times_unused)])
         self.chunks, self.rollups, self.times_unused = [], [], set()
+        self.merged_away = {"chunks": [], "rollups": []}
 
 
 class StoreWriter:
@@ -407,12 +414,14 @@ class StoreWriter:
                       times: np.ndarray) -> None:
         """Add this flush's points (sorted by series, time) to each series' count and time
         span, in one statement."""
-        self._file.conn.executemany(
-            "UPDATE series SET points = points + ?, first_ns = min(coalesce(first_ns, ?), ?), "
-            "last_ns = max(coalesce(last_ns, ?), ?) WHERE id = ?",
-            [(b - a, f, f, la, la, sid) for sid, a, b, f, la in zip(
-                series[starts].tolist(), starts.tolist(), stops.tolist(),
-                times[starts].tolist(), times[stops - 1].tolist(), strict=True)])
+        execute_rows(
+            self._file.conn,
+            "UPDATE series SET points = points + j.column2, "
+            "first_ns = min(coalesce(first_ns, j.column3), j.column3), "
+            "last_ns = max(coalesce(last_ns, j.column4), j.column4) "
+            "FROM (VALUES {values}) AS j WHERE series.id = j.column1",
+            list(zip(series[starts].tolist(), (stops - starts).tolist(),
+                     times[starts].tolist(), times[stops - 1].tolist(), strict=True)))
 
     def _append_series(self, sid: int, t: np.ndarray, v: np.ndarray, writes: _Writes) -> None:
         """Append one series' points to its chunks, a chunk per 2-hour block they reach."""
@@ -459,7 +468,7 @@ class StoreWriter:
             v = np.concatenate([codec.decode_values(r[3], r[1]) for r in rows] + [v])
             order = np.argsort(t, kind="stable")
             t, v = t[order], v[order]
-            conn.executemany("DELETE FROM chunks WHERE id = ?", [(r[0],) for r in rows])
+            writes.merged_away["chunks"].extend(r[0] for r in rows)
             # their timestamp columns go once no chunk uses them, after the new chunks are in
             writes.times_unused.update(r[4] for r in rows)
             count = 0
@@ -493,7 +502,7 @@ class StoreWriter:
                 olds = [decode_agg(r[2], r[1]) for r in rows] + [new]
                 new = combine({k: np.concatenate([o[k] for o in olds]) for k in AGG_FIELDS},
                               presorted=False)
-                conn.executemany("DELETE FROM rollups WHERE id = ?", [(r[0],) for r in rows])
+                writes.merged_away["rollups"].extend(r[0] for r in rows)
                 count = 0
             writes.rollups.append(((sid, step_s, block, int(new["bucket"].shape[0])), new))
             self._chunk_counts[(step_s, sid, block)] = count + 1

@@ -35,7 +35,7 @@ from collectors._store_codec import (
     encode_times,
     encode_values,
 )
-from collectors._store_file import StoreError
+from collectors._store_file import ROWS_PER_STATEMENT, StoreError, execute_rows
 from collectors._store_query import AUTO_MIN_POINTS, DecodedCache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -817,3 +817,43 @@ def test_stores_opened_together_fold_once_a_minute_each_at_its_own_moment(
     firsts = sorted(folded[0] for folded in folds)
     assert firsts[-1] - firsts[0] >= 30, f"folds bunch together: {firsts}"
     assert len(set(firsts)) >= 6, f"folds share their second: {firsts}"
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 7, ROWS_PER_STATEMENT - 1, ROWS_PER_STATEMENT,
+                                  ROWS_PER_STATEMENT + 1, 3 * ROWS_PER_STATEMENT + 300])
+@pytest.mark.parametrize("variable_limit", [None, 7])
+def test_rows_in_few_statements_do_what_one_statement_a_row_does(
+        rows: int, variable_limit: int | None) -> None:
+    """The writer's batched statements (inserts with blobs, an update joined on its rows, a
+    delete of listed ids) leave what ``executemany`` leaves, in few statements of few
+    shapes, whatever SQLite's limit on variables."""
+    def run(batched: bool) -> tuple[list[tuple[object, ...]], list[str]]:
+        conn = sqlite3.connect(":memory:")
+        if variable_limit is not None:
+            conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, variable_limit)
+        conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, n INTEGER, b BLOB)")
+        seen: list[str] = []
+        conn.set_trace_callback(seen.append)
+        new = [(i, i * 3, bytes([i % 256]) * (i % 5)) for i in range(1, rows + 1)]
+        change = [(i, 10 * i) for i in range(1, rows + 1, 2)]
+        gone = [(i,) for i in range(1, rows + 1, 3)]
+        if batched:
+            execute_rows(conn, "INSERT INTO t(id, n, b) VALUES {values}", new)
+            execute_rows(conn, "UPDATE t SET n = n + j.column2 FROM (VALUES {values}) AS j "
+                               "WHERE t.id = j.column1", change)
+            execute_rows(conn, "DELETE FROM t WHERE id IN (SELECT column1 FROM "
+                               "(VALUES {values}))", gone)
+        else:
+            conn.executemany("INSERT INTO t(id, n, b) VALUES(?, ?, ?)", new)
+            conn.executemany("UPDATE t SET n = n + ? WHERE id = ?", [(n, i) for i, n in change])
+            conn.executemany("DELETE FROM t WHERE id = ?", gone)
+        return conn.execute("SELECT * FROM t ORDER BY id").fetchall(), seen
+
+    got, traced = run(batched=True)
+    assert got == run(batched=False)[0]
+    # each statement's verb and rows (the trace shows them with their values bound)
+    statements = [(sql.split()[0], sql.count("),(") + 1) for sql in traced
+                  if sql.split()[0] in ("INSERT", "UPDATE", "DELETE")]
+    most = ROWS_PER_STATEMENT if variable_limit is None else max(variable_limit // 3, 1)
+    assert len(statements) <= 3 * (rows // most + ROWS_PER_STATEMENT.bit_length())
+    assert len(set(statements)) <= 3 * (1 + ROWS_PER_STATEMENT.bit_length())
