@@ -60,6 +60,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "stability*.json": "stability",
     "store.json": "store",
     "state_checkout*.json": "state_checkout",
+    "store_flush.json": "store_flush",
     "store_fold.json": "store_fold",
     "tuning.json": "tuning",
 }

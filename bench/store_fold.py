@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench._ab_result import write_ab_result  # noqa: E402
 from bench._targets import Target, at_most  # noqa: E402
-from bench._worktree import worktree  # noqa: E402
+from bench._worktree import base_and_new  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "store_fold.json"
 EXPORT_S = 5
@@ -90,25 +90,17 @@ def main() -> None:
         sys.path.insert(0, args.one)  # ahead of this tree: the arm's code is imported
         print(json.dumps(one_arm(Path(args.one), args.ranks, args.groups, args.minutes)))
         return
-    base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    base = worktree(base_rev, "store-fold-base-")
-    runs: dict[str, list[dict[str, list[float]]]] = {"base": [], "new": []}
-    try:
-        for r in range(args.rounds):
-            for arm, tree in (("base", base), ("new", ROOT)):
-                done = subprocess.run(
-                    [sys.executable, str(Path(__file__).resolve()), "--one", str(tree),
-                     "--ranks", str(args.ranks), "--groups", str(args.groups),
-                     "--minutes", str(args.minutes)],
-                    cwd=tree, capture_output=True, text=True, check=True)
-                ms = json.loads(done.stdout.strip().splitlines()[-1])
-                runs[arm].append({"fold": ms})
-                print(f"round {r} {arm}: fold median {statistics.median(ms):.0f} ms",
-                      flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
-                       check=False, capture_output=True)
+    def one(r: int, arm: str, tree: Path) -> dict[str, list[float]]:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--one", str(tree),
+             "--ranks", str(args.ranks), "--groups", str(args.groups),
+             "--minutes", str(args.minutes)],
+            cwd=tree, capture_output=True, text=True, check=True)
+        ms = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"round {r} {arm}: fold median {statistics.median(ms):.0f} ms", flush=True)
+        return {"fold": ms}
+
+    base_rev, runs = base_and_new(args.base, "store-fold-base-", args.rounds, one)
 
     def median(arm: str) -> float:
         return round(statistics.median(v for run in runs[arm] for v in run["fold"]), 1)
