@@ -3,6 +3,8 @@ the templates' byte walk, and a look at a request's first resource before it is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class WireError(Exception):
     """The bytes are not the protobuf message they were read as."""
@@ -22,9 +24,9 @@ def varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """(field number, wire type, payload start, payload end) of one message's fields."""
-    out = []
+def iter_fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, payload start, payload end) of one message's fields, read
+    only as far as the caller goes."""
     i = start
     while i < end:
         tag, i = varint(buf, i)
@@ -42,31 +44,19 @@ def fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
             raise WireError(f"wire type {wire}")
         if j > end:
             raise WireError("field past its message")
-        out.append((number, wire, i, j))
+        yield number, wire, i, j
         i = j
-    return out
+
+
+def fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """Every field of one message, as :func:`iter_fields` reads them."""
+    return list(iter_fields(buf, start, end))
 
 
 def _first(buf: bytes, start: int, end: int, number: int) -> tuple[int, int] | None:
     """(start, end) of the first length-delimited field ``number``, reading no further."""
-    i = start
-    while i < end:
-        tag, i = varint(buf, i)
-        wire = tag & 7
-        if wire == 2:
-            size, i = varint(buf, i)
-            if i + size > end:
-                raise WireError("field past its message")
-            if tag >> 3 == number:
-                return i, i + size
-            i += size
-        elif wire == 0:
-            i = varint(buf, i)[1]
-        elif wire in (1, 5):
-            i += 8 if wire == 1 else 4
-        else:
-            raise WireError(f"wire type {wire}")
-    return None
+    return next(((a, b) for n, wire, a, b in iter_fields(buf, start, end)
+                 if n == number and wire == 2), None)
 
 
 def first_resource_strings(body: bytes) -> dict[str, str] | None:
