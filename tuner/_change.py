@@ -90,6 +90,19 @@ class Change:
     def candidate(self) -> dict[str, KnobValue]:
         return {**self.baseline, **self.values}
 
+    @property
+    def continued_ratios(self) -> tuple[float, ...]:
+        """The pair ratios of the earlier, undecided trial this change continues (its meta's
+        ``continues``: that change's baseline, candidate and ratios), when it measured this
+        very candidate against this very baseline; () otherwise, so a baseline kept since
+        never mixes pairs of two questions."""
+        earlier = self.meta.get("continues")
+        if not earlier or not all(_same(a, b) for a, b in (
+                (earlier.get("baseline"), self.baseline),
+                (earlier.get("candidate"), self.candidate))):
+            return ()
+        return tuple(float(r) for r in earlier.get("pair_ratios", ()))
+
     def arm_of(self, version: int) -> str | None:
         """Which arm config ``version`` ran as in this change (None: not one of its windows)."""
         if self.plan.get("version") == version:
@@ -110,6 +123,11 @@ class Change:
         body = json.loads(text)
         body["windows"] = tuple(windows_from_json(body.get("windows", ())))
         return cls(**body)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two configs are equal as the journal stores them (JSON)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,20 @@ def _neighbour_baselines(windows: Sequence[Window]) -> list[tuple[Window, list[W
     return pairs
 
 
-def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
-    """Paired gains of candidate windows over their neighbouring baseline windows."""
+def compare(windows: Sequence[Window], config: MeasureConfig,
+            earlier: Sequence[float] = ()) -> Comparison:
+    """Paired gains of candidate windows over their neighbouring baseline windows; the gain
+    and its interval pool ``earlier`` pair ratios (an undecided trial of the same candidate
+    against the same baseline: the confidence sequence may be continued at any time), the
+    guardrails' numbers are this trial's own."""
     pairs = _neighbour_baselines(windows)
     if not pairs:
         return Comparison(pairs=0, gain=math.nan, ci_low=math.nan, ci_high=math.nan,
                           confidence=config.confidence, loss_excess=math.nan, loss_ok=True)
     log_gains = np.array([math.log(c.tokens_per_s / np.mean([b.tokens_per_s for b in bs]))
                           for c, bs in pairs])
-    low, high = _interval(log_gains, config)
+    pooled = np.concatenate([np.log(np.asarray(earlier, dtype=float)), log_gains])
+    low, high = _interval(pooled, config)
     trajectory = _baseline_loss_trajectory(windows)
     excess = []
     for c, _ in pairs:
@@ -46,14 +51,15 @@ def compare(windows: Sequence[Window], config: MeasureConfig) -> Comparison:
     latency = _latency_excess(pairs)
     quality, quality_tokens = _pooled_quality([c for c, _ in pairs])
     bound = config.min_token_agreement
-    return Comparison(pairs=len(pairs), gain=math.expm1(float(log_gains.mean())),
+    return Comparison(pairs=len(pairs), gain=math.expm1(float(pooled.mean())),
                       ci_low=math.expm1(low), ci_high=math.expm1(high),
                       confidence=config.confidence, loss_excess=float(worst), loss_ok=loss_ok,
                       latency_excess=latency,
                       latency_ok=not latency > config.latency_tolerance,
                       pair_ratios=tuple(float(r) for r in np.exp(log_gains)),
                       quality=quality, quality_tokens=quality_tokens,
-                      quality_ok=bound is None or not quality < bound)
+                      quality_ok=bound is None or not quality < bound,
+                      earlier_pairs=len(earlier))
 
 
 def _pooled_quality(candidates: Sequence[Window]) -> tuple[float, int]:

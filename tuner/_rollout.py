@@ -320,7 +320,7 @@ class RolloutController(ChangeSteps):
                     "timeout")
             return
         windows = (*change.windows, window)
-        comparison = compare(windows, self.config.measure)
+        comparison = compare(windows, self.config.measure, change.continued_ratios)
         spans = self.trace.end(change, "observe", {
             "seedance.window.steps": window.steps,
             "seedance.window.tokens_per_s": window.tokens_per_s,
@@ -383,8 +383,8 @@ class RolloutController(ChangeSteps):
         before = self.registry.status(change.job).baseline.version
         start_ns, span = self.trace.now_ns(), self.trace.child(change)
         change = self._move(change, "kept", by="controller", reason=(
-            f"gain {comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}]"
-            f" at {comparison.confidence:.0%}"), version_before=before)
+            f"gain {interval_text(comparison)} at {comparison.confidence:.0%}"),
+            version_before=before)
         baseline = self.registry.set_baseline(change.job, change.candidate)
         desired = self.registry.set_desired(change.job, change.candidate, change_id=change.id,
                                             traceparent=span)

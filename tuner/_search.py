@@ -47,6 +47,7 @@ from tuner._study_records import (
     RETRY_ATTR,
     SEEN_PREFIX,
     UNDECIDED_GAIN_ATTR,
+    UNDECIDED_PAIRS_ATTR,
 )
 from tuner._study_trials import StudyTrials
 from tuner._windows import Comparison
@@ -155,6 +156,7 @@ class SearchDriver(StudyTrials):
             return None
         now = self._clock()
         newest: dict[str, FrozenTrial] = {}  # config -> its newest measurement
+        ended: dict[str, FrozenTrial] = {}  # config -> its newest trial that ended for good
         busy = unsafe_keys(self.records)
         for t in self.study.get_trials(deepcopy=False):  # in trial-number order
             key = config_key(t.params)
@@ -162,6 +164,8 @@ class SearchDriver(StudyTrials):
                 busy.add(key)
             elif t.state == TrialState.COMPLETE and t.value is not None:
                 newest[key] = t
+            if t.state.is_finished() and not t.user_attrs.get(RETRY_ATTR):
+                ended[key] = t
         attrs = self.records.attrs()
         # (again at once, value, measured at, config)
         stale: list[tuple[bool, float, float, dict[str, Any]]] = []
@@ -172,20 +176,24 @@ class SearchDriver(StudyTrials):
                 continue
             # as a baseline arm it may have been measured since its own trial
             at = max(float(last.user_attrs[MEASURED_AT_ATTR]), attrs.get(SEEN_PREFIX + key, 0))
+            # once: not when it is an again trial, nor when one ran since (pruned, failed)
             again = (float(last.user_attrs.get(UNDECIDED_GAIN_ATTR, 0.0)) > 0
-                     and last.user_attrs.get(ORIGIN_ATTR, "").split(":")[0] != AGAIN)
+                     and last.user_attrs.get(ORIGIN_ATTR, "").split(":")[0] != AGAIN
+                     and ended[key] is last)
             if again or now - at >= self.config.revisit_after_s:
                 stale.append((again, float(last.value), at, config))  # type: ignore[arg-type]
         if not stale:
             return None
         again, value, at, config = max(stale, key=lambda item: item[:2])
         if again:
+            earlier = newest[config_key(config)].user_attrs.get(UNDECIDED_PAIRS_ATTR)
             return self._start(config, f"{AGAIN}: undecided when its time ran out "
-                                       f"(objective {value:.4g})")
+                                       f"(objective {value:.4g})", continues=earlier)
         return self._start(config, f"revisit: last measured {now - at:.0f} s ago "
                                    f"(objective {value:.4g})")
 
-    def _start(self, config: dict[str, Any], why: str) -> Proposal:
+    def _start(self, config: dict[str, Any], why: str,
+               continues: Mapping[str, Any] | None = None) -> Proposal:
         """A leased trial of ``config``, started RUNNING with its lease (the caller holds the
         study's lock: nobody else starts this config meanwhile)."""
         now = self._clock()
@@ -195,7 +203,7 @@ class SearchDriver(StudyTrials):
             system_attrs={LEASE_ATTR: now + self.config.trial_lease_s})
         self._mine[number] = None  # its Trial is made when first reported to
         self._renewed[number] = now
-        return Proposal(number=number, values=dict(config), origin=why)
+        return Proposal(number=number, values=dict(config), origin=why, continues=continues)
 
     def moves_left(self, baseline: Mapping[str, Any]) -> int:
         """How many single moves from ``baseline`` were not tried yet (0: the search waits)."""
@@ -225,7 +233,8 @@ class SearchDriver(StudyTrials):
                 reason=f"trial {proposal.number} of study {self.config.study_name}"
                        + (f" ({proposal.origin})" if proposal.origin else ""),
                 meta={"study": self.config.study_name, "trial": proposal.number,
-                      "origin": proposal.origin})
+                      "origin": proposal.origin,
+                      **({"continues": proposal.continues} if proposal.continues else {})})
         except Exception as exc:
             # never renewed from now on: if the state DB cannot fail it now, its lease
             # expires and the next reap fails it, free to be tried again
@@ -250,7 +259,12 @@ class SearchDriver(StudyTrials):
         if number is None:
             return False
         value = self._objective.candidate(change, comparison.gain)
-        return False if value is None else self.report(number, comparison.pairs, value)
+        if value is None:
+            return False
+        pruned = self.report(number, comparison.pairs, value)
+        # a trial that continues an undecided one answers an open question: the median of
+        # other trials' first pairs does not cut it short
+        return pruned and not change.continued_ratios
 
     def on_finished(self, change: Change) -> None:
         number = self._number_of(change)
@@ -282,7 +296,12 @@ class SearchDriver(StudyTrials):
             # regression or a gain too small to want is settled)
             undecided = bool(change.plan.get("inconclusive"))
             self.tell(number, value, revisit=change.state == "kept" or undecided,
-                      undecided_gain=gain if undecided else None)
+                      undecided_gain=gain if undecided else None,
+                      undecided_pairs={
+                          "change": change.id, "baseline": dict(change.baseline),
+                          "candidate": change.candidate,
+                          "pair_ratios": list((change.comparison or {}).get("pair_ratios", ()))
+                      } if undecided else None)
         elif change.state == "failed":
             self.fail(number, reason=f"change {change.id} failed: the job died", unsafe=True)
         else:

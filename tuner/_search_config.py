@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from collectors import ConfigError
 from tuner._knobs import KnobValue
@@ -51,3 +52,5 @@ class Proposal:
     values: dict[str, KnobValue]
     origin: str = ""
     """Why this config: a prior's finding, a single move, "again: ..." or "revisit: ..."."""
+    continues: Mapping[str, Any] | None = None
+    """An "again" trial's earlier pairs (``UNDECIDED_PAIRS_ATTR``), for its change's meta."""

@@ -43,6 +43,7 @@ from tuner._study_records import (
     ORIGIN_ATTR,
     RETRY_ATTR,
     UNDECIDED_GAIN_ATTR,
+    UNDECIDED_PAIRS_ATTR,
     UNSAFE_PREFIX,
     StudyRecords,
 )
@@ -125,16 +126,21 @@ class StudyTrials:
         return bool(trial.should_prune())
 
     def tell(self, number: int, value: float, *, revisit: bool = False,
-             undecided_gain: float | None = None) -> None:
+             undecided_gain: float | None = None,
+             undecided_pairs: Mapping[str, Any] | None = None) -> None:
         """Complete the trial; with ``revisit`` its config may be measured again once stale
         (``SearchConfig.revisit_after_s``); an ``undecided_gain`` above zero (it ran out of
-        time with the estimate on the candidate's side) may be measured again at once."""
+        time with the estimate on the candidate's side) may be measured again at once,
+        continuing its ``undecided_pairs`` (``UNDECIDED_PAIRS_ATTR``)."""
         if revisit:
             self.records.set_trial_attr(number, MEASURED_AT_ATTR,
                                         self._clock())
         if undecided_gain is not None and math.isfinite(undecided_gain):
             self.records.set_trial_attr(number, UNDECIDED_GAIN_ATTR,
                                         undecided_gain)
+            if undecided_pairs is not None:
+                self.records.set_trial_attr(number, UNDECIDED_PAIRS_ATTR,
+                                            dict(undecided_pairs))
         self.study.tell(number, value, skip_if_finished=True)
         self._mine.pop(number, None)
 

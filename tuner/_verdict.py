@@ -112,7 +112,9 @@ def decide(comparison: Comparison, config: RolloutConfig, elapsed_s: float
 
 def interval_text(comparison: Comparison) -> str:
     return (f"{comparison.gain:+.2%} [{comparison.ci_low:+.2%}, {comparison.ci_high:+.2%}] "
-            f"after {comparison.pairs} pair(s)")
+            f"after {comparison.pairs} pair(s)"
+            + (f" and {comparison.earlier_pairs} of the undecided trial it continues"
+               if comparison.earlier_pairs else ""))
 
 
 def auto_approvable(change: Change, bounds: Mapping[str, Any]) -> bool:

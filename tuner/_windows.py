@@ -126,6 +126,10 @@ class Comparison:
     """The candidate's token agreement pooled over its windows (NaN: not measured)."""
     quality_tokens: int = 0
     quality_ok: bool = True
+    earlier_pairs: int = 0
+    """Pairs of an earlier, undecided trial of the same candidate against the same baseline
+    that the gain and its interval pool (``Change.continued_ratios``); ``pairs`` and
+    ``pair_ratios`` are this trial's own."""
 
     @property
     def improves(self) -> bool:
@@ -144,7 +148,8 @@ class Comparison:
                 "loss_excess": self.loss_excess, "loss_ok": self.loss_ok,
                 "latency_excess": self.latency_excess, "latency_ok": self.latency_ok,
                 "quality": self.quality, "quality_tokens": self.quality_tokens,
-                "quality_ok": self.quality_ok, "pair_ratios": list(self.pair_ratios)}
+                "quality_ok": self.quality_ok, "pair_ratios": list(self.pair_ratios),
+                "earlier_pairs": self.earlier_pairs}
 
 
 def windows_from_json(rows: Sequence[Mapping[str, Any]]) -> list[Window]:

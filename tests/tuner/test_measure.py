@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Literal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from collectors._points import CONFIG_VERSION_ATTR, Point
 from collectors._store import TimeSeriesStore
 from tuner._compare import compare
 from tuner._measure import measure_window
-from tuner._windows import MeasureConfig, Window
+from tuner._windows import Comparison, MeasureConfig, Window
 
 NS = 1_000_000_000
 JOB = "train"
@@ -261,31 +262,41 @@ def test_window_length_follows_the_jobs_step_time_noise(store: TimeSeriesStore) 
     assert window_config([noisy], config).min_steps > 20  # (cv / 3%)^2 steps
 
 
-def _simulated_decisions(effect: float, *, runs: int, seed: int) -> list[str]:
-    """SIMULATED windows (a drifting box, heavy-tailed noise of 5% per window) judged the way
-    the controller judges them: keep from 3 pairs when the interval is above zero, roll back
-    on a regression, stop at 12 pairs."""
-    rng = np.random.default_rng(seed)
+def _simulated_trial(rng: np.random.Generator, effect: float, earlier: Sequence[float] = ()
+                     ) -> tuple[str, Comparison]:
+    """One SIMULATED trial (a drifting box, heavy-tailed noise of 5% per window) judged the
+    way the controller judges it: keep from 3 pairs when the interval is above zero, roll
+    back on a regression, stop at 12 pairs; ``earlier``: the pair ratios it continues."""
     config = MeasureConfig()
+    level, windows = 0.0, []
+    for pair in range(12):
+        for arm in ("candidate", "baseline"):
+            level += rng.normal(0, 0.02)
+            noise = rng.standard_t(3) * 0.05 / math.sqrt(3)
+            value = math.exp(level + noise + (math.log1p(effect) if arm == "candidate"
+                                              else 0.0))
+            windows.append(Window(version=len(windows), arm=arm, steps=10, step_s=0.1,
+                                  tokens_per_s=value, loss=math.nan, nonfinite_loss=False,
+                                  start_ns=0, end_ns=1))
+        result = compare(windows, config, earlier)
+        if pair + 1 >= 3 and result.improves:
+            return "keep", result
+        if pair + 1 >= 2 and result.regresses:
+            return "regress", result
+    return "budget", result
+
+
+def _simulated_decisions(effect: float, *, runs: int, seed: int,
+                         again: Literal["afresh", "continued"] | None = None) -> list[str]:
+    """``runs`` trials; with ``again``, one that ends undecided with its gain above zero is
+    measured again at once, afresh or continuing its pairs (what the search does)."""
+    rng = np.random.default_rng(seed)
     out = []
     for _ in range(runs):
-        level, windows, decision = 0.0, [], "budget"
-        for pair in range(12):
-            for arm in ("candidate", "baseline"):
-                level += rng.normal(0, 0.02)
-                noise = rng.standard_t(3) * 0.05 / math.sqrt(3)
-                value = math.exp(level + noise + (math.log1p(effect) if arm == "candidate"
-                                                  else 0.0))
-                windows.append(Window(version=len(windows), arm=arm, steps=10, step_s=0.1,
-                                      tokens_per_s=value, loss=math.nan, nonfinite_loss=False,
-                                      start_ns=0, end_ns=1))
-            result = compare(windows, config)
-            if pair + 1 >= 3 and result.improves:
-                decision = "keep"
-                break
-            if pair + 1 >= 2 and result.regresses:
-                decision = "regress"
-                break
+        decision, result = _simulated_trial(rng, effect)
+        if again and decision == "budget" and result.gain > 0:
+            earlier = result.pair_ratios if again == "continued" else ()
+            decision, _ = _simulated_trial(rng, effect, earlier)
         out.append(decision)
     return out
 
@@ -293,6 +304,17 @@ def _simulated_decisions(effect: float, *, runs: int, seed: int) -> list[str]:
 def test_the_sequential_interval_rarely_keeps_a_change_that_does_nothing() -> None:
     decisions = _simulated_decisions(0.0, runs=300, seed=1)
     assert decisions.count("keep") / len(decisions) <= 0.05
+
+
+def test_continuing_an_undecided_trial_keeps_more_real_gains_and_no_more_null_ones() -> None:
+    """The again trial pools the pairs of the undecided one: the confidence sequence may be
+    continued, so a change that does nothing is still rarely kept, and a small real gain
+    that one trial's budget leaves undecided is kept more often than by starting afresh."""
+    null = _simulated_decisions(0.0, runs=300, seed=1, again="continued")
+    assert null.count("keep") / len(null) <= 0.05
+    continued = _simulated_decisions(0.03, runs=300, seed=4, again="continued")
+    afresh = _simulated_decisions(0.03, runs=300, seed=4, again="afresh")
+    assert continued.count("keep") > afresh.count("keep")
 
 
 def test_the_sequential_interval_finds_a_ten_percent_change_either_way() -> None:

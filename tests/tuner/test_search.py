@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -607,3 +608,74 @@ def test_an_undecided_trial_that_favours_its_candidate_is_measured_again_at_once
     stale = search.next_move(baseline, SPACE)
     assert stale is not None
     assert search.study.trials[stale.number].user_attrs["seedance:origin"].startswith("revisit")
+
+
+def test_an_again_trial_that_is_pruned_is_not_measured_again_and_again(
+        state_db_url: str) -> None:
+    """The again trial is once: pruned or failed, the undecided trial before it does not
+    bring the config back at once (it waits for its revisit like any stale result)."""
+    clock = Clock()
+    search = driver(state_db_url, clock=clock, revisit_after_s=300.0)
+    baseline = SPACE.defaults()
+    while (p := search.next_move(baseline, SPACE)) is not None:
+        origin = search.study.trials[p.number].user_attrs["seedance:origin"]
+        if origin.startswith("again"):
+            search.prune(p.number)
+            break
+        gain = 0.10 if p.values["micro_batch"] == 4 else -0.05
+        search.tell(p.number, 100 * (1 + gain), revisit=True, undecided_gain=gain)
+    assert p is not None and p.values["micro_batch"] == 4
+    assert search.next_move(baseline, SPACE) is None
+
+
+def test_an_undecided_trial_measured_again_continues_its_pairs_and_is_kept(
+        tmp_path: Path) -> None:
+    """SIMULATED job, micro-batch 4 truly +8% with 15% step noise: 8 pairs leave it undecided;
+    the again trial pools those 8 pairs with its own (the same candidate against the same
+    baseline) and keeps it after 3 pairs that alone would have decided nothing."""
+    from tuner._compare import confidence_sequence
+    from tuner._tuning_loop import TuningLoop
+    clock = Clock()
+    registry = JobRegistry(lease_ttl_s=30.0, clock=clock)
+    url = sqlite_url(tmp_path / "state.db")
+    with TimeSeriesStore(tmp_path / "metrics.db") as store:
+        job = SimJob(registry, store, tokens_per_step=1, noise=0.15, seed=4,
+                     step_s=lambda v: 1 / (108.0 if v["micro_batch"] == 4 else 100.0))
+        measure = MeasureConfig(warmup_steps=2, min_steps=4, min_window_s=0.01)
+        ctl = RolloutController(registry, store, db_url=url, clock=clock, config=RolloutConfig(
+            min_pairs=3, max_pairs=8, measure=measure))
+        ctl.set_mode(job.job, "auto", by="test")
+        search = SearchDriver(SPACE, storage_url=url, knobs=("micro_batch",),
+                              config=SearchConfig(study_name="again", seed=0), clock=clock)
+        loop = TuningLoop(ctl)
+        loop.add_search(job.job, search)
+        for _ in range(120):
+            loop.step()
+            job.run(8)
+            if any(c.state == "kept" for c in ctl.changes(job=job.job)):
+                break
+        first, again = ctl.changes(job=job.job)[:2]
+    assert (first.state, first.values) == ("rolled_back", {"micro_batch": 4})
+    assert first.plan["ended_because"].startswith("no measured gain in 8 pairs")
+    assert (again.state, again.values) == ("kept", {"micro_batch": 4})
+    assert again.meta["continues"]["change"] == first.id
+    comparison = again.comparison or {}
+    assert comparison["earlier_pairs"] == 8 and comparison["ci_low"] > 0
+    own = np.log(comparison["pair_ratios"])
+    low, _ = confidence_sequence(own, alpha=1 - measure.confidence,
+                                 planned=measure.planned_pairs, noise_floor=measure.noise_floor)
+    assert low <= 0  # its own pairs alone: undecided
+
+
+def test_pairs_measured_against_another_baseline_are_not_continued() -> None:
+    from tuner._change import Change
+    earlier = {"change": "c0", "baseline": {"micro_batch": 8, "prefetch": 2},
+               "candidate": {"micro_batch": 4, "prefetch": 2}, "pair_ratios": [1.1, 1.2]}
+
+    def change(baseline: dict[str, Any]) -> Change:
+        return Change(id="c1", job="j", state="observing", source="trial", reason="r",
+                      risk="low", scope="live", values={"micro_batch": 4}, baseline=baseline,
+                      created_at_s=0.0, expires_at_s=1.0, meta={"continues": earlier})
+
+    assert change({"micro_batch": 8, "prefetch": 2}).continued_ratios == (1.1, 1.2)
+    assert change({"micro_batch": 8, "prefetch": 4}).continued_ratios == ()
