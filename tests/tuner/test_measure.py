@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Literal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest

@@ -112,3 +112,35 @@ def test_a_started_trial_with_a_distribution_the_study_cannot_take_writes_nothin
                             {"x": optuna.distributions.CategoricalDistribution(["a", "b"])},
                             user_attrs={}, system_attrs={})
     assert [t.number for t in study.get_trials()] == [0]
+
+
+@pytest.mark.parametrize("storage_kind", ["rdb", "in-memory"])
+def test_a_completed_trial_is_what_study_tell_writes_in_a_few_statements(
+        state_db_url: str, storage_kind: str) -> None:
+    storage = (optuna.storages.RDBStorage(state_db_url) if storage_kind == "rdb"
+               else optuna.storages.InMemoryStorage())
+    study = optuna.create_study(study_name="told", storage=storage, direction="maximize")
+    space = {"x": optuna.distributions.IntDistribution(0, 3)}
+    records = StudyRecords(storage, "told")
+    attrs = {"seedance:revisitable_measured_at_s": 5.5, "pairs": {"ratios": [1.1, 0.9]}}
+    theirs, ours = (records.start_trial({"x": x}, space, user_attrs={"why": "a move"},
+                                        system_attrs={}) for x in (1, 2))
+    for key, value in attrs.items():
+        records.set_trial_attr(theirs, key, value)
+    study.tell(theirs, 104.25)
+
+    statements = _statements(storage.engine) if storage_kind == "rdb" else []
+    assert records.complete_trial(ours, 104.25, user_attrs=attrs)
+    written = len(statements)
+    told, completed = records.trial(theirs), records.trial(ours)
+    for field in ("state", "values", "user_attrs", "system_attrs", "intermediate_values"):
+        assert getattr(completed, field) == getattr(told, field), field
+    assert completed.datetime_complete is not None and told.datetime_complete is not None
+    assert abs((completed.datetime_complete - told.datetime_complete).total_seconds()) < 60
+    assert study.best_trial.number in (theirs, ours)  # Optuna reads it as its own
+    assert written <= 5, statements  # Study.tell: 18, and 3 more per attribute
+
+    # an ended trial stays as it ended: nothing is written
+    assert not records.complete_trial(ours, 1.0, user_attrs={"late": True})
+    assert records.trial(ours).values == [104.25]
+    assert "late" not in records.trial(ours).user_attrs
