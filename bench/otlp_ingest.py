@@ -122,8 +122,9 @@ class _Connection:
                       f"Content-Type: {content_type}\r\nContent-Length: ").encode()
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def post(self, body: bytes) -> str:
-        """The status code of the answer (a str), or the error's name."""
+    async def post(self, body: bytes) -> tuple[str, float]:
+        """The status code of the answer (a str), or the error's name; and its Retry-After in
+        seconds (0 without one)."""
         try:
             if self._streams is None:
                 self._streams = await asyncio.open_connection(*self._address)
@@ -137,12 +138,14 @@ class _Connection:
             if any(line.lower() == b"connection: close" for line in lines[1:]):
                 writer.close()
                 self._streams = None
-            return lines[0].split()[1].decode()
+            retry_after = next((float(line.split(b":", 1)[1]) for line in lines[1:]
+                                if line.lower().startswith(b"retry-after:")), 0.0)
+            return lines[0].split()[1].decode(), retry_after
         except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
             if self._streams is not None:
                 self._streams[1].close()
                 self._streams = None
-            return type(e).__name__
+            return type(e).__name__, 0.0
 
     def close(self) -> None:
         if self._streams is not None:
@@ -163,13 +166,15 @@ async def _exporter(url: str, body: bytes, encoding: str, points: int, t_start: 
             n += 1
             data = stamped(body, encoding, T0 + n * 1_000_000_000)
             sent = time.perf_counter()
-            status = await connection.post(data)
+            status, retry_after = await connection.post(data)
             elapsed = time.perf_counter() - sent
             if now >= t_start:
                 out["status"][status] = out["status"].get(status, 0) + 1
                 out["latency_s"].append(elapsed)
                 if status == "200":
                     out["points"] += points
+            if retry_after:  # as an OTLP exporter does (the spec: SHOULD honour it)
+                await asyncio.sleep(min(retry_after, t_end - time.monotonic()))
     finally:
         connection.close()
 

@@ -31,6 +31,7 @@ from opentelemetry.metrics import Histogram
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import OperationalError
+from starlette.types import ASGIApp
 
 import policies.detectors
 from collectors import (
@@ -58,6 +59,7 @@ from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
+from seedancectl._direct_routes import DirectRoutes
 from seedancectl._fleet_api import fleet_router
 from seedancectl._health import (
     SIDECAR,
@@ -417,7 +419,7 @@ class Sidecar:
         mine = [t for t in (self.token, self._job_tokens.get(job)) if t]
         return any(hmac.compare_digest(token.encode(), t.encode()) for t in mine)
 
-    def app(self) -> FastAPI:
+    def app(self) -> ASGIApp:
         @asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
             self.start()
@@ -427,14 +429,13 @@ class Sidecar:
                 self.shutdown()
 
         app = FastAPI(title="seedance sidecar", lifespan=lifespan)
-        app.add_middleware(RequestDuration, histogram=lambda: self._request_duration)
-        app.include_router(
-            otlp_router(self.sink, admit=self.admit, max_body_bytes=self.config.max_body_bytes,
-                        forwarder=self._forwarder, stats=self.stats,
-                        span_sink=self.traces.sink, traces_forwarder=self.traces.forwarder,
-                        ingest_token=(read_token(self.config.ingest_token_file)
-                                      if self.config.ingest_token_file is not None else None))
-        )
+        ingest = otlp_router(
+            self.sink, admit=self.admit, max_body_bytes=self.config.max_body_bytes,
+            forwarder=self._forwarder, stats=self.stats, span_sink=self.traces.sink,
+            traces_forwarder=self.traces.forwarder,
+            ingest_token=(read_token(self.config.ingest_token_file)
+                          if self.config.ingest_token_file is not None else None))
+        app.include_router(ingest)
         app.include_router(lease_router(self.jobs, self.may_hold_lease))
         app.include_router(api_router(self))
         app.include_router(web_router(self))
@@ -464,7 +465,9 @@ class Sidecar:
         def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-        return app
+        # the ingest hot path skips the framework (`seedancectl._direct_routes`); every
+        # request, direct or not, is timed
+        return RequestDuration(DirectRoutes(app, ingest), histogram=lambda: self._request_duration)
 
 
 GC_THRESHOLDS = (10_000, 10, 100)

@@ -322,14 +322,22 @@ def test_the_sidecar_times_its_own_answers_per_route_template(sidecar: Sidecar) 
         for _ in range(5):
             assert http.get("/v1/status").status_code == 200
         assert http.get("/v1/changes/no-such-change").status_code == 404
+        # OTLP ingest is served before the framework's routing (`_direct_routes`): still timed
+        assert http.post("/v1/metrics", content=b"",
+                         headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+        assert http.post("/v1/metrics", content=b"{}",
+                         headers={"Content-Type": "text/plain"}).status_code == 415
         deadline = time.monotonic() + 20
         while True:  # the sidecar's own telemetry exports every second
             counts = _duration_counts(http.get("/metrics").text)
             if (counts.get(("/v1/status", "200"), 0) >= 5
-                    and counts.get(("/v1/changes/{change_id}", "404"), 0) >= 1) \
+                    and counts.get(("/v1/changes/{change_id}", "404"), 0) >= 1
+                    and counts.get(("/v1/metrics", "415"), 0) >= 1) \
                     or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
     assert counts.get(("/v1/status", "200")) == 5, counts
     assert counts.get(("/v1/changes/{change_id}", "404")) == 1, counts
+    assert counts.get(("/v1/metrics", "415")) == 1, counts
+    assert counts.get(("/v1/metrics", "200")) == 1, counts
     assert not any("no-such-change" in route for route, _ in counts), counts
