@@ -234,6 +234,11 @@ class SidecarConfig(_Section):
         return value
 
     @property
+    def telemetry_job(self) -> str:
+        """The job name the sidecar's own telemetry carries (service.name)."""
+        return f"{self.job}-sidecar"
+
+    @property
     def prometheus_url(self) -> str | None:
         """The Prometheus that ``metrics_source`` names, or None for the embedded store."""
         return None if self.metrics_source == "store" \

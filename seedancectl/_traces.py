@@ -35,14 +35,14 @@ class SidecarTraces:
         self.upstream = traces_endpoint_for(upstream) if upstream else None
         self.forwarder = Forwarder(ForwarderConfig(url=self.upstream)) if self.upstream else None
         self.store: SpanStore | None = None
-        self.tracing: Tracing = null_tracing(f"{config.job}-sidecar")
+        self.tracing: Tracing = null_tracing(config.telemetry_job)
 
     def start(self) -> None:
         if self.store is not None:
             return
         self.store = SpanStore(self.config.state_db)
         self.tracing = setup_tracing(
-            TelemetryConfig(job=f"{self.config.job}-sidecar", otlp_endpoint=self.upstream),
+            TelemetryConfig(job=self.config.telemetry_job, otlp_endpoint=self.upstream),
             store_sink=self.store.write)
         if self.forwarder is not None:
             self.forwarder.start()

@@ -3,6 +3,7 @@ store buffer's fair share, on a real store."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,12 +58,13 @@ def test_a_job_over_half_the_buffer_waits_and_the_others_go_on(tmp_path: Path) -
         # the flusher would otherwise wake at a quarter of the buffer and empty it
         store._writer.stop_flusher()
         sidecar.store = store
-        for start in range(0, 600, 100):
+        for start in range(0, 700, 100):  # alone, past half: no one to be fair to
             sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=start)))
-        with pytest.raises(IngestBackpressure, match="greedy"):
-            sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=600)))
         sidecar.sink(DecodedMetrics(points=_points("polite", 10)))
-        assert store.buffered_by("service.name") == {"greedy": 600, "polite": 10}
+        with pytest.raises(IngestBackpressure, match="greedy"):
+            sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=700)))
+        sidecar.sink(DecodedMetrics(points=_points("polite", 10, start=10)))
+        assert store.buffered_by("service.name") == {"greedy": 700, "polite": 20}
         store.flush()  # the counts follow the buffer as it empties and fills again
         assert store.buffered_by("service.name") == {}
         sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=700)))
@@ -91,6 +93,7 @@ def test_a_job_over_its_share_is_turned_away_before_its_decode(tmp_path: Path) -
         assert looks == []  # an empty buffer: nothing to judge, nothing read
         for start in range(0, 600, 100):
             sidecar.sink(DecodedMetrics(points=_points("greedy", 100, start=start)))
+        sidecar.sink(DecodedMetrics(points=_points("polite", 10)))
         with pytest.raises(IngestBackpressure, match="greedy"):
             sidecar.admit(resource({"service.name": "greedy", "seedance.rank": "3"}))
         sidecar.admit(resource({"service.name": "polite"}))
@@ -100,6 +103,31 @@ def test_a_job_over_its_share_is_turned_away_before_its_decode(tmp_path: Path) -
         unnamed = [Point("m", 1.0, 10**18 + i, {"id": str(i)}) for i in range(600)]
         store.flush()
         sidecar.sink(DecodedMetrics(points=unnamed))  # the unnamed job: under half before
+        sidecar.sink(DecodedMetrics(points=_points("polite", 10)))
         sidecar.admit(resource({"seedance.rank": "0"}))  # not judged before the decode...
         with pytest.raises(IngestBackpressure, match="''"):  # ...but after it
             sidecar.sink(DecodedMetrics(points=unnamed[:1]))
+
+
+def test_a_job_alone_in_the_buffer_fills_it_and_its_write_at_the_limit_flushes_it(
+        tmp_path: Path) -> None:
+    """One sidecar per job is the usual case: refusing that job at half the buffer would idle
+    all its exporters for a Retry-After while the store sits empty; at the limit the writing
+    request commits the buffer itself, so memory stays bounded and nothing is refused."""
+    sidecar = Sidecar(SidecarConfig(store=tmp_path / "m.db", nvml="off"))
+    with TimeSeriesStore(tmp_path / "m.db", max_buffered_points=1000,
+                         flush_interval_s=3600) as store:
+        store._writer.stop_flusher()
+        sidecar.store = store
+        most, now = 0, time.time_ns()  # (recent: retention keeps every point)
+        for start in range(0, 2500, 100):  # 100 series, a point each per export
+            # the sidecar's own telemetry waits beside it: not a job to be fair to
+            sidecar.sink(DecodedMetrics(points=_points(sidecar.config.telemetry_job, 1,
+                                                      metric="own")))
+            sidecar.sink(DecodedMetrics(points=[
+                Point("m", 1.0, now + start + i, {"service.name": "alone", "id": str(i)})
+                for i in range(100)]))
+            most = max(most, store.buffered)
+        assert most < 1000  # flushed at the limit, by the write that reached it
+        store.flush()
+        assert len(store.query("m")) == 2500
