@@ -11,7 +11,10 @@ running at once (coroutines of one load process, so the sidecar, not the client,
   once at a new timestamp, as an OpenTelemetry SDK's periodic export does: the shape where the
   store pays per series;
 - closed loop: each exporter sends its next export as soon as the last is answered, so the
-  figures are the sidecar's capacity, and the latency includes the queueing at that load;
+  figures are the sidecar's capacity, and the latency includes the queueing at that load; an
+  answer with Retry-After (a 429 or 503: the sidecar pushing back) is waited out before the
+  next export, as the OTLP spec asks of exporters (runs before 2026-12-06 retried at once, a
+  retry storm no exporter makes, whose refused requests took the CPU the store needed);
 - each exporter keeps one HTTP/1.1 connection, written by hand: httpx cost the load process a
   whole core at 64 exporters, on a 2-core box where the sidecar needs the other.
 
