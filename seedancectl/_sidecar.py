@@ -71,6 +71,7 @@ from seedancectl._health import (
 )
 from seedancectl._job_searches import JobSearches, auto_bounds, study_name
 from seedancectl._logs import configure_sidecar_logging
+from seedancectl._malloc import fix_mmap_threshold
 from seedancectl._metrics_source import prometheus_reader
 from seedancectl._request_duration import RequestDuration, request_duration_histogram
 from seedancectl._sources import build_gpu_sampler, build_scrapers
@@ -512,8 +513,10 @@ CPU 0.23 of a core in both."""
 
 
 def settle_interpreter() -> None:
-    """`settle_heap`, then collect at `GC_THRESHOLDS` and switch threads at
-    `SWITCH_INTERVAL_S`: the sidecar process's interpreter, set once before it serves."""
+    """`settle_heap`, then collect at `GC_THRESHOLDS`, switch threads at `SWITCH_INTERVAL_S`
+    and fix malloc's mmap threshold (`seedancectl._malloc`): the sidecar process's
+    interpreter, set once before it serves."""
+    fix_mmap_threshold()
     settle_heap()
     gc.set_threshold(*GC_THRESHOLDS)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
