@@ -383,7 +383,8 @@ HEALTH_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.store.buffered_points", unit="{point}", kind=G,
                source="sidecar", attributes=("service.name",),
                description="Points waiting for the store's next commit (the backlog); past "
-               "half the buffer, a job holding more than half of it gets 429"),
+               "half the buffer, a job holding more than half of it gets 429 while "
+               "another job's points wait too"),
     MetricSpec(name="seedance.store.writable", unit="1", kind=G, source="sidecar",
                attributes=("service.name",),
                description="1 when the store's last flush committed; 0 while it cannot "
