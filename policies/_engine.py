@@ -11,6 +11,7 @@ and one OpenTelemetry log record per open and close.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ _LOG_SEVERITY = {"info": SeverityNumber.INFO, "warning": SeverityNumber.WARN,
                  "critical": SeverityNumber.ERROR}
 
 Key = tuple[str, str, str]
+_phases = random.Random()  # each engine's place in the interval; a test seeds its own
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,10 +88,10 @@ class PolicyEngine:
     """Runs detectors over windows of the store; owns hysteresis, dedup, persistence, export.
 
     Thread-safe: :meth:`evaluate_once` and the gauge callback share one lock. :meth:`start` runs
-    evaluations on a daemon thread every ``config.interval_s``; the loop never dies (an error is
-    logged and the next tick runs). :meth:`shutdown` is idempotent. Active findings are reloaded
-    from the database on start-up, so a restart neither reopens nor forgets them (pending bad
-    counts of findings not yet open start again from zero).
+    evaluations on a daemon thread every ``config.interval_s`` (from a random phase); the loop
+    never dies (an error is logged and the next tick runs). :meth:`shutdown` is idempotent.
+    Active findings are reloaded from the database on start-up, so a restart neither reopens
+    nor forgets them (pending bad counts of findings not yet open start again from zero).
     """
 
     def __init__(
@@ -309,7 +311,10 @@ class PolicyEngine:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Evaluate now and then every ``interval_s`` on a daemon thread (idempotent)."""
+        """Evaluate now, then after ``interval_s`` and a random part of it more, then every
+        ``interval_s``, on a daemon thread (idempotent). Sidecars started together, as a
+        gang-scheduled job's are, would otherwise evaluate in step, each pass's reads and
+        writes arriving at the shared state DB (and at a shared CPU) at the same moment."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         if self._thread is None:
@@ -317,14 +322,15 @@ class PolicyEngine:
             self._thread.start()
 
     def _loop(self) -> None:
+        wait_s = self.config.interval_s * (1.0 + _phases.random())
         while True:
             try:
                 self.evaluate_once()
             except Exception:  # the loop never dies
-                log.exception("policy evaluation failed; retrying in %.1f s",
-                              self.config.interval_s)
-            if self._stop.wait(self.config.interval_s):
+                log.exception("policy evaluation failed; retrying in %.1f s", wait_s)
+            if self._stop.wait(wait_s):
                 return
+            wait_s = self.config.interval_s
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the loop (waiting up to ``timeout_s``) and close the database; idempotent."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -28,6 +31,7 @@ from policies import (
     WindowSource,
     sqlite_url,
 )
+from policies import _engine as engine_module
 from tests.policies.example_detector import UTILISATION, LowUtilisationDetector
 
 S = 10**9
@@ -297,6 +301,42 @@ def test_background_loop_opens_and_shuts_down(tmp_path: Path, telemetry: Telemet
     engine.shutdown(timeout_s=5)
     engine.shutdown()  # idempotent
     assert [f.resource for f in engine.active()] == [{"gpu": "0"}]
+
+
+def test_engines_started_together_do_not_evaluate_in_step(
+        tmp_path: Path, telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sidecars of one gang-scheduled job start at once: from their second pass on, their
+    engines spread over the interval, and none evaluates again sooner than ``interval_s``."""
+    monkeypatch.setattr(engine_module, "_phases", random.Random(0))
+    interval_s = 1.0
+    passes: dict[int, list[float]] = {}
+    engines = []
+    for i in range(6):
+        engine = PolicyEngine([LowUtilisationDetector()], WindowSource(_store("g")),
+                              db_url=sqlite_url(tmp_path / f"state-{i}.db"),
+                              config=EngineConfig(interval_s=interval_s, window_s=9),
+                              meter_provider=telemetry.meters, clock_ns=lambda: _segment_end(0))
+        times = passes.setdefault(i, [])
+
+        def timed(evaluate: Any = engine.evaluate_once, times: list[float] = times) -> Any:
+            times.append(time.monotonic())
+            return evaluate()
+
+        engine.evaluate_once = timed  # type: ignore[method-assign]
+        engines.append(engine)
+    for engine in engines:
+        engine.start()
+    deadline = time.monotonic() + 30
+    while min(map(len, passes.values())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for engine in engines:
+        engine.shutdown(timeout_s=5)
+    assert min(map(len, passes.values())) >= 3, passes
+    for times in passes.values():
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= interval_s, gaps
+    seconds = [times[1] for times in passes.values()]
+    assert max(seconds) - min(seconds) >= 0.3 * interval_s, seconds
 
 
 def test_engines_sharing_a_state_db_judge_only_the_jobs_they_own(
