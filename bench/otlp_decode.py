@@ -1,7 +1,8 @@
 """Benchmark: an OTLP request body to Points, and on into the store, per point, A/B in one run.
 
-Two request shapes, both with gauges (``--attrs`` string attributes each) and histograms (15
-bounds):
+Two request shapes, both with gauges (``--attrs`` string attributes each, values drawn as
+measurements are: 15-17 digits in JSON; before 2026-12-06 they were short multiples of 0.5) and
+histograms (15 bounds):
 - ``batch``: 8 series, many points each (an exporter that batches, or a replay);
 - ``export``: every series once, as an OpenTelemetry SDK's periodic export sends them.
 
@@ -10,9 +11,9 @@ Cases, interleaved (drift on a shared box hits every case alike), medians in ns 
   (the floor every Point-producing decoder pays);
 - ``protobuf``: parse and ``points_from_request``; ``json``: the orjson fast path
   (``points_from_json``); ``json_reference``: ``json_format`` then ``points_from_request``;
-  ``protobuf_template``: the receiver's path for a repeat export (``ExportTemplates``: columns
-  over a shared shape, no Point built);
-- ``protobuf_to_store``, ``json_to_store`` and ``protobuf_template_to_store``: the body
+  ``protobuf_template`` and ``json_template``: the receiver's paths for a repeat export
+  (``ExportTemplates``: columns over a shared shape, no Point built);
+- ``protobuf_to_store``, ``json_to_store`` and the two ``*_template_to_store``: the body
   decoded, written to a real store file and flushed, end to end (timestamps move on every
   repeat, as a live exporter's do).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -50,6 +52,8 @@ from collectors._otlp_decode import (  # noqa: E402
     points_from_request,
 )
 from collectors._otlp_json import points_from_json  # noqa: E402
+from collectors._otlp_json_shapes import JsonShapes  # noqa: E402
+from collectors._otlp_json_templates import json_templates  # noqa: E402
 from collectors._otlp_templates import protobuf_templates  # noqa: E402
 from collectors._points import Point  # noqa: E402
 from collectors._store import TimeSeriesStore  # noqa: E402
@@ -66,7 +70,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
     return [at_least(f"{encoding} decode + store points/s, {shape} shape", TARGET_POINTS_PER_S,
                      figures["points_per_s"][f"{encoding}_to_store"], "issue #16")
             for shape, figures in result["shapes"].items()
-            for encoding in ("protobuf", "json", "protobuf_template")]
+            for encoding in ("protobuf", "json", "protobuf_template", "json_template")]
 
 
 def _kv(key: str, value: str) -> KeyValue:
@@ -87,8 +91,10 @@ def make_request(gauges: int, histograms: int, attrs: int, shape: str
         return [_kv(f"k{j}", f"v{i % sets}-{j}") for j in range(attrs)]
 
     g = metrics.add(name="bench.gauge").gauge
+    rng = random.Random(gauges)
     for i in range(gauges):
-        g.data_points.add(time_unix_nano=T0 + i * (shape == "batch"), as_double=i * 0.5,
+        g.data_points.add(time_unix_nano=T0 + i * (shape == "batch"),
+                          as_double=rng.uniform(0.0, 1000.0),
                           attributes=labels(i))
     h = metrics.add(name="bench.hist").histogram
     for i in range(histograms):
@@ -117,9 +123,10 @@ def run_shape(shape: str, args: argparse.Namespace, folder: Path) -> dict[str, A
         "json": points_from_json,
         "json_reference": lambda b: points_from_request(decode_json(b)),
         "protobuf_template": protobuf_templates(decode_protobuf).decode,
+        "json_template": json_templates(JsonShapes().decode, points_from_json).decode,
     }
     stores = {e: TimeSeriesStore(folder / f"{shape}-{e}.db", flush_interval_s=3600)
-              for e in ("protobuf", "json", "protobuf_template")}
+              for e in ("protobuf", "json", "protobuf_template", "json_template")}
     repeat = [0]
 
     def to_store(decoder: str) -> None:

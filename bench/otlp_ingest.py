@@ -9,7 +9,9 @@ running at once (coroutines of one load process, so the sidecar, not the client,
   sidecar beside them, with ``--series`` series (``--metrics`` gauge names x attribute sets;
   64 x 250 stays inside the default ``max_series_per_job``), each export carrying every series
   once at a new timestamp, as an OpenTelemetry SDK's periodic export does: the shape where the
-  store pays per series;
+  store pays per series; its values change every export too, drawn as measurements are (runs
+  before the evening of 2026-12-06 sent the same short values every time, which flattered
+  JSON: a 17-digit double costs more to read than 0.25);
 - closed loop: each exporter sends its next export as soon as the last is answered, so the
   figures are the sidecar's capacity, and the latency includes the queueing at that load; an
   answer with Retry-After (a 429 or 503: the sidecar pushing back) is waited out before the
@@ -40,6 +42,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -68,6 +71,9 @@ from tests.servers import free_port  # noqa: E402
 
 TARGET_POINTS_PER_S = 600_000
 T0 = 1_800_000_000_000_000_000  # a placeholder timestamp each export replaces with its own
+VALUE_VARIANTS = 4
+"""Bodies per exporter, each with other values, sent in turn: values change every export, as
+a live job's do (a JSON number's width with them)."""
 ENCODINGS = {"protobuf": "application/x-protobuf", "json": "application/json"}
 
 
@@ -87,8 +93,12 @@ def _kv(key: str, value: str) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-def export_body(exporter: int, metrics: int, series: int, encoding: str) -> bytes:
-    """One export of one exporter: ``series`` gauges, all stamped T0 (replaced per send)."""
+def export_body(exporter: int, metrics: int, series: int, encoding: str,
+                variant: int = 0) -> bytes:
+    """One export of one exporter: ``series`` gauges, all stamped T0 (replaced per send), with
+    measured-looking values (shortest round-trip doubles, 15-17 digits in JSON) drawn anew for
+    each ``variant``."""
+    rng = random.Random(exporter * 1_000_003 + variant)
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
     rm.resource.attributes.extend([_kv("service.name", "ingest-bench-job"),
@@ -99,7 +109,7 @@ def export_body(exporter: int, metrics: int, series: int, encoding: str) -> byte
     for m in range(metrics):
         gauge = out.add(name=f"bench.ingest.m{m}", unit="1").gauge
         for s in range(per_metric):
-            gauge.data_points.add(time_unix_nano=T0, as_double=(m * 7 + s) * 0.25,
+            gauge.data_points.add(time_unix_nano=T0, as_double=rng.uniform(0.0, 1000.0),
                                   attributes=[_kv("module", f"layer{s}"),
                                               _kv("seedance.config.version", "1")])
     if encoding == "json":
@@ -155,7 +165,7 @@ class _Connection:
             self._streams[1].close()
 
 
-async def _exporter(url: str, body: bytes, encoding: str, points: int, t_start: float,
+async def _exporter(url: str, bodies: list[bytes], encoding: str, points: int, t_start: float,
                     t_end: float, out: dict[str, Any]) -> None:
     address = urllib.parse.urlsplit(url)
     connection = _Connection(address.hostname or "127.0.0.1", address.port or 80,
@@ -167,7 +177,7 @@ async def _exporter(url: str, body: bytes, encoding: str, points: int, t_start: 
             if now >= t_end:
                 return
             n += 1
-            data = stamped(body, encoding, T0 + n * 1_000_000_000)
+            data = stamped(bodies[n % len(bodies)], encoding, T0 + n * 1_000_000_000)
             sent = time.perf_counter()
             status, retry_after = await connection.post(data)
             elapsed = time.perf_counter() - sent
@@ -182,18 +192,19 @@ async def _exporter(url: str, body: bytes, encoding: str, points: int, t_start: 
         connection.close()
 
 
-async def _load(url: str, bodies: list[bytes], encoding: str, points: int, warmup_s: float,
+async def _load(url: str, bodies: list[list[bytes]], encoding: str, points: int, warmup_s: float,
                 seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"status": {}, "latency_s": [], "points": 0}
     t_start = time.monotonic() + warmup_s
-    await asyncio.gather(*(_exporter(url, body, encoding, points, t_start, t_start + seconds,
-                                     out) for body in bodies))
+    await asyncio.gather(*(_exporter(url, variants, encoding, points, t_start, t_start + seconds,
+                                     out) for variants in bodies))
     return out
 
 
 def _load_process(url: str, exporters: int, metrics: int, series: int, encoding: str,
                   warmup_s: float, seconds: float, result_path: Path) -> None:
-    bodies = [export_body(i, metrics, series, encoding) for i in range(exporters)]
+    bodies = [[export_body(i, metrics, series, encoding, v) for v in range(VALUE_VARIANTS)]
+              for i in range(exporters)]
     points = metrics * max(1, series // metrics)
     out = asyncio.run(_load(url, bodies, encoding, points, warmup_s, seconds))
     result_path.write_text(json.dumps(out))

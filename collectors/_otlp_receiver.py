@@ -40,7 +40,9 @@ from collectors._otlp_decode import (
     decode_json,
     decode_protobuf,
 )
+from collectors._otlp_json import points_from_json
 from collectors._otlp_json_shapes import JsonShapes
+from collectors._otlp_json_templates import json_templates
 from collectors._otlp_templates import protobuf_templates
 from collectors._otlp_traces import (
     SpanRecord,
@@ -458,7 +460,7 @@ def otlp_router(
 
     metrics = _Signal(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
-                JSON: JsonShapes().decode},
+                JSON: json_templates(JsonShapes().decode, points_from_json).decode},
         sink=sink, count=len, templated=lambda d: d.shape is not None, unit="points",
         response=ExportMetricsServiceResponse(), forwarder=forwarder,
         peek={PROTOBUF: first_resource_strings})

@@ -22,9 +22,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol, cast
 
 import numpy as np
 
@@ -208,8 +208,15 @@ class _Template:
         a tenth of the cost of a digest, and no collision can pass a wrong shape."""
         return (np.frombuffer(body, dtype=np.uint8) & self.keep).tobytes()
 
-    def matches(self, body: bytes) -> bool:
-        return len(body) == self.keep.size and self._fixed(body) == self.fixed
+    @property
+    def points(self) -> int:
+        return len(self.shape.names)
+
+    def decode_matching(self, body: bytes) -> DecodedMetrics | None:
+        """``body``'s Points as columns over the shape; None when it is not of this shape."""
+        if len(body) != self.keep.size or self._fixed(body) != self.fixed:
+            return None
+        return self.decode(body)
 
     def columns(self, body: bytes) -> tuple[np.ndarray, np.ndarray]:
         """The time (uint64 ns) and value of every Point of ``body`` (a body that matches)."""
@@ -297,26 +304,98 @@ class _Budget:
         return True
 
 
-class ExportTemplates:
-    """Decodes protobuf metric exports, from a template when the body repeats a known shape.
+class Template(Protocol):
+    """One shape's template, of either encoding."""
 
-    Gives exactly what ``reference`` (``points_from_request`` of the parsed body) gives;
-    thread-safe. Shapes are found by the body's length and its bytes up to the first
-    changing number, so exporters whose resources differ never share a template.
+    hits: int
+    strikes: int
+
+    @property
+    def points(self) -> int: ...
+
+    def decode_matching(self, body: bytes) -> DecodedMetrics | None: ...
+
+
+class _LengthPrefixKeys:
+    """Protobuf shapes by the body's length and its bytes up to the first changing number (a
+    prefix whose length only a template knows, so each length's prefix lengths are indexed)."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[int, dict[int, int]] = {}  # length -> prefix length -> shapes
+
+    def candidates(self, body: bytes) -> list[Hashable]:
+        return [(len(body), body[:prefix]) for prefix in self._prefixes.get(len(body), {})]
+
+    def seen(self, body: bytes) -> Hashable:
+        return len(body)
+
+    def key(self, body: bytes, template: Template) -> Hashable:
+        assert isinstance(template, _Template)
+        return (len(body), body[:int(template.gather[0, 0])])
+
+    def added(self, key: Hashable) -> None:
+        length, prefix = cast(tuple[int, bytes], key)
+        by_prefix = self._prefixes.setdefault(length, {})
+        by_prefix[len(prefix)] = by_prefix.get(len(prefix), 0) + 1
+
+    def removed(self, key: Hashable) -> None:
+        length, prefix = cast(tuple[int, bytes], key)
+        by_prefix = self._prefixes[length]
+        by_prefix[len(prefix)] -= 1
+        if not by_prefix[len(prefix)]:
+            del by_prefix[len(prefix)]
+            if not by_prefix:
+                del self._prefixes[length]
+
+
+class FunctionKeys:
+    """Shapes by a key computed from the body alone (None: a body no template is tried for)."""
+
+    def __init__(self, key_of: Callable[[bytes], Hashable | None]) -> None:
+        self._key_of = key_of
+
+    def candidates(self, body: bytes) -> list[Hashable]:
+        key = self._key_of(body)
+        return [] if key is None else [key]
+
+    def seen(self, body: bytes) -> Hashable:
+        return self._key_of(body)
+
+    def key(self, body: bytes, template: Template) -> Hashable:
+        return self._key_of(body)
+
+    def added(self, key: Hashable) -> None:
+        pass
+
+    def removed(self, key: Hashable) -> None:
+        pass
+
+
+class ExportTemplates:
+    """Decodes metric exports, from a template when the body repeats a known shape.
+
+    Gives exactly what ``reference`` gives; thread-safe. By default the templates are
+    protobuf's (shapes found by the body's length and its bytes up to the first changing
+    number, so exporters whose resources differ never share a template); ``build`` and
+    ``keys`` give another encoding's.
     """
 
     def __init__(self, reference: Callable[[bytes], DecodedMetrics], *,
+                 build: Callable[[bytes], Template | None] | None = None,
+                 keys: _LengthPrefixKeys | FunctionKeys | None = None,
                  max_templates: int = MAX_TEMPLATES,
                  max_points: int = MAX_TEMPLATE_POINTS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._reference = reference
+        self._build: Callable[[bytes], Template | None] = (
+            build if build is not None else lambda body: _build(body, reference))
+        self._keys = keys if keys is not None else _LengthPrefixKeys()
         self._max_templates = max_templates
         self._max_points = max_points
         self._lock = threading.Lock()
-        # (length, prefix) -> template, or None for a shape not worth templating
-        self._shapes: OrderedDict[tuple[int, bytes], _Template | None] = OrderedDict()
-        self._prefixes: dict[int, dict[int, int]] = {}  # length -> prefix length -> shapes
-        self._seen: OrderedDict[int, None] = OrderedDict()  # body lengths seen
+        # key -> template, or None for a shape not worth templating
+        self._shapes: OrderedDict[Hashable, Template | None] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()  # bodies' seen keys
         self._budget = _Budget(BUILDS_PER_S, clock)
         self._points = 0
         self.hits = 0
@@ -333,11 +412,12 @@ class ExportTemplates:
             key, template = found
             if template is None:
                 return self._miss(body)
-            if template.matches(body):
+            decoded = template.decode_matching(body)
+            if decoded is not None:
                 with self._lock:
                     self.hits += 1
                     template.hits += 1
-                return template.decode(body)
+                return decoded
             # The shape changed under its key (a new config version in an attribute): build
             # again, unless its templates keep changing before they pay for themselves.
             strikes = template.strikes + 1 if template.hits < _PAYS_AFTER_HITS else 0
@@ -354,55 +434,52 @@ class ExportTemplates:
             self.misses += 1
         return self._reference(body)
 
-    def _find(self, body: bytes) -> tuple[tuple[int, bytes], _Template | None] | None:
+    def _find(self, body: bytes) -> tuple[Hashable, Template | None] | None:
         with self._lock:
-            for prefix in self._prefixes.get(len(body), {}):
-                key = (len(body), body[:prefix])
+            for key in self._keys.candidates(body):
                 if key in self._shapes:
                     self._shapes.move_to_end(key)
                     return key, self._shapes[key]
         return None
 
     def _learn(self, body: bytes, strikes: int) -> None:
-        """Build a template for a body whose length was seen before (a one-off export is never
-        worth the build; the first bytes cannot tell shapes apart, as a small export's first
-        timestamp sits in them), within the build budget."""
+        """Build a template for a body whose seen key (protobuf: its length) came before (a
+        one-off export is never worth the build; a protobuf body's first bytes cannot tell
+        shapes apart, as a small export's first timestamp sits in them), within the build
+        budget."""
+        seen = self._keys.seen(body)
+        if seen is None:
+            return
         with self._lock:
-            first = len(body) not in self._seen
-            self._seen[len(body)] = None
-            self._seen.move_to_end(len(body))
+            first = seen not in self._seen
+            self._seen[seen] = None
+            self._seen.move_to_end(seen)
             while len(self._seen) > self._max_templates:
                 self._seen.popitem(last=False)
             if first or not self._budget.take():
                 return
             self.builds += 1
-        template = _build(body, self._reference)
+        template = self._build(body)
         if template is None:
             return  # (not remembered as untemplatable: the prefix that would key it is unknown)
         template.strikes = strikes
-        key = (len(body), body[:int(template.gather[0, 0])])
+        key = self._keys.key(body, template)
         with self._lock:
             self._store(key, template)
 
-    def _store(self, key: tuple[int, bytes], template: _Template | None) -> None:
+    def _store(self, key: Hashable, template: Template | None) -> None:
         old = self._shapes.pop(key, None)
         if old is not None:
-            self._points -= len(old.shape.names)
+            self._points -= old.points
         else:
-            by_prefix = self._prefixes.setdefault(key[0], {})
-            by_prefix[len(key[1])] = by_prefix.get(len(key[1]), 0) + 1
+            self._keys.added(key)
         self._shapes[key] = template
-        self._points += 0 if template is None else len(template.shape.names)
+        self._points += 0 if template is None else template.points
         while len(self._shapes) > 1 and (len(self._shapes) > self._max_templates
                                          or self._points > self._max_points):
             gone_key, gone = self._shapes.popitem(last=False)
-            self._points -= 0 if gone is None else len(gone.shape.names)
-            by_prefix = self._prefixes[gone_key[0]]
-            by_prefix[len(gone_key[1])] -= 1
-            if not by_prefix[len(gone_key[1])]:
-                del by_prefix[len(gone_key[1])]
-                if not by_prefix:
-                    del self._prefixes[gone_key[0]]
+            self._points -= 0 if gone is None else gone.points
+            self._keys.removed(gone_key)
 
 
 def protobuf_templates(decode: Callable[[bytes], object]) -> ExportTemplates:

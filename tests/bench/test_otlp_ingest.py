@@ -32,6 +32,17 @@ def test_a_stamped_export_carries_every_series_once_at_the_new_time(encoding: st
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_an_exporters_variants_carry_the_same_series_with_other_values(encoding: str) -> None:
+    decode = decode_json if encoding == "json" else decode_protobuf
+    first, second = ({(p.name, tuple(sorted(p.attributes.items()))): p.value
+                      for p in points_from_request(decode(export_body(
+                          2, metrics=5, series=40, encoding=encoding, variant=v))).points}
+                     for v in range(2))
+    assert first.keys() == second.keys()
+    assert all(first[k] != second[k] for k in first)
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
 def test_the_load_speaks_otlp_http_to_a_real_receiver(encoding: str) -> None:
     """The hand-written HTTP/1.1 exporters against the real receiver under uvicorn: every
     answered export is counted with its status, what was accepted was decoded whole, and a
@@ -47,7 +58,8 @@ def test_the_load_speaks_otlp_http_to_a_real_receiver(encoding: str) -> None:
 
     app = FastAPI()
     app.include_router(otlp_router(sink))
-    bodies = [export_body(rank, metrics=4, series=20, encoding=encoding) for rank in range(3)]
+    bodies = [[export_body(rank, metrics=4, series=20, encoding=encoding, variant=v)
+               for v in range(2)] for rank in range(3)]
     with serve(app) as url:
         out = asyncio.run(_load(url + "/v1/metrics", bodies, encoding, 20, 0.0, 2.0))
     answered = sum(out["status"].values())

@@ -4,24 +4,34 @@ and keeps every point of them."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from collectors._store import TimeSeriesStore
+from tests.collectors.test_otlp_json_shapes import as_json
 from tests.faults._sidecar import PROTOBUF, SidecarProcess, gauge_request
 
 
-def test_repeat_exports_are_decoded_from_a_template_and_kept_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("encoding", "templated"), [
+    # the first export is seen, the second builds the template, the other three use it
+    ((PROTOBUF, lambda body: body), 3),
+    # the same, and the second is already columns over its shape (JsonShapes)
+    (({"Content-Type": "application/json"}, as_json), 4)], ids=["protobuf", "json"])
+def test_repeat_exports_are_decoded_from_a_template_and_kept_whole(
+        tmp_path: Path, encoding: tuple[dict[str, str], Callable[[bytes], bytes]],
+        templated: int) -> None:
+    headers, encode = encoding
     t0 = time.time_ns() - 60 * 1_000_000_000
     with SidecarProcess(tmp_path) as sidecar:
         for n in range(5):  # one exporter, 64 series, a new timestamp each export
-            r = sidecar.http.post("/v1/metrics", headers=PROTOBUF,
-                                  content=gauge_request("repeat.gauge", range(64), job="repeat",
-                                                        t0_ns=t0 + n * 1_000_000_000))
+            r = sidecar.http.post("/v1/metrics", headers=headers, content=encode(
+                gauge_request("repeat.gauge", range(64), job="repeat",
+                              t0_ns=t0 + n * 1_000_000_000)))
             assert r.status_code == 200, r.text
-        templated = sidecar.wait_for("the accepted-requests counter", lambda: sidecar.metric(
-            "seedance_ingest_accepted_requests_total", decoded_by="template"))
-        # the first export is seen, the second builds the template, the other three use it
-        assert templated == 3
+        assert sidecar.wait_for("the accepted-requests counter", lambda: sidecar.metric(
+            "seedance_ingest_accepted_requests_total", decoded_by="template")) == templated
         assert (sidecar.metric("seedance_ingest_accepted_requests_total", decoded_by="any")
                 or 0) >= 5
         exposed = [line for line in sidecar.http.get("/metrics").text.splitlines()

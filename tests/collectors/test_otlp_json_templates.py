@@ -1,0 +1,173 @@
+"""JSON templates decode repeat OTLP/JSON exports exactly as the fast path does, whatever width
+their numbers take, and only when they safely can: a changed attribute, a malformed number or a
+value JSON writes as a string goes to the reference path."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from collectors._cardinality import CardinalityLimit
+from collectors._otlp_decode import DecodedMetrics, OtlpDecodeError
+from collectors._otlp_json import points_from_json
+from collectors._otlp_json_templates import build_json_template, json_templates
+from collectors._otlp_templates import ExportTemplates
+from tests.collectors.test_otlp_json_shapes import as_json
+from tests.collectors.test_otlp_templates import Pipeline, gauges, scraped, sdk_exports
+
+
+def templates() -> ExportTemplates:
+    return json_templates(points_from_json, points_from_json)
+
+
+def compact(body: bytes) -> bytes:
+    """As encoders without spaces write it (JavaScript's JSON.stringify, Go's protojson in
+    one of its two spacings)."""
+    return json.dumps(json.loads(body), separators=(",", ":")).encode()
+
+
+def same(decoded: DecodedMetrics, body: bytes) -> None:
+    expected = points_from_json(body)
+    assert decoded.points == expected.points
+    assert [math.copysign(1, p.value) for p in decoded.points] == \
+        [math.copysign(1, p.value) for p in expected.points]
+    assert decoded.metrics == expected.metrics
+
+
+def with_values(body: bytes, values: Callable[[int], str]) -> bytes:
+    """``body`` with the n-th ``asDouble`` written as ``values(n)``, verbatim."""
+    counter = iter(range(10**9))
+    return re.sub(rb'("asDouble":\s*)[^,}]+',
+                  lambda m: m.group(1) + values(next(counter)).encode(), body)
+
+
+@pytest.mark.parametrize("spacing", [lambda b: b, compact], ids=["spaced", "compact"])
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+def test_repeat_sdk_exports_decode_from_a_template_exactly(
+        spacing: Callable[[bytes], bytes], delta: bool) -> None:
+    """Gauges, int and double counters and histograms of a real SDK, as JSON."""
+    decoder = templates()
+    for body in (spacing(as_json(b)) for b in sdk_exports(6, delta=delta)):
+        same(decoder.decode(body), body)
+    assert decoder.builds == 1
+    assert decoder.hits == 4  # seen, built, then four from the template
+
+
+def test_numbers_of_every_width_and_form_decode_bit_for_bit() -> None:
+    """Values change width between exports (and so do the runs of the body): shortest
+    round-trip doubles, exponents, negatives, integers, zeros."""
+    rng = random.Random(7)
+    forms = [lambda: repr(rng.uniform(-1e3, 1e3)), lambda: repr(rng.uniform(0, 1) * 1e-9),
+             lambda: repr(rng.uniform(1, 2) * 1e300), lambda: str(rng.randint(-10**6, 10**6)),
+             lambda: "0", lambda: "-0.0", lambda: "1E+5", lambda: "2.5e-3", lambda: "0.5"]
+    decoder = templates()
+    base = as_json(gauges(64, stamp=0))
+    hits = 0
+    for export in range(30):
+        body = with_values(base.replace(b"1700000000000000000", str(
+            1_700_000_000_000_000_000 + export).encode()),
+            lambda n: rng.choice(forms)())
+        decoded = decoder.decode(body)
+        hits += decoded is not None and export >= 2
+        same(decoded, body)
+    assert decoder.hits == 28
+
+
+def test_a_changed_number_inside_an_attribute_is_another_shape() -> None:
+    """Numbers in keys and strings are text, not slots: ``layer012`` becoming ``layer013`` at
+    the same place and width must not pass for the old shape."""
+    decoder = templates()
+    bodies = [as_json(gauges(40, stamp=s)) for s in range(3)]
+    for body in bodies:
+        decoder.decode(body)
+    assert decoder.hits == 1
+    renamed = bodies[2].replace(b'"layer012"', b'"layer013"')
+    assert renamed != bodies[2] and len(renamed) == len(bodies[2])
+    decoded = decoder.decode(renamed)
+    same(decoded, renamed)
+    assert decoder.hits == 1
+    assert decoded.points[12].attributes["module"] == "layer013"
+
+
+@pytest.mark.parametrize("text", ["01.5", "1.", ".5", "-.5", "1.e5", "1e", "--1", "1-2", "-",
+                                  "1e400", "-0", "1.2.3", "0x10", "Infinity", '"NaN"'])
+def test_a_malformed_or_special_number_in_a_known_shape_is_read_as_the_fast_path_reads_it(
+        text: str) -> None:
+    """The fast path refuses what JSON refuses; the template must not be laxer."""
+    decoder = templates()
+    base = as_json(gauges(40, stamp=0))
+    for stamp in range(3):
+        decoder.decode(with_values(base, lambda n: f"{n}.25").replace(
+            b"1700000000000000000", str(1_700_000_000_000_000_000 + stamp).encode()))
+    assert decoder.hits == 1
+    odd = with_values(base, lambda n: text if n == 5 else f"{n}.25")
+    try:
+        expected = points_from_json(odd)
+    except OtlpDecodeError:
+        with pytest.raises(OtlpDecodeError):
+            decoder.decode(odd)
+    else:
+        got = decoder.decode(odd)
+        assert [(p.name, p.time_ns, p.attributes) for p in got.points] == \
+            [(p.name, p.time_ns, p.attributes) for p in expected.points]
+        assert [repr(p.value) for p in got.points] == [repr(p.value) for p in expected.points]
+
+
+def test_times_past_int64_and_bare_integer_buckets_keep_the_reference_answer() -> None:
+    decoder = templates()
+    late = as_json(gauges(20, stamp=0)).replace(b"1700000000000000000",
+                                                 str(2**63 + 5).encode())
+    for _ in range(3):
+        same(decoder.decode(late), late)
+    assert decoder.decode(late).points[0].time_ns == 2**63 + 5
+    # bucket counts as bare numbers (allowed for 64-bit ints): decoded right, templated or not
+    for body in sdk_exports(4):
+        bare = re.sub(rb'"(\d+)"(?=[,\]])', rb"\1", as_json(body))
+        same(decoder.decode(bare), bare)
+
+
+def test_a_shape_the_template_cannot_hold_builds_none() -> None:
+    """NaN written as a string sits in the text, not a slot, so no value reads it."""
+    body = with_values(as_json(gauges(20, stamp=0)), lambda n: '"NaN"' if n == 3 else "1.5")
+    assert build_json_template(body, points_from_json) is None
+    assert build_json_template(as_json(gauges(20, stamp=0)), points_from_json) is not None
+
+
+def test_exporters_are_told_apart_by_their_resource() -> None:
+    decoder = templates()
+    for stamp in range(3):
+        for rank in "01":
+            body = as_json(gauges(30, stamp=stamp, rank=rank))
+            same(decoder.decode(body), body)
+    assert decoder.builds == 2 and decoder.hits == 2
+
+
+def test_repeat_json_exports_from_templates_land_where_their_points_would(
+        tmp_path: Path) -> None:
+    """Store rows, /metrics and limiter counts, fed template columns or the same exports'
+    Points."""
+    decoder = templates()
+    shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
+    bodies = [compact(as_json(b)) for b in [*sdk_exports(5, delta=True),
+                                            *(gauges(40, stamp=s, version=v) for v in "12"
+                                              for s in range(4))]]
+    for body in bodies:
+        shaped.sink(decoder.decode(body))
+        plain.sink(points_from_json(body))
+    assert decoder.hits >= 6
+    assert shaped.limiter.series() == plain.limiter.series()
+    assert scraped(shaped.registry) == pytest.approx(scraped(plain.registry), rel=1e-12)
+    names = sorted(plain.store.metrics()["name"])
+    assert names == sorted(shaped.store.metrics()["name"]) and len(names) >= 6
+    for name in names:
+        pd.testing.assert_frame_equal(shaped.store.query(name, resolution="raw"),
+                                      plain.store.query(name, resolution="raw"))
+    for store in (shaped.store, plain.store):
+        store.close()
