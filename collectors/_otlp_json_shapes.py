@@ -1,11 +1,10 @@
-"""Repeat OTLP/JSON exports handed on as columns over a known shape, as protobuf ones are.
+"""OTLP/JSON exports no template takes, handed on as columns over a known shape.
 
-JSON numbers change width from one export to the next, so the byte templates that decode a
-repeat protobuf body (`collectors._otlp_templates`) cannot hold, and the walk stays (into
-columns, `collectors._otlp_json.JsonColumns`).
-What a shape saves is downstream: the series limiter, ``/metrics`` and the store work out a
-shape's series once, then take each repeat as two arrays, where Points cost each of them a
-lookup per point, most of a JSON request's cost at the sink.
+A repeat export is decoded from a text template (`collectors._otlp_json_templates`); what no
+template takes (the first bodies of a shape, a shape the template's probe refuses) is walked
+into columns (`collectors._otlp_json.JsonColumns`). What a shape saves then is downstream: the
+series limiter, ``/metrics`` and the store work out a shape's series once, then take each
+repeat as two arrays, where Points cost each of them a lookup per point.
 
 A body's shape is its Points' names and attribute sets, in order. A shape is used from its
 second body on (a one-off export is never worth one); the shapes kept are bounded in number
