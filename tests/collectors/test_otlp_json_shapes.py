@@ -4,6 +4,7 @@ for what does not repeat."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from collectors._cardinality import CardinalityLimit
+from collectors._otlp_decode import DecodedMetrics
 from collectors._otlp_json import points_from_json
 from collectors._otlp_json_shapes import JsonShapes
 from tests.collectors.test_otlp_templates import Pipeline, gauges, scraped, sdk_exports
@@ -80,14 +82,20 @@ def test_repeat_json_exports_land_where_their_points_would(tmp_path: Path) -> No
     """The sink, fed columns or the same exports' Points, must give the same store rows,
     /metrics and limiter counts."""
     shapes = JsonShapes()
-    shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
-    bodies = [as_json(b) for b in [*sdk_exports(4, delta=True),
-                                   *(gauges(40, stamp=s, version=v) for v in "12"
-                                     for s in range(3))]]
-    for body in bodies:
-        shaped.sink(shapes.decode(body))
-        plain.sink(points_from_json(body))
+    sunk_alike(shapes.decode, [as_json(b) for b in [
+        *sdk_exports(4, delta=True), *(gauges(40, stamp=s, version=v) for v in "12"
+                                       for s in range(3))]], tmp_path)
     assert shapes.hits >= 6
+
+
+def sunk_alike(decode: Callable[[bytes], DecodedMetrics], bodies: list[bytes],
+               tmp_path: Path) -> None:
+    """Store rows, /metrics and limiter counts must be the same whether the sink is fed
+    ``decode``'s answers or the fast path's Points of the same bodies."""
+    shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
+    for body in bodies:
+        shaped.sink(decode(body))
+        plain.sink(points_from_json(body))
     assert shaped.limiter.series() == plain.limiter.series()
     assert scraped(shaped.registry) == pytest.approx(scraped(plain.registry), rel=1e-12)
     names = sorted(plain.store.metrics()["name"])

@@ -11,16 +11,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from collectors._cardinality import CardinalityLimit
 from collectors._otlp_decode import DecodedMetrics, OtlpDecodeError
 from collectors._otlp_json import points_from_json
 from collectors._otlp_json_templates import build_json_template, json_templates
 from collectors._otlp_templates import ExportTemplates
-from tests.collectors.test_otlp_json_shapes import as_json
-from tests.collectors.test_otlp_templates import Pipeline, gauges, scraped, sdk_exports
+from tests.collectors.test_otlp_json_shapes import as_json, sunk_alike
+from tests.collectors.test_otlp_templates import gauges, sdk_exports
 
 
 def templates() -> ExportTemplates:
@@ -154,20 +152,7 @@ def test_repeat_json_exports_from_templates_land_where_their_points_would(
     """Store rows, /metrics and limiter counts, fed template columns or the same exports'
     Points."""
     decoder = templates()
-    shaped, plain = (Pipeline(tmp_path / f"{n}.db", CardinalityLimit()) for n in "ab")
-    bodies = [compact(as_json(b)) for b in [*sdk_exports(5, delta=True),
-                                            *(gauges(40, stamp=s, version=v) for v in "12"
-                                              for s in range(4))]]
-    for body in bodies:
-        shaped.sink(decoder.decode(body))
-        plain.sink(points_from_json(body))
+    sunk_alike(decoder.decode, [compact(as_json(b)) for b in [
+        *sdk_exports(5, delta=True), *(gauges(40, stamp=s, version=v) for v in "12"
+                                       for s in range(4))]], tmp_path)
     assert decoder.hits >= 6
-    assert shaped.limiter.series() == plain.limiter.series()
-    assert scraped(shaped.registry) == pytest.approx(scraped(plain.registry), rel=1e-12)
-    names = sorted(plain.store.metrics()["name"])
-    assert names == sorted(shaped.store.metrics()["name"]) and len(names) >= 6
-    for name in names:
-        pd.testing.assert_frame_equal(shaped.store.query(name, resolution="raw"),
-                                      plain.store.query(name, resolution="raw"))
-    for store in (shaped.store, plain.store):
-        store.close()
