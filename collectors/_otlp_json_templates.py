@@ -25,7 +25,7 @@ from typing import Final
 
 import numpy as np
 
-from collectors._otlp_decode import DecodedMetrics, MetricInfo, Shape
+from collectors._otlp_decode import DecodedMetrics, MetricInfo, OtlpDecodeError, Shape
 from collectors._otlp_templates import MIN_TEMPLATE_POINTS, ExportTemplates, FunctionKeys
 from collectors._points import Point
 
@@ -43,6 +43,8 @@ _KEY_KIND: Final = {b"startTimeUnixNano": "time", b"timeUnixNano": "time", b"cou
                     b"asInt": "int", b"asDouble": "double", b"sum": "double",
                     b"min": "double", b"max": "double"}
 _KEY: Final = re.compile(rb'"(\w+)":')
+_UNTEMPLATED: Final = (b'"exponentialHistogram"', b'"summary"', b'"exemplars"')
+"""What the fast path leaves to the reference path, so no template can match it."""
 _MAX_WIDTH: Final = 32
 """A slot text longer than this (no JSON number of a 64-bit value needs it) is not templated."""
 _BUCKET_RUN: Final = 2**20
@@ -276,6 +278,8 @@ def _probe(body: bytes, spans: list[tuple[int, int]], kinds: list[str],
 def build_json_template(body: bytes, reference: Callable[[bytes], DecodedMetrics]
                         ) -> _JsonTemplate | None:
     """A template for ``body``'s shape, or None when it has none (or it cannot be checked)."""
+    if any(kind in body for kind in _UNTEMPLATED):
+        return None  # known before the decodes a build costs
     b = np.frombuffer(body, np.uint8)
     runs = _runs(b)
     spans, kinds, arrays = _slots(body)
@@ -286,16 +290,16 @@ def build_json_template(body: bytes, reference: Callable[[bytes], DecodedMetrics
     slot_runs = [run_of.get(start, -1) for start, _ in spans]
     if any(r < 0 or int(ends[r]) != end for r, (_, end) in zip(slot_runs, spans, strict=True)):
         return None
+    decoded = reference(body)
+    expected = decoded.points
+    if len(expected) < MIN_TEMPLATE_POINTS or len(kinds) >= _BUCKET_RUN:
+        return None
+    probe_body = _probe(body, spans, kinds, arrays)
     try:
-        decoded = reference(body)
-        expected = decoded.points
-        probe_body = _probe(body, spans, kinds, arrays)
         probe = reference(probe_body).points
-    except Exception:  # a slot misread: the probe broke the body; no template
+    except OtlpDecodeError:  # a slot misread: the probe broke the body; no template
         return None
-    if len(expected) < MIN_TEMPLATE_POINTS or len(probe) != len(expected):
-        return None
-    if len(kinds) >= _BUCKET_RUN:
+    if len(probe) != len(expected):
         return None
     spec = _spec(probe, kinds, arrays)
     if spec is None:

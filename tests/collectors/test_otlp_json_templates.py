@@ -18,7 +18,7 @@ from collectors._otlp_json import points_from_json
 from collectors._otlp_json_templates import build_json_template, json_templates
 from collectors._otlp_templates import ExportTemplates
 from tests.collectors.test_otlp_json_shapes import as_json, sunk_alike
-from tests.collectors.test_otlp_templates import gauges, sdk_exports
+from tests.collectors.test_otlp_templates import DATA, gauges, sdk_exports
 
 
 def templates() -> ExportTemplates:
@@ -156,3 +156,15 @@ def test_repeat_json_exports_from_templates_land_where_their_points_would(
         *sdk_exports(5, delta=True), *(gauges(40, stamp=s, version=v) for v in "12"
                                        for s in range(4))]], tmp_path)
     assert decoder.hits >= 6
+
+
+def test_the_opentelemetry_proto_example_decodes_as_the_fast_path_reads_it() -> None:
+    """Its exponential histograms, summaries and exemplars are the reference path's; tripled
+    (36 points, enough for a template), its repeats must still decode exactly."""
+    example = json.loads((DATA / "otlp_opentelemetry-proto_examples_metrics.json").read_bytes())
+    example["resourceMetrics"] *= 3
+    decoder = templates()
+    for spacing in (lambda b: b, compact, compact, compact):
+        body = spacing(json.dumps(example).encode())
+        same(decoder.decode(body), body)
+    assert len(points_from_json(body).points) >= 36
