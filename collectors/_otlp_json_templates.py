@@ -63,8 +63,10 @@ def _number_chars(b: np.ndarray) -> np.ndarray:
 
 
 def _runs(b: np.ndarray) -> np.ndarray | None:
-    """(start, end) of every number run, as a flat array start0, end0, start1, ...; None for a
-    body that starts or ends in one (no JSON object does)."""
+    """(start, end) of every number run, as a flat array start0, end0, start1, ...; None for an
+    empty body or one that starts or ends in one (no JSON object does)."""
+    if not b.size:
+        return None
     chars = _number_chars(b)
     if chars[0] or chars[-1]:
         return None
