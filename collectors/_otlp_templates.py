@@ -461,7 +461,8 @@ class ExportTemplates:
             self.builds += 1
         template = self._build(body)
         if template is None:
-            return  # (not remembered as untemplatable: the prefix that would key it is unknown)
+            return  # not remembered: a protobuf shape's key needs a template, and a JSON build
+            # can fail for one export's values alone (a "NaN"); the budget bounds retries
         template.strikes = strikes
         key = self._keys.key(body, template)
         with self._lock:
