@@ -26,7 +26,12 @@ from typing import Final
 import numpy as np
 
 from collectors._otlp_decode import DecodedMetrics, MetricInfo, OtlpDecodeError, Shape
-from collectors._otlp_templates import MIN_TEMPLATE_POINTS, ExportTemplates, FunctionKeys
+from collectors._otlp_templates import (
+    MIN_TEMPLATE_POINTS,
+    ExportTemplates,
+    FunctionKeys,
+    template_columns,
+)
 from collectors._points import Point
 
 _SLOT: Final = re.compile(
@@ -138,13 +143,7 @@ class _JsonTemplate:
         parsed = self._parse(b, starts, ends)
         if parsed is None:
             return None
-        times, values = parsed
-        if int(times.max()) >= 2**63:  # past 2262: Points keep the exact int, as the fast
-            return DecodedMetrics(  # path does, for the store to refuse
-                points=list(map(Point, self.shape.names, values.tolist(), times.tolist(),
-                                self.shape.attributes)), metrics=dict(self.metrics))
-        return DecodedMetrics(metrics=dict(self.metrics), shape=self.shape,
-                              times=times.view(np.int64), values=values)
+        return template_columns(self.shape, self.metrics, *parsed)
 
     def _parse(self, b: np.ndarray, starts: np.ndarray, ends: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray] | None:

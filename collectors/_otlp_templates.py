@@ -236,13 +236,19 @@ class _Template:
         return words[self.times], values
 
     def decode(self, body: bytes) -> DecodedMetrics:
-        times, values = self.columns(body)
-        if int(times.max()) >= 2**63:  # past 2262: Points keep the exact int, as the
-            return DecodedMetrics(  # reference path does, for the store to refuse
-                points=list(map(Point, self.shape.names, values.tolist(), times.tolist(),
-                                self.shape.attributes)), metrics=dict(self.metrics))
-        return DecodedMetrics(metrics=dict(self.metrics), shape=self.shape,
-                              times=times.view(np.int64), values=values)
+        return template_columns(self.shape, self.metrics, *self.columns(body))
+
+
+def template_columns(shape: Shape, metrics: dict[str, MetricInfo], times: np.ndarray,
+                     values: np.ndarray) -> DecodedMetrics:
+    """A template's columns (times as uint64 ns) over its shape; Points when a time is past
+    int64 (2262), as the reference path keeps the exact int there, for the store to refuse."""
+    if int(times.max()) >= 2**63:
+        return DecodedMetrics(points=list(map(Point, shape.names, values.tolist(),
+                                              times.tolist(), shape.attributes)),
+                              metrics=dict(metrics))
+    return DecodedMetrics(metrics=dict(metrics), shape=shape, times=times.view(np.int64),
+                          values=values)
 
 
 def _probe(body: bytes, slots: _Slots) -> bytes:
