@@ -2,8 +2,9 @@
 
 Both arms train the SAME model on the same data stream; pairs alternate the order (bare first,
 then instrumented first) so drift and the shared box's noise hit both alike. The instrumented
-arm is ``TrainingInstrumentation`` as a session sets it up: per-module gradient norms read at
-most once per ``--grad-interval-s`` (default half the export interval, the session's default),
+arm is ``TrainingInstrumentation`` as a session sets it up: per-module gradient norms read about
+once per ``--grad-interval-s`` of the job's step time (default the export interval, as a
+session sets it),
 zero fraction and non-finite counts on every ``--stats-every``-th reading, exporting every
 ``--export-interval-s`` over OTLP/HTTP to a receiver in a separate process: ``python -m seedancectl.sidecar`` (``--receiver
 sidecar``) or a bare uvicorn app around ``collectors._otlp_receiver.otlp_router`` (``--receiver
@@ -148,11 +149,11 @@ def direct_cost_s(trainer: Any, *, steps: int, stats_every: int, seed: int,
 
 
 def reading_share(step_s: float, grad_interval_s: float) -> float:
-    """Share of steps that read the gradients: the first step at least ``grad_interval_s`` after
-    the last reading reads, so one step in ceil(interval / step)."""
+    """Share of steps that read the gradients: the step completing ``grad_interval_s`` of step
+    time since the last reading reads, so one step in floor(interval / step)."""
     if grad_interval_s <= 0:
         return 1.0
-    return 1.0 / max(1, math.ceil(grad_interval_s / step_s))
+    return 1.0 / max(1, math.floor(grad_interval_s / step_s))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -299,9 +300,8 @@ def main() -> None:
     p.add_argument("--receiver", choices=("sidecar", "router"), default=default_receiver)
     p.add_argument("--pairs", type=int, default=80)
     p.add_argument("--block-steps", type=int, default=2,
-                   help="steps per arm per pair (2: a job steps back to back, and with 1 the "
-                   "instrumented arm's steps are a bare step apart, so its time-based gradient "
-                   "reading would fire on every one of them)")
+                   help="steps per arm per pair (the instrumented arm's gradient readings are "
+                   "paced by its own step time, so the bare steps between do not add readings)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up pairs, not counted")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=8)
@@ -310,7 +310,7 @@ def main() -> None:
     p.add_argument("--stats-every", type=int, default=10)
     p.add_argument("--export-interval-s", type=float, default=1.0)
     p.add_argument("--grad-interval-s", type=float, default=None,
-                   help="least seconds between gradient readings (default: half the export "
+                   help="seconds of step time between gradient readings (default: the export "
                    "interval, as a session sets it)")
     p.add_argument("--direct-steps", type=int, default=200,
                    help="steps of the instrumentation timed alone")
@@ -324,7 +324,7 @@ def main() -> None:
         serve_router(args.serve_router)
         return
     if args.grad_interval_s is None:
-        args.grad_interval_s = args.export_interval_s / 2
+        args.grad_interval_s = args.export_interval_s
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result["config"]["out"] = str(args.out)

@@ -47,7 +47,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "measurement.json": "measurement",
     "otlp_decode.json": "otlp_decode",
     "otlp_ingest*.json": "otlp_ingest",
-    "overhead.json": "overhead",
+    "overhead*.json": "overhead",
     "policy_pass*.json": "policy_pass",
     "study_ask*.json": "study_ask",
     "profile_overhead.json": "profile_overhead",

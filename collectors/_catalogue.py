@@ -113,8 +113,8 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="seedance.train.step", unit="{step}", kind=G, source="torch client",
                attributes=_JOB, description="Index of the last completed step"),
     MetricSpec(name="seedance.train.grad.norm", unit="1", kind=G, source="torch client",
-               attributes=_JOB, description="Global L2 norm of the gradients (unscaled), read at most once per "
-               "grad_interval_s (default half the export interval)"),
+               attributes=_JOB, description="Global L2 norm of the gradients (unscaled), read about once per "
+               "grad_interval_s of the job's time (a session: the export interval)"),
     MetricSpec(name="seedance.train.grad.group_norm", unit="1", kind=G, source="torch client",
                attributes=_JOB + ("seedance.module_group",),
                description="L2 norm of one module group's gradients (read with the global norm)"),

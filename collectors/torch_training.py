@@ -126,10 +126,15 @@ class TrainingInstrumentation:
     ``config_version`` is an int or a callable returning one, read when each step begins; it can
     also be assigned later (``instr.config_version = 7``).
 
-    Gradient norms are read at most once per ``grad_interval_s`` (0: every step), and the element
-    statistics on every ``stats_every``-th reading: a gauge exports its last value once per export
-    interval, so readings between two exports are never seen, while the norm pass costs the same
-    on a 10 ms step as on a 1 s one. The loss and the GradScaler's scale are read every step.
+    Gradient norms are read about once per ``grad_interval_s`` of the job's own time (its steps
+    and data waits; 0: every step), and the element statistics on every ``stats_every``-th
+    reading. A reading is taken on the step that completes the interval since the last one
+    (predicted from the previous step's length), so readings are never further apart than the
+    interval: with the export interval, every export carries a fresh reading and no reading goes
+    unseen (a gauge exports only its last value), while the norm pass costs the same on a 10 ms
+    step as on a 1 s one. Time outside the instrumented steps (evaluation, a checkpoint, a bench's
+    uninstrumented arm) does not bring a reading forward. The loss and the GradScaler's scale are
+    read every step.
     """
 
     def __init__(
@@ -143,7 +148,7 @@ class TrainingInstrumentation:
         config_version: Callable[[], int] | int = 0,
         attributes: Mapping[str, str | int] | None = None,
         stats_every: int = 10,
-        grad_interval_s: float = 0.5,
+        grad_interval_s: float = 1.0,
     ) -> None:
         if stats_every < 1:
             raise SeedanceError(f"stats_every must be >= 1, got {stats_every}")
@@ -155,7 +160,8 @@ class TrainingInstrumentation:
         self.stats_every = stats_every
         self.grad_interval_s = grad_interval_s
         self._grads_read = 0
-        self._grads_read_at = -math.inf
+        self._since_read_s = math.inf  # the job's own time since the last reading
+        self._last_step_s = 0.0
         self.config_version = config_version
         self._base_attributes = dict(attributes or {})
         named = [(n, p) for n, p in _unwrap(model).named_parameters() if p.requires_grad]
@@ -256,6 +262,8 @@ class TrainingInstrumentation:
         self._h_step.record(duration_s, attrs)
         wall_s = duration_s + self._wait_outside_s
         self._wait_outside_s = 0.0
+        self._since_read_s += wall_s
+        self._last_step_s = wall_s
         if tokens:
             self._c_tokens.add(tokens, attrs)
             self._g["tokens_per_second"].set(tokens / wall_s, attrs)
@@ -279,7 +287,7 @@ class TrainingInstrumentation:
         (detected, or say so with ``unscaled=True``) they are taken as they are, otherwise they
         are divided by the scale in force.
         """
-        due = time.perf_counter() - self._grads_read_at >= self.grad_interval_s
+        due = self._since_read_s + self._last_step_s >= self.grad_interval_s
         parts = self._read_grads(self._scale_in_force(unscaled)) if due else []
         self._has_norms = bool(parts)
         self._has_scale = self.grad_scaler is not None and self.grad_scaler.is_enabled()
@@ -294,7 +302,7 @@ class TrainingInstrumentation:
                    if p.grad is not None]
         if not present:
             return []
-        self._grads_read_at = time.perf_counter()
+        self._since_read_s = 0.0
         grads = [g for g, _ in present]
         if len(present) == len(self._params):
             index = self._full_index

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -253,6 +254,42 @@ def test_zero_interval_reads_every_step_with_stats_on_every_nth_reading(
     assert all("grad_norm" in s for s in seen)
     with_stats = ["zero_fraction" in s["groups"]["attention"] for s in seen]
     assert with_stats == [True, False, True, False]
+
+
+def _paced_steps(reader: InMemoryMetricReader, steps: int, *, step_s: float, pause_s: float,
+                 grad_interval_s: float) -> list[bool]:
+    """Whether each of ``steps`` steps (``step_s`` of sleep inside, ``pause_s`` outside) read
+    the gradients."""
+    model, opt, loss = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, reader.meter, grad_interval_s=grad_interval_s)
+    read = []
+    for _ in range(steps):
+        with instr.step():
+            time.sleep(step_s)
+            instr.after_backward()
+            instr.record_loss(loss)
+        read.append("grad_norm" in instr.last_stats)
+        time.sleep(pause_s)
+    return read
+
+
+def test_readings_are_never_further_apart_than_the_interval_of_step_time(
+        reader: InMemoryMetricReader) -> None:
+    # 30 ms steps, 100 ms interval: the step completing the interval reads, so at most every
+    # third step (the first step past the interval would be every fourth, 120 ms apart);
+    # a loaded box only lengthens steps, which brings readings closer.
+    read = _paced_steps(reader, 13, step_s=0.03, pause_s=0.0, grad_interval_s=0.1)
+    at = [i for i, r in enumerate(read) if r]
+    assert at[0] == 0 and at[-1] >= 10
+    assert max(b - a for a, b in zip(at, at[1:], strict=False)) <= 3
+
+
+def test_time_outside_the_steps_does_not_bring_a_reading_forward(
+        reader: InMemoryMetricReader) -> None:
+    # 250 ms pauses between 5 ms steps: by wall time every step would be due, by the job's own
+    # step time six steps come nowhere near the 200 ms interval.
+    read = _paced_steps(reader, 6, step_s=0.005, pause_s=0.25, grad_interval_s=0.2)
+    assert read == [True] + [False] * 5
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])

@@ -94,7 +94,7 @@ class Session:
             TrainingInstrumentation(model, optimizer, meter, grad_scaler=grad_scaler,
                                     module_groups=module_groups,
                                     config_version=lambda: self.version,
-                                    grad_interval_s=export_interval_s / 2)
+                                    grad_interval_s=export_interval_s)
             if meter is not None else NullTrainingInstrumentation())
         groups = (dict(precision_groups) if precision_groups is not None
                   else default_precision_groups(model, module_groups))
