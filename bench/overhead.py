@@ -11,10 +11,13 @@ sidecar``) or a bare uvicorn app around ``collectors._otlp_receiver.otlp_router`
 router``). The bare arm runs the same loop with ``NullTrainingInstrumentation``.
 
 The export thread runs during both arms (it cannot be paused per step), so its cost is also
-measured directly: CPU seconds the export thread spent, as a share of wall time, added to the
-A/B ratio as ``ratio_with_export``, a worst case in which every export CPU second delays a step.
+measured directly: the CPU seconds of the reader's thread (its collects, which record the
+instrumented steps queued since the last one, and its exports), as a share of the instrumented
+arm's time, added to the A/B ratio as ``ratio_with_export``: a worst case in which every one of
+those CPU seconds delays an instrumented step.
 Because a noisy shared box can hide a 0.5% effect in A/B, the instrumentation's own time per
-step is also timed alone on the real gradients (``direct_cost_per_step_s``).
+step is also timed alone on the real gradients (``direct_cost_per_step_s`` on the training
+thread, ``direct_collect_cost_per_step_s`` in the collects that record the queued steps).
 
 Run: python bench/overhead.py  [--pairs 80 --block-steps 2 --receiver sidecar --device cuda]
 """
@@ -117,35 +120,45 @@ def bootstrap_ci(values: list[float], *, n: int, seed: int) -> tuple[float, floa
 
 
 def direct_cost_s(trainer: Any, *, steps: int, stats_every: int, seed: int,
-                  grad_interval_s: float) -> float:
-    """The instrumentation's own time per step, timed alone on the trainer's real gradients.
+                  grad_interval_s: float, collect_every: int = 5) -> tuple[float, float]:
+    """The instrumentation's own time per step, timed alone on the trainer's real gradients:
+    (on the training thread, in the collects that record the queued steps).
 
-    A second TrainingInstrumentation on a provider without readers records into the SDK as the
-    real one does (export excluded; it is measured separately), around an empty step body, so
-    the A/B noise of the shared box does not hide it. Stats readings are included at their rate;
-    ``grad_interval_s=0`` times a step that reads the gradients, a huge one a step that does not.
+    A second TrainingInstrumentation, around an empty step body, so the A/B noise of the shared
+    box does not hide it; a reader collects every ``collect_every`` steps (about once a second
+    at the bench's step time), timed apart, as a reader's thread would run it. Stats readings
+    are included at their rate; ``grad_interval_s=0`` times a step that reads the gradients, a
+    huge one a step that does not.
     """
     import torch
     from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+    from collectors._otel import histogram_views
     from collectors.torch_training import TrainingInstrumentation
 
     torch.manual_seed(seed)
     loss = trainer.forward_backward(trainer.next_batch())  # leave real gradients in place
-    instr = TrainingInstrumentation(trainer.model, trainer.optimizer,
-                                    MeterProvider().get_meter("direct"),
-                                    grad_scaler=trainer.scaler, stats_every=stats_every,
-                                    grad_interval_s=grad_interval_s)
+    reader = InMemoryMetricReader()
+    instr = TrainingInstrumentation(
+        trainer.model, trainer.optimizer,
+        MeterProvider(metric_readers=[reader], views=histogram_views()).get_meter("direct"),
+        grad_scaler=trainer.scaler, stats_every=stats_every, grad_interval_s=grad_interval_s)
+    collect_s = 0.0
     start = time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):
         with instr.data_wait():
             pass
         with instr.step(tokens=1024, samples=8):
             instr.after_backward()
             instr.record_loss(loss)
+        if (i + 1) % collect_every == 0:
+            collect_start = time.perf_counter()
+            reader.get_metrics_data()
+            collect_s += time.perf_counter() - collect_start
     elapsed = time.perf_counter() - start
     trainer.optimizer.zero_grad(set_to_none=True)
-    return elapsed / steps
+    return (elapsed - collect_s) / steps, collect_s / steps
 
 
 def reading_share(step_s: float, grad_interval_s: float) -> float:
@@ -169,21 +182,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from collectors.torch_training import NullTrainingInstrumentation, TrainingInstrumentation
     from workloads.train import TrainConfig, Trainer
 
-    class TimedExporter(MetricExporter):
-        """Wraps the OTLP exporter to count exports and the export thread's CPU time."""
+    class CountingExporter(MetricExporter):
+        """Wraps the OTLP exporter to count exports."""
 
         def __init__(self, inner: MetricExporter) -> None:
             super().__init__()
             self.inner = inner
-            self.cpu_s = 0.0
             self.ok = 0
             self.failed = 0
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000,
                    **kwargs: Any) -> MetricExportResult:
-            start = time.thread_time()
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis)
-            self.cpu_s += time.thread_time() - start
             self.ok += result is MetricExportResult.SUCCESS
             self.failed += result is not MetricExportResult.SUCCESS
             return result
@@ -205,7 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tconf = TelemetryConfig(job="overhead-bench", otlp_endpoint=f"http://127.0.0.1:{port}",
                                 otlp_protocol="http/protobuf",
                                 export_interval_s=args.export_interval_s)
-        exporter = TimedExporter(_otlp_exporter(tconf))
+        exporter = CountingExporter(_otlp_exporter(tconf))
         reader = PeriodicExportingMetricReader(
             exporter, export_interval_millis=args.export_interval_s * 1000)
         provider = MeterProvider(metric_readers=[reader], resource=tconf.resource(),
@@ -217,7 +227,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         arms: dict[str, TrainingInstrumentation | NullTrainingInstrumentation] = {
             "bare": NullTrainingInstrumentation(), "instrumented": instr}
 
+        # the reader's own thread (private in the SDK): its collects and exports
+        reader_clock = time.pthread_getcpuclockid(reader._daemon_thread.ident)
+        instrumented_s = 0.0
+
         def block(arm: str) -> float:
+            nonlocal instrumented_s
             times = []
             for _ in range(args.block_steps):
                 start = time.perf_counter()
@@ -225,6 +240,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if trainer.device.type == "cuda":  # a CUDA step ends when its kernels do
                     torch.cuda.synchronize(trainer.device)
                 times.append(time.perf_counter() - start)
+            if arm == "instrumented":
+                instrumented_s += sum(times)
             return statistics.median(times)
 
         for _ in range(args.warmup):
@@ -232,7 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             block("instrumented")
         load_before = os.getloadavg()
         wall_start = time.perf_counter()
-        cpu_before = exporter.cpu_s
+        cpu_before = time.clock_gettime(reader_clock)
+        instrumented_s = 0.0
         pairs: list[dict[str, float]] = []
         for i in range(args.pairs):
             order = ("bare", "instrumented") if i % 2 == 0 else ("instrumented", "bare")
@@ -242,10 +260,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"pair {i + 1}/{args.pairs}: bare {pair['bare'] * 1e3:.0f} ms, "
                       f"instrumented {pair['instrumented'] * 1e3:.0f} ms", flush=True)
         wall_s = time.perf_counter() - wall_start
-        export_cpu_s = exporter.cpu_s - cpu_before
+        export_cpu_s = time.clock_gettime(reader_clock) - cpu_before
         load_after = os.getloadavg()
         provider.shutdown()
-        reading_s, unread_s = (
+        (reading_s, reading_collect_s), (unread_s, unread_collect_s) = (
             direct_cost_s(trainer, steps=args.direct_steps, stats_every=args.stats_every,
                           seed=args.seed, grad_interval_s=interval)
             for interval in (0.0, 1e9))
@@ -259,7 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ratios = [p["instrumented"] / p["bare"] for p in pairs]
     median_ratio = statistics.median(ratios)
     low, high = bootstrap_ci(ratios, n=args.bootstrap, seed=args.seed)
-    export_share = export_cpu_s / wall_s
+    export_share = export_cpu_s / instrumented_s
     bare_step_s = statistics.median(p["bare"] for p in pairs)
     read_share = reading_share(bare_step_s, args.grad_interval_s)
     direct_s = unread_s + read_share * (reading_s - unread_s)
@@ -279,7 +297,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_ci95": [low, high],
         "export": {"exports_ok": exporter.ok, "exports_failed": exporter.failed,
                    "export_thread_cpu_s": export_cpu_s, "wall_s": wall_s,
-                   "cpu_share_of_wall": export_share,
+                   "cpu_share_of_wall": export_cpu_s / wall_s,
+                   "instrumented_arm_s": instrumented_s,
+                   "cpu_share_of_instrumented_arm": export_share,
                    "points_received_by_router": points_received},
         "ratio_with_export": median_ratio + export_share,
         "direct_cost_per_step_s": direct_s,
@@ -287,6 +307,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "direct_cost_parts": {"step_reading_gradients_s": reading_s,
                               "step_not_reading_s": unread_s,
                               "share_of_steps_reading": read_share},
+        "direct_collect_cost_per_step_s": unread_collect_s + read_share * (
+            reading_collect_s - unread_collect_s),
         "target_median_ratio": TARGET_MEDIAN_RATIO,
         "target_ci95_high": TARGET_CI_HIGH,
         "meets_target": median_ratio <= TARGET_MEDIAN_RATIO and high <= TARGET_CI_HIGH,
@@ -334,7 +356,8 @@ def main() -> None:
     print(f"bare {ms['bare'] * 1e3:.1f} ms, instrumented {ms['instrumented'] * 1e3:.1f} ms; "
           f"median ratio {result['median_ratio']:.4f} "
           f"(95% CI {result['ratio_ci95'][0]:.4f}-{result['ratio_ci95'][1]:.4f}); "
-          f"export thread {result['export']['cpu_share_of_wall'] * 100:.2f}% of wall; "
+          f"export thread {result['export']['cpu_share_of_instrumented_arm'] * 100:.2f}% of "
+          f"the instrumented arm; "
           f"instrumentation alone {result['direct_cost_per_step_s'] * 1e3:.2f} ms/step; "
           f"-> {args.out}")
 

@@ -24,14 +24,16 @@ import collections
 import fnmatch
 import logging
 import math
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from torch import nn
 
 from collectors._catalogue import BY_NAME
@@ -64,6 +66,10 @@ DEFAULT_MODULE_GROUPS: Mapping[str, tuple[str, ...]] = {
             "*down_proj*", "*gate_proj*", "*intermediate*"),
 }
 """Groups by common naming (GPT-2/nanoGPT, Llama, BERT); see ``assign_groups`` for fallback."""
+
+_BACKLOG_LIMIT = 256
+"""Queued entries the training thread publishes itself when no reader collects them (a meter
+without readers, a no-op meter): memory stays bounded and the cost is a batch, not a step."""
 
 _STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
                    0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -111,6 +117,11 @@ class _Row:
 
     step: int
     version: int
+    duration_s: float  # inside step()
+    wall_s: float  # duration_s plus the data waits before the step
+    tokens: int
+    samples: int
+    learning_rate: float
     loss: torch.Tensor | float | None
     grad: torch.Tensor | None  # float64: [sq per group | zeros | nonfinite per group | scale]
     has_norms: bool  # grad starts with the squared norm of each group
@@ -118,11 +129,54 @@ class _Row:
     has_scale: bool  # grad ends with the GradScaler scale
 
 
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """One data wait, stamped with the config version in force when it ended."""
+
+    version: int
+    seconds: float
+
+
+_Entry = tuple[_Row, torch.Tensor | None, Any] | _Wait
+"""A queued step (its pinned host copy and CUDA event when its tensors are on a GPU) or wait."""
+
+
+class _PublishHook:
+    """An observable gauge that never observes: its callback, run by each reader's collect
+    before the collect reads the instruments, records the steps queued by every
+    instrumentation on its meter; it exports nothing. One per meter, since the SDK keeps the
+    first callback of an instrument name; it holds the instrumentations weakly."""
+
+    NAME = "seedance.train.publish"
+    _of_meter: weakref.WeakKeyDictionary[Meter, _PublishHook] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, meter: Meter) -> None:
+        self.queues: weakref.WeakSet[TrainingInstrumentation] = weakref.WeakSet()
+        meter.create_observable_gauge(self.NAME, callbacks=[self._on_collect])
+
+    @classmethod
+    def of(cls, meter: Meter) -> _PublishHook:
+        with cls._lock:
+            hook = cls._of_meter.get(meter)
+            if hook is None:
+                hook = cls._of_meter[meter] = cls(meter)
+            return hook
+
+    def _on_collect(self, options: CallbackOptions) -> Iterable[Observation]:
+        for instrumentation in list(self.queues):
+            instrumentation._drain(wait=False)
+        return ()
+
+
 class TrainingInstrumentation:
     """Records step time, throughput, loss and gradient health for one model and optimizer.
 
-    Not thread-safe: call it from the training thread. Points are set on synchronous gauges
-    and histograms of ``meter``; the meter provider's reader decides when they are exported.
+    Call it from the training thread. What a step measured is queued there, and recorded into
+    ``meter``'s gauges, counters and histograms on the export thread, when a reader collects
+    (``_PublishHook``): the training thread does no OpenTelemetry work on its own time, where
+    the SDK's record path, run cold between steps, cost about 0.25 ms a step (docs/tuning.md).
+    Each collect records every step queued before it, so exports carry what they did before.
     ``config_version`` is an int or a callable returning one, read when each step begins; it can
     also be assigned later (``instr.config_version = 7``).
 
@@ -186,8 +240,10 @@ class TrainingInstrumentation:
         self._has_norms = False
         self._numel: tuple[int, ...] | None = None
         self._has_scale = False
-        self._pending: collections.deque[tuple[_Row, torch.Tensor, Any]] = collections.deque()
+        self._pending: collections.deque[_Entry] = collections.deque()
+        self._publish_lock = threading.Lock()  # the export thread's collects and flush()
         self._last: dict[str, Any] = {}
+        _PublishHook.of(meter).queues.add(self)
 
     # ---- configuration ---------------------------------------------------------------------
 
@@ -238,7 +294,7 @@ class TrainingInstrumentation:
         finally:
             waited = time.perf_counter() - start
             version = self._step_version if self._in_step else self.config_version
-            self._h_wait.record(waited, self._attrs(version)[0])
+            self._enqueue(_Wait(version, waited))
             if not self._in_step:
                 self._wait_outside_s += waited
 
@@ -257,28 +313,27 @@ class TrainingInstrumentation:
         finally:
             self._in_step = False
         duration_s = time.perf_counter() - start
-        tokens, samples = counts.tokens, counts.samples
-        attrs = self._attrs(self._step_version)[0]
-        self._h_step.record(duration_s, attrs)
         wall_s = duration_s + self._wait_outside_s
         self._wait_outside_s = 0.0
         self._since_read_s += wall_s
         self._last_step_s = wall_s
-        if tokens:
-            self._c_tokens.add(tokens, attrs)
-            self._g["tokens_per_second"].set(tokens / wall_s, attrs)
-        if samples:
-            self._g["samples_per_second"].set(samples / wall_s, attrs)
-        self._g["step"].set(self._step_index, attrs)
-        self._g["learning_rate"].set(float(self.optimizer.param_groups[0]["lr"]), attrs)
-        self._submit(_Row(step=self._step_index, version=self._step_version, loss=self._loss,
-                          grad=self._grad, has_norms=self._has_norms, numel=self._numel,
-                          has_scale=self._has_scale))
+        self._submit(_Row(step=self._step_index, version=self._step_version,
+                          duration_s=duration_s, wall_s=wall_s, tokens=counts.tokens,
+                          samples=counts.samples,
+                          learning_rate=float(self.optimizer.param_groups[0]["lr"]),
+                          loss=self._loss, grad=self._grad, has_norms=self._has_norms,
+                          numel=self._numel, has_scale=self._has_scale))
         self._step_index += 1
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
-        """The step's loss; a tensor stays on its device until its value is exported."""
-        self._loss = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
+        """The step's loss. A GPU tensor stays on its device until its value is exported; a CPU
+        one is read now, as the step ends, since the queue holds it until the next collect."""
+        if not isinstance(loss, torch.Tensor):
+            self._loss = float(loss)
+        elif loss.device.type == "cpu":
+            self._loss = (loss if loss.numel() == 1 else loss.detach().reshape(-1)[0]).item()
+        else:
+            self._loss = loss.detach()
 
     def after_backward(self, *, unscaled: bool | None = None) -> None:
         """Reads the gradients: call after backward, before ``optimizer.step``/``zero_grad``.
@@ -331,20 +386,19 @@ class TrainingInstrumentation:
         return parts
 
     def flush(self) -> None:
-        """Exports every measured step still waiting for its device copy (blocks on it)."""
-        while self._pending:
-            row, host, event = self._pending.popleft()
-            event.synchronize()
-            self._publish(row, host.tolist())
+        """Records every queued step into the meter, waiting for GPU copies still under way."""
+        self._drain(wait=True)
 
     @property
     def last_stats(self) -> dict[str, Any]:
-        """The last exported values as a plain dict, for in-job readers (policies, tuner).
+        """The last published values as a plain dict, for in-job readers (policies, tuner);
+        reading it publishes the queued steps whose values are on the host.
 
         Keys: ``step``, ``config_version``, ``loss``, ``grad_norm``, ``grad_scaler_scale`` and
         ``groups`` = {group: {"norm", and on stats steps "zero_fraction", "nonfinite"}}.
         Values missing from the last step are absent.
         """
+        self._drain(wait=False)
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._last.items()}
 
     # ---- internals -------------------------------------------------------------------------
@@ -376,18 +430,39 @@ class TrainingInstrumentation:
     def _submit(self, row: _Row) -> None:
         device_parts = [t for t in (row.loss, row.grad) if isinstance(t, torch.Tensor)]
         if not any(t.device.type == "cuda" for t in device_parts):
-            self._publish(row, None)  # CPU values cost nothing to read
-        else:
-            flat = torch.cat([t.reshape(-1).to(self._device, torch.float64)
-                              for t in device_parts])
-            host = torch.empty(flat.shape, dtype=torch.float64, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._pending.append((row, host, event))
-        while self._pending and self._pending[0][2].query():
-            pending_row, host, _ = self._pending.popleft()
-            self._publish(pending_row, host.tolist())
+            self._enqueue((row, None, None))  # CPU values are read when published
+            return
+        flat = torch.cat([t.reshape(-1).to(self._device, torch.float64) for t in device_parts])
+        host = torch.empty(flat.shape, dtype=torch.float64, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._enqueue((row, host, event))
+
+    def _enqueue(self, entry: _Entry) -> None:
+        self._pending.append(entry)
+        if len(self._pending) > _BACKLOG_LIMIT:
+            self._drain(wait=False)
+
+    def _drain(self, *, wait: bool) -> None:
+        """Publishes the queue in order, up to a step whose GPU copy is still under way (or
+        through it, waiting, when ``wait``). Only this pops the queue, under the lock; the
+        training thread only appends to it."""
+        with self._publish_lock:
+            pending = self._pending
+            while pending:
+                entry = pending[0]
+                if isinstance(entry, _Wait):
+                    self._h_wait.record(entry.seconds, self._attrs(entry.version)[0])
+                    pending.popleft()
+                    continue
+                row, host, event = entry
+                if event is not None and not event.query():
+                    if not wait:
+                        return
+                    event.synchronize()
+                pending.popleft()
+                self._publish(row, None if host is None else host.tolist())
 
     def _count_nonfinite(self, attrs: dict[str, Any], what: str, value: float | None) -> None:
         """Adds 0 or 1 every step, so each version's series exists from its first step."""
@@ -409,6 +484,14 @@ class TrainingInstrumentation:
         loss = host(row.loss, 1)
         grad = host(row.grad, row.grad.numel()) if row.grad is not None else None
         attrs, group_attrs = self._attrs(row.version)
+        self._h_step.record(row.duration_s, attrs)
+        if row.tokens:
+            self._c_tokens.add(row.tokens, attrs)
+            self._g["tokens_per_second"].set(row.tokens / row.wall_s, attrs)
+        if row.samples:
+            self._g["samples_per_second"].set(row.samples / row.wall_s, attrs)
+        self._g["step"].set(row.step, attrs)
+        self._g["learning_rate"].set(row.learning_rate, attrs)
         last: dict[str, Any] = {"step": row.step, "config_version": row.version}
         self._count_nonfinite(attrs, "loss", loss[0] if loss is not None else None)
         if loss is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterator
 
@@ -317,3 +318,113 @@ def test_cuda_values_are_deferred_then_match_cpu(reader: InMemoryMetricReader) -
     assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
     for name, group in expected["groups"].items():
         assert got["groups"][name] == pytest.approx(group, rel=1e-4)
+
+
+def _sum_of(points: dict[str, list], name: str, field: str = "value") -> float:
+    return sum(getattr(p, field) for p in points.get(name, []))
+
+
+def test_the_sdk_records_on_the_collecting_thread_not_the_training_thread(
+        reader: InMemoryMetricReader) -> None:
+    model, opt, loss = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, reader.meter, grad_interval_s=0)
+    recording_threads: set[int] = set()
+    record = instr._h_step.record
+
+    def spy(*args: object, **kwargs: object) -> None:
+        recording_threads.add(threading.get_ident())
+        record(*args, **kwargs)  # type: ignore[arg-type]
+
+    instr._h_step.record = spy  # type: ignore[method-assign]
+    for _ in range(5):
+        with instr.data_wait():
+            pass
+        with instr.step(tokens=64, samples=4):
+            instr.after_backward()
+            instr.record_loss(loss)
+    assert not recording_threads  # queued: nothing recorded while the job trains
+    collected: dict[str, list] = {}
+    collector = threading.Thread(target=lambda: collected.update(_points(reader)))
+    collector.start()
+    collector.join()
+    assert recording_threads == {collector.ident}
+    durations = collected["seedance.train.step.duration"]
+    assert sum(p.count for p in durations) == 5  # every queued step, in this very collect
+    assert _sum_of(collected, "seedance.train.tokens") == 5 * 64
+    assert "seedance.train.publish" not in collected  # the hook observes nothing
+
+
+def test_steps_collected_while_training_are_each_recorded_once(
+        reader: InMemoryMetricReader) -> None:
+    """A reader thread collecting as fast as it can, against the training thread appending."""
+    model, opt, loss = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, reader.meter, grad_interval_s=0)
+    stop = threading.Event()
+    counted = {"steps": 0, "tokens": 0.0, "waits": 0}
+
+    def collect() -> None:  # the in-memory reader is cumulative: keep the last totals
+        while True:
+            done = stop.is_set()
+            points = _points(reader)
+            counted["steps"] = sum(p.count for p in points.get("seedance.train.step.duration", []))
+            counted["waits"] = sum(
+                p.count for p in points.get("seedance.train.data_wait.duration", []))
+            counted["tokens"] = _sum_of(points, "seedance.train.tokens")
+            if done:
+                return
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    steps = 400
+    for i in range(steps):
+        with instr.data_wait():
+            pass
+        with instr.step(tokens=i + 1, samples=1):
+            instr.after_backward()
+            instr.record_loss(loss)
+    stop.set()
+    collector.join()
+    assert counted == {"steps": steps, "tokens": steps * (steps + 1) / 2, "waits": steps}
+    assert instr.last_stats["step"] == steps - 1
+
+
+def test_a_meter_nobody_collects_keeps_a_bounded_queue() -> None:
+    model, opt, loss = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, MeterProvider().get_meter("no reader"))
+    for _ in range(1000):
+        with instr.data_wait():
+            pass
+        with instr.step(tokens=1):
+            instr.record_loss(loss)
+    assert len(instr._pending) <= 257
+    assert instr.last_stats["step"] == 999  # reading it publishes the rest
+
+
+def test_a_cpu_loss_is_read_when_its_step_ends(reader: InMemoryMetricReader) -> None:
+    """The queue holds a step until the next collect; a loss tensor the job then changes in
+    place (a running total, say) must still export the step's own value."""
+    model, opt, _ = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, reader.meter)
+    running = torch.zeros(())
+    for value in (2.0, 3.0):
+        with instr.step():
+            running += value
+            instr.record_loss(running)
+    running += 100.0
+    losses = [p.value for p in _points(reader)["seedance.train.loss"]]
+    assert losses == [5.0]
+
+
+def test_every_instrumentation_on_one_meter_is_recorded_at_each_collect(
+        reader: InMemoryMetricReader) -> None:
+    """A job may instrument again on the same meter (a new optimizer, a second model); the SDK
+    keeps one callback per instrument name, so one hook must publish them all."""
+    model, opt, loss = _gpt_backward()
+    first = TrainingInstrumentation(model, opt, reader.meter, config_version=1)
+    second = TrainingInstrumentation(model, opt, reader.meter, config_version=2)
+    for instr in (first, second, second):
+        with instr.step(tokens=10):
+            instr.record_loss(loss)
+    tokens = {p.attributes[CONFIG_VERSION_ATTR]: p.value
+              for p in _points(reader)["seedance.train.tokens"]}
+    assert tokens == {1: 10, 2: 20}
