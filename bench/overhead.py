@@ -316,7 +316,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The bench's settings from ``argv``, defaults resolved (``bench/gpu_truth`` runs it too)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default_receiver = "sidecar" if importlib.util.find_spec("seedancectl.sidecar") else "router"
     p.add_argument("--receiver", choices=("sidecar", "router"), default=default_receiver)
@@ -341,12 +342,17 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="torch device of the training job")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--serve-router", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.grad_interval_s is None:
+        args.grad_interval_s = args.export_interval_s
+    return args
+
+
+def main() -> None:
+    args = arguments()
     if args.serve_router is not None:
         serve_router(args.serve_router)
         return
-    if args.grad_interval_s is None:
-        args.grad_interval_s = args.export_interval_s
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result["config"]["out"] = str(args.out)

@@ -16,6 +16,17 @@ MEDIAN_TARGET = 1.003
 CI_HIGH_TARGET = 1.006
 
 
+def bench_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """``bench/overhead.py``'s own settings, its defaults resolved as its command line does."""
+    bench_args = overhead.arguments([
+        "--receiver", args.receiver, "--pairs", str(args.pairs), "--block-steps", "1",
+        "--global-batch", str(args.global_batch), "--micro-batch", str(args.global_batch),
+        "--device", "cpu" if args.cpu else "cuda", "--out", str(args.out / "overhead_raw.json")])
+    if not args.cpu:
+        bench_args.threads = None  # torch's own thread count on the GPU host
+    return bench_args
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = parser(__doc__)
     p.add_argument("--pairs", type=int, default=60)
@@ -23,12 +34,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--receiver", choices=("sidecar", "router"), default="sidecar")
     args = p.parse_args(argv)
     part = Part("overhead", args.out, simulated=args.cpu)
-    bench_args = argparse.Namespace(
-        receiver=args.receiver, pairs=args.pairs, block_steps=1, warmup=5,
-        global_batch=args.global_batch, micro_batch=args.global_batch, seq_len=128,
-        threads=None if not args.cpu else 2, stats_every=10, export_interval_s=1.0,
-        direct_steps=200, bootstrap=5000, seed=0, device="cpu" if args.cpu else "cuda",
-        out=args.out / "overhead_raw.json", serve_router=None)
+    bench_args = bench_arguments(args)
     with part.attempt("overhead"):
         result = overhead.run(bench_args)
         result["machine"].pop("note", None)  # the 2-core box's note; not this machine's

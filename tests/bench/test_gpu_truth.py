@@ -5,6 +5,7 @@ bench/results/gpu: every run goes to tmp_path."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -231,3 +232,17 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_the_overhead_part_runs_the_bench_with_every_setting_resolved(tmp_path: Path) -> None:
+    """The part once built the bench's settings by hand and missed one the bench added."""
+    from bench import overhead
+    from bench.gpu_truth.overhead import bench_arguments
+
+    part_args = argparse.Namespace(receiver="sidecar", pairs=7, global_batch=32, cpu=False,
+                                   out=tmp_path)
+    settings = vars(bench_arguments(part_args))
+    assert settings.keys() == vars(overhead.arguments([])).keys()
+    assert settings["device"] == "cuda" and settings["threads"] is None
+    assert settings["pairs"] == 7 and settings["block_steps"] == 1
+    assert settings["grad_interval_s"] == settings["export_interval_s"]
