@@ -356,15 +356,18 @@ def test_the_sdk_records_on_the_collecting_thread_not_the_training_thread(
 
 def test_steps_collected_while_training_are_each_recorded_once(
         reader: InMemoryMetricReader) -> None:
-    """A reader thread collecting as fast as it can, against the training thread appending."""
+    """A reader thread collecting every millisecond, against the training thread appending."""
     model, opt, loss = _gpt_backward()
     instr = TrainingInstrumentation(model, opt, reader.meter, grad_interval_s=0)
     stop = threading.Event()
     counted = {"steps": 0, "tokens": 0.0, "waits": 0}
+    collects_while_training = 0
 
     def collect() -> None:  # the in-memory reader is cumulative: keep the last totals
+        nonlocal collects_while_training
         while True:
             done = stop.is_set()
+            collects_while_training += not done
             points = _points(reader)
             counted["steps"] = sum(p.count for p in points.get("seedance.train.step.duration", []))
             counted["waits"] = sum(
@@ -372,10 +375,11 @@ def test_steps_collected_while_training_are_each_recorded_once(
             counted["tokens"] = _sum_of(points, "seedance.train.tokens")
             if done:
                 return
+            time.sleep(0.001)  # flat out, it takes the GIL from the steps it races
 
     collector = threading.Thread(target=collect)
     collector.start()
-    steps = 400
+    steps = 200
     for i in range(steps):
         with instr.data_wait():
             pass
@@ -384,6 +388,7 @@ def test_steps_collected_while_training_are_each_recorded_once(
             instr.record_loss(loss)
     stop.set()
     collector.join()
+    assert collects_while_training > 1
     assert counted == {"steps": steps, "tokens": steps * (steps + 1) / 2, "waits": steps}
     assert instr.last_stats["step"] == steps - 1
 
