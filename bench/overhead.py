@@ -121,8 +121,8 @@ def bootstrap_ci(values: list[float], *, n: int, seed: int) -> tuple[float, floa
 
 def direct_cost_s(trainer: Any, *, steps: int, stats_every: int, seed: int,
                   grad_interval_s: float, collect_every: int = 5) -> tuple[float, float]:
-    """The instrumentation's own time per step, timed alone on the trainer's real gradients:
-    (on the training thread, in the collects that record the queued steps).
+    """The instrumentation's own time per step, timed alone on the trainer's real gradients,
+    as a pair: on the training thread, and in the collects that record the queued steps.
 
     A second TrainingInstrumentation, around an empty step body, so the A/B noise of the shared
     box does not hide it; a reader collects every ``collect_every`` steps (about once a second
