@@ -22,6 +22,19 @@ settings.register_profile("seedance", deadline=None)
 settings.load_profile("seedance")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's workers start with COLUMNS=80, and the CLI's consoles read COLUMNS once,
+    # when first imported: every test sets the width it needs instead.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``long`` tests first, so that xdist hands their modules out before the rest and the
+    two workers finish together (pyproject.toml's ``--dist loadscope``)."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def prometheus_binary() -> str:
     if not os.access(PROMETHEUS, os.X_OK):

@@ -7,6 +7,7 @@ it sends."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -153,6 +154,13 @@ def record(case: str, **figures: Any) -> None:
     """Add one case's measured figures to ``test-artifacts/faults.json`` (docs/reliability.md
     quotes them)."""
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(ARTIFACT.read_text()) if ARTIFACT.exists() else {}
-    data[case] = {**figures, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    ARTIFACT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    # Two pytest-xdist workers may record at once: one at a time, and a reader never sees a
+    # half-written file.
+    with open(ARTIFACT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(ARTIFACT.read_text()) if ARTIFACT.exists() else {}
+        data[case] = {**figures,
+                      "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        written = ARTIFACT.with_suffix(f".{os.getpid()}.tmp")
+        written.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        written.replace(ARTIFACT)
