@@ -61,7 +61,7 @@ def run_once(node: str) -> dict[str, Any]:
     code = revision()
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                           node], cwd=ROOT, capture_output=True, text=True,
+                           "-n", "0", node], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     row: dict[str, Any] = {"passed": done.returncode == 0, "rc": done.returncode,
                            "wall_s": round(time.monotonic() - started, 1), "code_revision": code}
