@@ -21,8 +21,11 @@ from tuner._study_records import StudyRecords
 
 pytestmark = pytest.mark.integration
 
-GRACE_S = 10.0
-"""Well inside Kubernetes' default 30 s; the job used to need SIGKILL."""
+GRACE_S = 30.0
+"""Kubernetes' default terminationGracePeriodSeconds, which deploy/k8s keeps; the job used to
+need SIGKILL. It exits in 2-3 s on an idle box and 4-5 s beside two matmul-bound torch
+processes (the exporter's last export to the dead sidecar times out after 2 s); beside the
+suite's live sessions on two workers it once took more than 10 s, the bound this had before."""
 
 
 @pytest.mark.parametrize("job", [
