@@ -7,12 +7,14 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 from sqlalchemy.engine import make_url
 
 from collectors import sqlite_url
+from tests._live_sessions import LIVE_SESSION_MODULES, LiveSessionsInOneUnit, module_of
 from tests.postgres import PostgresServer, PostgresUnavailable, postgres_bindir
 from tests.servers import PROMETHEUS
 
@@ -30,9 +32,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``long`` tests first, so that xdist hands their modules out before the rest and the
-    two workers finish together (pyproject.toml's ``--dist loadscope``)."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    """The live sessions first: xdist hands work out in collection order, and their unit is
+    the longest (tests/_live_sessions.py)."""
+    items.sort(key=lambda item: module_of(item.nodeid) not in LIVE_SESSION_MODULES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None  # another --dist asked for on the command line
+    return LiveSessionsInOneUnit(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from collectors._span_store import spans_table
 from seedancectl._demo import TUNING_AT_LEAST_S
 from tuner import ChangeJournal, RolloutConfig
 
-pytestmark = [pytest.mark.integration, pytest.mark.long]
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_JOB = "demo-train"
 

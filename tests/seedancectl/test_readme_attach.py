@@ -74,7 +74,6 @@ def readme_snippet() -> str:
     return found.group(1)
 
 
-@pytest.mark.long
 def test_the_readme_snippet_tunes_a_batchnorm_cnn_on_default_settings(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

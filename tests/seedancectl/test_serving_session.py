@@ -105,7 +105,6 @@ def _operator_change(live: Live, job: subprocess.Popen[bytes],
                            timeout_s=TRIAL_S + 60)
 
 
-@pytest.mark.long
 def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breaches(
         session: tuple[Live, subprocess.Popen[bytes]]) -> None:
     live, job = session

@@ -33,7 +33,6 @@ def _interval(trial: Trial) -> tuple[float, float]:
     return 1 + trial.ci_low, 1 + trial.ci_high
 
 
-@pytest.mark.long
 def test_live_tuning_session_on_default_settings_keeps_only_measured_gains(
         tmp_path: Path) -> None:
     config = SessionConfig(out=tmp_path, trials=4)  # the sidecar on its defaults
