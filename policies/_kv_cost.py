@@ -87,6 +87,7 @@ def kv_compression_tradeoff(
     step_base_s: float,
     step_per_sequence_s: float,
     decompress_s_per_sequence: float,
+    replaced_read_s_per_sequence: float = 0.0,
     max_batch: int | None = None,
     tpot_slo_s: float | None = None,
     min_gain: float = 0.0,
@@ -97,13 +98,23 @@ def kv_compression_tradeoff(
     - memory: a sequence holds ``kv_bytes_per_token x context_tokens`` bytes of KV
       (``/ compression_ratio`` when compressed); the batch is as many sequences as fit in
       ``kv_budget_bytes``, capped at ``max_batch`` (the requests there are to serve);
-    - time: a step takes ``step_base_s + batch x step_per_sequence_s`` (fit it on measured
-      steps), plus ``batch x decompress_s_per_sequence`` when compressed
-      (:func:`kv_decompression_cost_s` for one sequence's compressed KV);
+    - time: a step takes ``step_base_s + batch x step_per_sequence_s``, reading the cache aside
+      (fit it on measured steps, less their cache reads), plus the read of each sequence's
+      cache: ``batch x decompress_s_per_sequence`` when compressed
+      (:func:`kv_decompression_cost_s` for one sequence's compressed KV), ``batch x
+      replaced_read_s_per_sequence`` when not. The second is what an engine pays to build the
+      attention's operands from an uncompressed cache, and dequantising replaces it: engines
+      that copy the cache each step (a concatenating cache such as transformers'
+      ``DynamicCache``, or ``tuner.kv_cache``) pay it; an engine whose attention reads the
+      cache where it lies (paged attention) does not, so 0 (the default) charges
+      dequantisation as wholly added time;
     - worth it when throughput rises by more than ``min_gain`` (fraction) and the compressed
       step still meets ``tpot_slo_s`` (time per output token), if one is given.
     The longest context one sequence can hold is reported too (the "context that fits" value).
     """
+    if replaced_read_s_per_sequence < 0:
+        raise ValueError("replaced_read_s_per_sequence must be >= 0, got "
+                         f"{replaced_read_s_per_sequence}")
     for field_name, value in (("kv_budget_bytes", kv_budget_bytes),
                               ("kv_bytes_per_token", kv_bytes_per_token),
                               ("context_tokens", context_tokens),
@@ -116,7 +127,8 @@ def kv_compression_tradeoff(
     cap = max_batch if max_batch is not None else math.inf
     batch_before = int(min(kv_budget_bytes // seq_bytes, cap))
     batch_after = int(min(kv_budget_bytes // (seq_bytes / compression_ratio), cap))
-    step_before = step_base_s + batch_before * step_per_sequence_s
+    read_before = replaced_read_s_per_sequence
+    step_before = step_base_s + batch_before * (step_per_sequence_s + read_before)
     step_after = step_base_s + batch_after * (step_per_sequence_s + decompress_s_per_sequence)
     tps_before = batch_before / step_before
     tps_after = batch_after / step_after
@@ -132,7 +144,10 @@ def kv_compression_tradeoff(
                   f"eats what the {batch_after - batch_before} extra sequences bring")
     else:
         worth_it = True
-        reason = f"{batch_after - batch_before} more sequences fit; throughput {gain:+.1%}"
+        reason = (f"{batch_after - batch_before} more sequences fit; throughput {gain:+.1%}"
+                  if batch_after > batch_before else
+                  f"no more sequences fit, but dequantising reads faster than the "
+                  f"uncompressed copy it replaces; throughput {gain:+.1%}")
     return KvCompressionVerdict(
         batch_before=batch_before,
         batch_after=batch_after,

@@ -66,6 +66,12 @@ class KvDecompressionConfig:
     time. ``fixed_step_share`` is the share of a decode step (dequantisation aside) that does
     not grow with the batch (weight reads: decode is memory-bound); an assumption, not a
     measurement, reported in the evidence. ``bit_widths`` mirror the ``kv.key_bits`` / ``kv.value_bits`` knob choices.
+    ``uncompressed_read_bytes_per_s`` is how fast the engine builds the attention's operands
+    from an uncompressed cache, for engines that copy the whole cache every step (a
+    concatenating cache like transformers' ``DynamicCache``, or ``tuner.kv_cache``): that
+    copy is what dequantising replaces, so only the difference is added time (bench/kv.py
+    measures both on the engine here). None, for engines that read the cache where it lies
+    (paged attention), charges all of the dequantisation.
     """
 
     max_batch_size: int = 64
@@ -76,6 +82,7 @@ class KvDecompressionConfig:
     min_tokens: float = 100.0
     fixed_step_share: float = 0.7
     bit_widths: tuple[int, ...] = (2, 4, 6, 8, 16, 32)
+    uncompressed_read_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -88,6 +95,10 @@ class KvDecompressionConfig:
             raise ConfigError(f"min_tokens must be > 0, got {self.min_tokens}")
         if not 0 <= self.fixed_step_share < 1:
             raise ConfigError(f"fixed_step_share must be in [0, 1), got {self.fixed_step_share}")
+        if self.uncompressed_read_bytes_per_s is not None \
+                and not self.uncompressed_read_bytes_per_s > 0:
+            raise ConfigError("uncompressed_read_bytes_per_s must be > 0, got "
+                              f"{self.uncompressed_read_bytes_per_s}")
         if tuple(sorted(self.bit_widths)) != self.bit_widths or not self.bit_widths:
             raise ConfigError(f"bit_widths must be ascending and non-empty, got {self.bit_widths}")
 
@@ -146,12 +157,15 @@ class KvDecompressionCostDetector(Detector):
         demand = min(cfg.max_batch_size,
                      int(round(_peak(window, BATCH) + (0 if math.isnan(queue) else queue))))
         plain_step_s = batch / tps - batch * dequant_per_token_s  # one token/sequence/step
+        replaced_read_s = (0.0 if cfg.uncompressed_read_bytes_per_s is None
+                           else bytes_16 / batch / cfg.uncompressed_read_bytes_per_s)
         verdict = kv_compression_tradeoff(
             kv_budget_bytes=budget, kv_bytes_per_token=bytes_16 / batch, context_tokens=1,
             compression_ratio=UNCOMPRESSED_BITS / mean_bits,
             step_base_s=cfg.fixed_step_share * plain_step_s,
             step_per_sequence_s=(1 - cfg.fixed_step_share) * plain_step_s / batch,
-            decompress_s_per_sequence=dequant_per_token_s, max_batch=max(demand, 1),
+            decompress_s_per_sequence=dequant_per_token_s,
+            replaced_read_s_per_sequence=replaced_read_s, max_batch=max(demand, 1),
             tpot_slo_s=cfg.tpot_slo_s, min_gain=cfg.min_gain)
         if verdict.worth_it:
             return []
@@ -170,10 +184,16 @@ class KvDecompressionCostDetector(Detector):
                        "span); bytes at 16 bits = bytes held x 16 / mean bits; "
                        "kv_compression_tradeoff with batch capped by demand (peak batch + peak "
                        "queue, <= max_batch_size); decode step = fixed + per-sequence parts "
-                       f"(fixed share {cfg.fixed_step_share:g}, assumed)"),
+                       f"(fixed share {cfg.fixed_step_share:g}, assumed); uncompressed, "
+                       "each sequence's step reads its cache: "
+                       + ("in place, no added time" if cfg.uncompressed_read_bytes_per_s is None
+                          else "a copy of its bytes at 16 bits at "
+                          f"{cfg.uncompressed_read_bytes_per_s / 1e9:.3g} GB/s (configured)")),
                 measurements=(
                     Measurement(name="dequant_per_token", value=dequant_per_token_s, unit="s"),
                     Measurement(name="dequant_share", value=share),
+                    Measurement(name="replaced_read_per_token", value=replaced_read_s,
+                                unit="s"),
                     Measurement(name="tokens_per_s", value=tps, unit="{token}/s"),
                     Measurement(name="mean_bits", value=mean_bits, unit="bit"),
                     Measurement(name="kv_bytes_held", value=held, unit="By"),

@@ -218,6 +218,22 @@ def test_compression_not_worth_it_when_decompression_eats_the_gain() -> None:
     assert not slo.worth_it and "SLO" in slo.reason
 
 
+def test_compression_credits_the_uncompressed_read_it_replaces() -> None:
+    """An engine that copies its uncompressed cache each step pays that copy too; where no
+    extra sequence fits, compression pays exactly when dequantising is the cheaper read."""
+    capped = {"max_batch": 12, "decompress_s_per_sequence": 0.0002}
+    in_place = _tradeoff(**capped)
+    assert in_place.batch_before == in_place.batch_after and not in_place.worth_it
+    copying = _tradeoff(**capped, replaced_read_s_per_sequence=0.0003)
+    assert copying.step_s_before == pytest.approx(0.010 + 12 * 0.0008)
+    assert copying.step_s_after == pytest.approx(0.010 + 12 * 0.0007)
+    assert copying.worth_it and "faster than the uncompressed copy" in copying.reason
+    dearer = _tradeoff(**capped, replaced_read_s_per_sequence=0.0001)
+    assert not dearer.worth_it and dearer.throughput_gain < 0
+    with pytest.raises(ValueError, match="replaced_read_s_per_sequence"):
+        _tradeoff(replaced_read_s_per_sequence=-1e-3)
+
+
 # ---- truth 3 communication volume -------------------------------------------------------------
 
 

@@ -7,7 +7,9 @@ quantity the detector judges, so a detector that always (or never) fires fails a
 
 from __future__ import annotations
 
-from collectors import Point
+import pytest
+
+from collectors import ConfigError, Point
 from policies import FrameStore, StoreWindow
 from policies.detectors import (
     KvDecompressionConfig,
@@ -62,6 +64,23 @@ def test_kv_compression_flagged_when_batch_is_demand_limited() -> None:
     assert abs(values["kv_bytes_saved"] - 3 * 64 * 2**20) < 1  # 4 -> 16 bits: 4x the bytes
     assert {(c.knob, c.value) for c in finding.suggested_changes} == {
         ("kv.key_bits", 6), ("kv.value_bits", 6)}
+
+
+def test_kv_dequantisation_is_weighed_against_the_copy_it_replaces() -> None:
+    """SYNTHETIC: the demand-limited case above, on an engine that copies its uncompressed
+    cache every step: each sequence's 32 MiB at 16 bits read at 20 GB/s (1.7 ms a token)
+    costs more than dequantising (1 ms), so compression is not flagged; at 100 GB/s (0.34 ms)
+    it still is, and the evidence gives the copy it weighed."""
+    points = kv_points(bits=4, batch=8, queue=0, dequant_s_per_interval=2.0, usage=0.2)
+    slow_copy = KvDecompressionConfig(uncompressed_read_bytes_per_s=20e9)
+    assert KvDecompressionCostDetector(slow_copy).evaluate(_window(points)) == []
+    fast_copy = KvDecompressionConfig(uncompressed_read_bytes_per_s=100e9)
+    (finding,) = KvDecompressionCostDetector(fast_copy).evaluate(_window(points))
+    values = {m.name: m.value for m in finding.evidence.measurements}
+    assert abs(values["replaced_read_per_token"] - 32 * 2**20 / 100e9) < 1e-9
+    assert values["throughput_gain"] < 0 and "100 GB/s" in finding.evidence.model
+    with pytest.raises(ConfigError, match="uncompressed_read_bytes_per_s"):
+        KvDecompressionConfig(uncompressed_read_bytes_per_s=0)
 
 
 def test_kv_compression_healthy_when_freed_memory_admits_a_queue() -> None:
