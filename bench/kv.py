@@ -51,7 +51,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -64,6 +64,7 @@ from bench._targets import Target, at_least, at_most, judged  # noqa: E402
 from policies import (  # noqa: E402
     kv_compression_tradeoff,
     kv_decompression_cost_s,
+    kv_read_added_s,
     measure_dequantize_throughput,
 )
 from policies.detectors import KvDecompressionConfig  # noqa: E402
@@ -144,20 +145,23 @@ class _ReadClock:
             self.read_s += seconds
 
 
-def _prefill(model: GPT, prompt: torch.Tensor, widths: tuple[int, ...], clock: _ReadClock,
-             **cache_kwargs: int) -> dict[int, QuantizedKVCache]:
-    prefilled = {}
-    for width in widths:
-        prefilled[width] = cache_for(model, key_bits=width, value_bits=width, timer=clock,
-                                     **cache_kwargs)
-        decode_step(model, prefilled[width], prompt)
-    return prefilled
+def _prefiller(model: GPT, prompt: torch.Tensor, clock: _ReadClock,
+               **cache_kwargs: int) -> Callable[[int], QuantizedKVCache]:
+    """A function that builds a cache of a width holding ``prompt``, timed by ``clock``."""
+    def prefill(width: int) -> QuantizedKVCache:
+        cache = cache_for(model, key_bits=width, value_bits=width, timer=clock, **cache_kwargs)
+        decode_step(model, cache, prompt)
+        return cache
+    return prefill
 
 
-def _decode_rounds(model: GPT, prefilled: dict[int, QuantizedKVCache], arms: tuple[Arm, ...],
-                   steps: int, rounds: int, batch: int, device: torch.device, clock: _ReadClock
-                   ) -> dict[Arm, dict[str, float]]:
-    """Per arm: median decode step, median read inside it (``clock``), mean stored bytes."""
+def _decode_rounds(model: GPT, prefill: Callable[[int], QuantizedKVCache],
+                   arms: tuple[Arm, ...], steps: int, rounds: int, batch: int,
+                   device: torch.device, clock: _ReadClock) -> dict[Arm, dict[str, float]]:
+    """Per arm: median decode step, median read inside it (``clock``), mean stored bytes.
+    Each arm's round decodes from a cache ``prefill`` built afresh, so no arm keeps one
+    allocation's luck (alignment, pages) for the whole run: at context 512 that luck moved a
+    width's step by as much as its whole difference from float32."""
     step_s: dict[Arm, list[float]] = {a: [] for a in arms}
     read_s: dict[Arm, list[float]] = {a: [] for a in arms}
     compressed: dict[Arm, list[int]] = {a: [] for a in arms}
@@ -165,7 +169,7 @@ def _decode_rounds(model: GPT, prefilled: dict[int, QuantizedKVCache], arms: tup
     tokens = torch.randint(0, 256, (batch, steps), generator=g).to(device)
     for r in range(rounds):
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
-            cache = prefilled[arm[0]].fork()
+            cache = prefill(arm[0])
             with _path(arm[1]):
                 for i in range(steps):
                     compressed[arm].append(_compressed_bytes(cache))
@@ -186,12 +190,50 @@ def _model_error(predicted_s: float, measured_s: float) -> float | None:
     return (predicted_s - measured_s) / abs(measured_s) if measured_s else None
 
 
-def _read_model(calibration: dict[Arm, dict[str, float]], arm: Arm) -> float:
-    """Predicted added step time of ``arm`` against float32: its read minus float32's, each
-    timed in the calibration rounds' steps. Dequantising replaces the copy that builds the
-    attention's operands from the float32 cache (``keys_values`` does both), so only the
-    difference is added; the rest of the step is taken as the same."""
-    return calibration[arm]["read_s"] - calibration[(32, "fused")]["read_s"]
+def _read_model(calibration: dict[Arm, dict[str, float]], arm: Arm,
+                memory_read_bytes_per_s: float | None = None) -> float:
+    """Predicted added step time of ``arm`` against float32 (:func:`kv_read_added_s`): its
+    read minus float32's, each timed in the calibration rounds' steps (dequantising replaces
+    the copy that builds the attention's operands from the float32 cache: ``keys_values``
+    does both); with ``memory_read_bytes_per_s``, plus the stored bytes it streams beyond
+    float32's at the memory's read rate (the bound where every streamed byte evicts one)."""
+    ref = calibration[(32, "fused")]
+    return kv_read_added_s(calibration[arm]["read_s"],
+                           calibration[arm]["compressed_bytes_per_step"],
+                           replaced_read_s=ref["read_s"],
+                           replaced_stored_bytes=ref["compressed_bytes_per_step"],
+                           memory_read_bytes_per_s=memory_read_bytes_per_s)
+
+
+def _model_fields(calibration: dict[Arm, dict[str, float]], arm: Arm, measured_s: float,
+                  memory_read_bytes_per_s: float) -> dict[str, float | bool | None]:
+    """The model (the read alone, the conservative bound) and the eviction bound, each with
+    its error, and whether the measured added time lies between the two."""
+    read_only = _read_model(calibration, arm)
+    evicting = _read_model(calibration, arm, memory_read_bytes_per_s)
+    return {"model_added_step_ms": read_only * 1e3,
+            "model_error": _model_error(read_only, measured_s),
+            "eviction_bound_added_step_ms": evicting * 1e3,
+            "eviction_bound_error": _model_error(evicting, measured_s),
+            "measured_between_bounds": min(read_only, evicting) <= measured_s
+            <= max(read_only, evicting)}
+
+
+STREAM_BYTES = 256 << 20
+"""The streaming read's buffer: far beyond any last-level cache, so it reads from memory."""
+
+
+def _memory_read_bytes_per_s(repeats: int, device: torch.device) -> float:
+    """Streaming read rate of memory, one reduction over :data:`STREAM_BYTES` (median)."""
+    buffer = torch.ones(STREAM_BYTES // 4, device=device)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        buffer.sum()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return STREAM_BYTES / statistics.median(times)
 
 
 def _dequant_throughput(caches: dict[int, QuantizedKVCache], repeats: int,
@@ -219,8 +261,8 @@ def _dequant_throughput(caches: dict[int, QuantizedKVCache], repeats: int,
     return result
 
 
-def _crossover(contexts: list[int], args: argparse.Namespace, device: torch.device
-               ) -> list[dict[str, float]]:
+def _crossover(contexts: list[int], args: argparse.Namespace, device: torch.device,
+               memory_read_bytes_per_s: float) -> list[dict[str, Any]]:
     """4-bit against float32 decode tokens/s at each context (both fused, interleaved)."""
     model = GPT(GPTConfig(block_size=max(contexts) + args.steps + 1)).to(device).eval()
     arms: tuple[Arm, ...] = ((32, "fused"), (CROSSOVER_BITS, "fused"))
@@ -228,20 +270,19 @@ def _crossover(contexts: list[int], args: argparse.Namespace, device: torch.devi
     rows = []
     for context in contexts:
         prompt = torch.randint(0, 256, (args.batch, context)).to(device)
-        prefilled = _prefill(model, prompt, (32, CROSSOVER_BITS), clock,
-                             group_size=args.group_size, residual_tokens=args.residual_tokens)
-        calibration = _decode_rounds(model, prefilled, arms, args.steps,
+        prefill = _prefiller(model, prompt, clock, group_size=args.group_size,
+                             residual_tokens=args.residual_tokens)
+        calibration = _decode_rounds(model, prefill, arms, args.steps,
                                      args.calibration_rounds, args.batch, device, clock)
-        steps = _decode_rounds(model, prefilled, arms, args.steps, args.rounds, args.batch,
+        steps = _decode_rounds(model, prefill, arms, args.steps, args.rounds, args.batch,
                                device, clock)
         base, quantised = steps[arms[0]]["step_s"], steps[arms[1]]["step_s"]
-        predicted = _read_model(calibration, arms[1])
         rows.append({"context": context, "float32_step_ms": base * 1e3,
                      f"int{CROSSOVER_BITS}_step_ms": quantised * 1e3,
                      "tokens_per_s_ratio": base / quantised,
                      "measured_added_step_ms": (quantised - base) * 1e3,
-                     "model_added_step_ms": predicted * 1e3,
-                     "model_error": _model_error(predicted, quantised - base)})
+                     **_model_fields(calibration, arms[1], quantised - base,
+                                     memory_read_bytes_per_s)})
     return rows
 
 
@@ -376,11 +417,13 @@ def main(argv: list[str] | None = None) -> dict:
     # -- timing: demo GPT shape, random weights --------------------------------------------
     model = GPT(GPTConfig(block_size=args.context + args.steps + 1)).to(device).eval()
     prompt = torch.randint(0, 256, (args.batch, args.context)).to(device)
+    memory_read_bytes_per_s = _memory_read_bytes_per_s(args.repeats, device)
     clock = _ReadClock()
-    prefilled = _prefill(model, prompt, WIDTHS, clock, **cache_kwargs)
-    calibration = _decode_rounds(model, prefilled, ARMS, args.steps, args.calibration_rounds,
+    prefill = _prefiller(model, prompt, clock, **cache_kwargs)
+    prefilled = {width: prefill(width) for width in WIDTHS}
+    calibration = _decode_rounds(model, prefill, ARMS, args.steps, args.calibration_rounds,
                                  args.batch, device, clock)
-    decode = _decode_rounds(model, prefilled, ARMS, args.steps, args.rounds, args.batch, device,
+    decode = _decode_rounds(model, prefill, ARMS, args.steps, args.rounds, args.batch, device,
                             clock)
     base_step_s = decode[(32, "fused")]["step_s"]
 
@@ -432,14 +475,13 @@ def main(argv: list[str] | None = None) -> dict:
                 "dequant_vs_copy_met": kernel[arm] / 1e9 / memcpy_gbps >= TARGET_VS_COPY[width],
             }
         if width != 32:
-            predicted_s = _read_model(calibration, arm)
-            error = _model_error(predicted_s, measured_added_s)
+            fields = _model_fields(calibration, arm, measured_added_s, memory_read_bytes_per_s)
+            error = fields["model_error"]
             pure_cost_s = kv_decompression_cost_s(
                 decode[arm]["compressed_bytes_per_step"], dequantize_bytes_per_s=compressed_gbps)
             row |= {
                 "read_in_step_ms": calibration[arm]["read_s"] * 1e3,
-                "model_added_step_ms": predicted_s * 1e3,
-                "model_error": error,
+                **fields,
                 "model_error_met": error is not None and abs(error) <= TARGET_MODEL_ERROR,
                 "pure_cost_model_added_step_ms": pure_cost_s * 1e3,
                 "pure_cost_model_error": _model_error(pure_cost_s, measured_added_s),
@@ -449,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
 
     contexts = [int(c) for c in args.crossover_contexts.split(",") if c.strip()]
-    crossover = _crossover(contexts, args, device)
+    crossover = _crossover(contexts, args, device, memory_read_bytes_per_s)
     faster = [r["context"] for r in crossover if r["tokens_per_s_ratio"] > 1.0]
 
     # -- quality: small GPT trained briefly, held-out text ----------------------------------
@@ -470,6 +512,7 @@ def main(argv: list[str] | None = None) -> dict:
         "args": vars(args),
         "timing_model": "demo GPT shape (6 layers, 4 heads, head_dim 64), untrained weights",
         "quality_model": f"2-layer GPT trained {args.train_steps} steps on generated text",
+        "memory_read_gbps": memory_read_bytes_per_s / 1e9,
         "rows": rows,
         "crossover": crossover,
         "decisions": _decisions(rows, {a: kernel_bytes[a[0]] / kernel[a] for a in kernel

@@ -50,6 +50,7 @@ from policies._kv_cost import (
     hbm_row_accesses,
     kv_compression_tradeoff,
     kv_decompression_cost_s,
+    kv_read_added_s,
 )
 from policies._packed_codes import (
     dequantize,
@@ -124,6 +125,7 @@ __all__ = [
     "histogram_quantile",
     "kv_compression_tradeoff",
     "kv_decompression_cost_s",
+    "kv_read_added_s",
     "measure_dequantize_throughput",
     "microbatches_for_bubble",
     "more_severe",

@@ -57,6 +57,42 @@ def kv_decompression_cost_s(
     return compressed_bytes / pcie_bytes_per_s + accesses * hbm_access_s
 
 
+def kv_read_added_s(
+    read_s: float,
+    stored_bytes: float,
+    *,
+    replaced_read_s: float,
+    replaced_stored_bytes: float,
+    memory_read_bytes_per_s: float | None = None,
+) -> float:
+    """Decode-step time a cache layout adds against the one it replaces (negative: saves).
+
+    The read itself: ``read_s`` (dequantising ``stored_bytes`` into the attention's operands)
+    minus ``replaced_read_s``, what the replaced layout's read takes on the same engine (the
+    copy of an uncompressed cache an engine makes each step; 0 for one that reads in place).
+    Both are per step, timed inside decode steps (the codec timer): timed alone, a hot cache
+    flatters the copy. That alone is the conservative estimate: it ignores what the read
+    leaves in the processor's caches.
+
+    With ``memory_read_bytes_per_s``, the other bound: every byte the read streams evicts a
+    byte of the step's working set (weights, the operands just built) that the rest of the
+    step fetches again at that streaming rate, so the difference in stored bytes adds
+    ``(stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s``. Where the working set
+    fits the last-level cache only part of it is evicted, so the truth lies between the two.
+    """
+    for field_name, value in (("read_s", read_s), ("stored_bytes", stored_bytes),
+                              ("replaced_read_s", replaced_read_s),
+                              ("replaced_stored_bytes", replaced_stored_bytes)):
+        if value < 0:
+            raise ValueError(f"{field_name} must be >= 0, got {value}")
+    if memory_read_bytes_per_s is None:
+        return read_s - replaced_read_s
+    if not memory_read_bytes_per_s > 0:
+        raise ValueError(f"memory_read_bytes_per_s must be > 0, got {memory_read_bytes_per_s}")
+    return (read_s - replaced_read_s
+            + (stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KvCompressionVerdict:
     """Whether compressing the KV cache pays: what fits before and after, and the decode cost.
