@@ -294,7 +294,9 @@ class _Signal(Generic[_T]):
     count: Callable[[_T], int]
     templated: Callable[[_T], bool]
     unit: str
-    response: Message
+    reply: Mapping[str, bytes]
+    """By encoding: the success reply's body, encoded once (json_format, run cold on every
+    request, cost 45 us of the interpreter a request at 1,300 requests/s)."""
     forwarder: Forwarder | None
     peek: Mapping[str, Callable[[bytes], Mapping[str, str] | None]]
     """By encoding: what a body's first resource says, read without decoding it."""
@@ -334,16 +336,24 @@ def gunzip(data: bytes, max_bytes: int) -> bytes:
     return bytes(out)
 
 
+def _replies(message: Message) -> dict[str, bytes]:
+    return {content_type: _encode(message, content_type) for content_type in _DECODERS}
+
+
 async def _read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, held to ``max_bytes`` as it arrives; a body that comes in one piece (an
+    export, mostly) is not copied again."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise BodyTooLarge(f"Content-Length {declared} is over the {max_bytes}-byte limit")
-    body = bytearray()
+    chunks, size = [], 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
+        size += len(chunk)
+        if size > max_bytes:
             raise BodyTooLarge(f"body is over the {max_bytes}-byte limit")
-    return bytes(body)
+        if chunk:  # the stream ends with b""; a join of one chunk returns it uncopied
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def otlp_router(
@@ -456,13 +466,13 @@ def otlp_router(
                       **{f"{signal.unit}_accepted": items})
         if signal.forwarder is not None:
             signal.forwarder.submit(raw, request.headers)
-        return Response(_encode(signal.response, content_type), media_type=content_type)
+        return Response(signal.reply[content_type], media_type=content_type)
 
     metrics = _Signal(
         decode={PROTOBUF: protobuf_templates(decode_protobuf).decode,
                 JSON: json_templates(JsonShapes().decode, points_from_json).decode},
         sink=sink, count=len, templated=lambda d: d.shape is not None, unit="points",
-        response=ExportMetricsServiceResponse(), forwarder=forwarder,
+        reply=_replies(ExportMetricsServiceResponse()), forwarder=forwarder,
         peek={PROTOBUF: first_resource_strings})
 
     @router.post("/v1/metrics")
@@ -474,7 +484,7 @@ def otlp_router(
             decode={PROTOBUF: lambda b: spans_from_request(decode_traces_protobuf(b)),
                     JSON: lambda b: spans_from_request(decode_traces_json(b))},
             sink=span_sink, count=len, templated=lambda _: False, unit="spans",
-            response=ExportTraceServiceResponse(),
+            reply=_replies(ExportTraceServiceResponse()),
             forwarder=traces_forwarder, peek={})
 
         @router.post("/v1/traces")
