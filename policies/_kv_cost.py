@@ -163,8 +163,8 @@ def kv_compression_tradeoff(
     cap = max_batch if max_batch is not None else math.inf
     batch_before = int(min(kv_budget_bytes // seq_bytes, cap))
     batch_after = int(min(kv_budget_bytes // (seq_bytes / compression_ratio), cap))
-    read_before = replaced_read_s_per_sequence
-    step_before = step_base_s + batch_before * (step_per_sequence_s + read_before)
+    step_before = step_base_s + batch_before * (step_per_sequence_s
+                                                 + replaced_read_s_per_sequence)
     step_after = step_base_s + batch_after * (step_per_sequence_s + decompress_s_per_sequence)
     tps_before = batch_before / step_before
     tps_after = batch_after / step_after
