@@ -105,9 +105,10 @@ class DemoConfig:
 
     @property
     def overrun_s(self) -> float:
-        """The phases' own bounds (tuning, the trial in flight, the staged incident) plus a
-        margin: past it the demo is stuck, not slow."""
-        return self.tuning_s + IDLE_WAIT_S + self.incident_wait_s + OVERRUN_MARGIN_S
+        """The phases' own bounds (tuning, the trial in flight, once more for the staged
+        incident to start after it, the incident's verdict) plus a margin: past it the demo is
+        stuck, not slow."""
+        return self.tuning_s + 2 * IDLE_WAIT_S + self.incident_wait_s + OVERRUN_MARGIN_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +234,10 @@ class DemoRun:
         change = self.session.propose({INCIDENT_KNOB: "fp16"}, reason=(
             "STAGED by the demo: fp16 on one module group under a backed-off loss scale"))
         self.incident_change = change["id"]
+        # on a busy box the trial in flight can outlast the idle wait; the incident starts
+        # after it, and its verdict's time counts from its start
+        self._until(lambda: self.session.change(change["id"])["state"] != "approved",
+                    time.monotonic() + IDLE_WAIT_S, on_tick, interval_s)
         self._until(lambda: self.session.change(change["id"])["state"] in FINAL_STATES,
                     time.monotonic() + self.config.incident_wait_s, on_tick, interval_s)
         self.phase = "done"
