@@ -21,7 +21,7 @@ import pytest
 
 from collectors._store import TimeSeriesStore
 from collectors.torch_profile import dtype_speedups
-from seedancectl._api_types import AckJSON, ChangeJSON, FindingJSON
+from seedancectl._api_types import AckJSON, ChangeDetailJSON, ChangeJSON, FindingJSON
 from seedancectl._session import SEARCH_DONE, TrainingSession, run_training_session
 from seedancectl._session_config import SessionConfig
 from seedancectl._session_result import Trial
@@ -98,6 +98,15 @@ def test_fp16_underflow_is_detected_and_rolled_back_locally(tmp_path: Path) -> N
         assert done["state"] == "rolled_back", done
         assert done["plan"]["rollback"] == "local", done["plan"]
         assert "gradient_underflow" in done["plan"]["ended_because"]
+
+        def restored_too() -> ChangeDetailJSON | None:
+            """The change once its ``restored`` event, journaled just after the verdict, is in
+            (a read between the two once saw the verdict alone)."""
+            now = session.change(change["id"])
+            return now if any(e["kind"] == "restored" for e in now["events"]) else None
+
+        done = session.wait(restored_too, 60, "the rollback's restored event",
+                            watch=(session.train,))
         events: dict[str, dict[str, Any]] = {}
         for event in done["events"]:
             events.setdefault(event["kind"], event)  # the first of each kind
