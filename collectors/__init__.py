@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from collectors._errors import SeedanceError as SeedanceError
     from collectors._fingerprint import FingerprintError as FingerprintError
     from collectors._fingerprint import JobFingerprint as JobFingerprint
+    from collectors._native import NATIVE_FLAGS as NATIVE_FLAGS
+    from collectors._native import load_native as load_native
     from collectors._nvml import GpuSampler as GpuSampler
     from collectors._nvml import GpuSamplerConfig as GpuSamplerConfig
     from collectors._nvml_backends import DisabledBackend as DisabledBackend

@@ -14,17 +14,26 @@ body itself exactly as the fast path does (`collectors._otlp_json.points_from_js
 texts are held to JSON's number grammar, so a malformed number still goes to the reference path
 to be refused. A value that is not a plain number (``"NaN"``, ``"Infinity"``) or is out of
 range sends the body there too.
+
+The match and the slots' reading run in C (``collectors/csrc/json_template.c``, one pass over
+the body, outside the GIL) where a compiler built it (`collectors._native`); the numpy path
+below is its reference, which the tests hold it to bit for bit, and the fallback.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 import numpy as np
 
+from collectors._native import load_native
 from collectors._otlp_decode import DecodedMetrics, MetricInfo, OtlpDecodeError, Shape
 from collectors._otlp_templates import (
     MIN_TEMPLATE_POINTS,
@@ -54,6 +63,28 @@ _MAX_WIDTH: Final = 32
 """A slot text longer than this (no JSON number of a 64-bit value needs it) is not templated."""
 _BUCKET_RUN: Final = 2**20
 _T0: Final = 1_700_000_000 * 10**9
+_NATIVE_KIND: Final = {"time": 0, "uint": 0, "bucket": 0, "int": 1, "double": 2}
+"""How ``json_template.c`` reads a slot of each kind."""
+
+log = logging.getLogger(__name__)
+
+_Match = Callable[..., int]
+
+
+@functools.cache
+def native_match() -> _Match | None:
+    """``seedance_json_template_match`` of ``collectors/csrc/json_template.c``, or None (the
+    numpy path) when it is turned off (``SEEDANCE_JSON_NATIVE=0``) or cannot be built."""
+    lib = load_native(Path(__file__).parent / "csrc" / "json_template.c",
+                      switch="SEEDANCE_JSON_NATIVE", log=log,
+                      fallback="OTLP/JSON templates are read by the slower numpy path")
+    if lib is None:
+        return None
+    fn = lib.seedance_json_template_match
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn  # type: ignore[no-any-return]
 
 
 def _number_chars(b: np.ndarray) -> np.ndarray:
@@ -110,8 +141,12 @@ class _JsonTemplate:
         self.slot_count = len(kinds)
         self.alternating = np.zeros(2 * self.slot_count + 1, dtype=bool)
         self.alternating[0::2] = True
-        self.fixed = _outside(np.frombuffer(body, np.uint8), runs[self.starts_at],
-                              runs[self.ends_at], self.alternating)
+        starts, ends = runs[self.starts_at], runs[self.ends_at]
+        self.fixed = _outside(np.frombuffer(body, np.uint8), starts, ends, self.alternating)
+        self.segments = np.diff(np.concatenate([[0], np.column_stack([starts, ends]).ravel(),
+                                                [len(body)]]))[0::2].astype(np.int64)
+        """The lengths of the fixed text's pieces, before each slot and after the last."""
+        self.native_kinds = np.array([_NATIVE_KIND[k] for k in kinds], dtype=np.uint8)
         time_slot, value_slot, bucket_run = spec
         self.time_slot = np.asarray(time_slot, dtype=np.intp)
         value = np.asarray(value_slot, dtype=np.intp)
@@ -132,6 +167,24 @@ class _JsonTemplate:
     def decode_matching(self, body: bytes) -> DecodedMetrics | None:
         """``body``'s Points as columns over the shape; None when it is not of this shape, or a
         slot holds what the fast path would not read as this does."""
+        match = native_match()
+        slots = self._read(body) if match is None else self._read_native(match, body)
+        if slots is None:
+            return None
+        return template_columns(self.shape, self.metrics, *self._points(*slots))
+
+    def _read_native(self, match: _Match, body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+        """As :meth:`_read`, in C."""
+        words = np.empty(self.slot_count, dtype=np.uint64)
+        values = np.empty(self.slot_count, dtype=np.float64)
+        if not match(body, len(body), self.fixed, self.segments.ctypes.data, self.slot_count,
+                     self.native_kinds.ctypes.data, words.ctypes.data, values.ctypes.data):
+            return None
+        return words, values
+
+    def _read(self, body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each slot's word (the unsigned slots' values, 0 elsewhere) and value; None when
+        ``body`` is not of this shape, or holds a number JSON does not allow."""
         b = np.frombuffer(body, np.uint8)
         runs = _runs(b)
         if runs is None or runs.size != self.edges:
@@ -140,14 +193,6 @@ class _JsonTemplate:
         if (b.size - int((ends - starts).sum()) != len(self.fixed)
                 or _outside(b, starts, ends, self.alternating) != self.fixed):
             return None
-        parsed = self._parse(b, starts, ends)
-        if parsed is None:
-            return None
-        return template_columns(self.shape, self.metrics, *parsed)
-
-    def _parse(self, b: np.ndarray, starts: np.ndarray, ends: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Each Point's time (uint64 ns) and value; None for a number JSON does not allow."""
         kinds = self.kinds
         words = np.zeros(self.slot_count, dtype=np.uint64)
         unsigned = _unsigned(b, starts[kinds.uint], ends[kinds.uint])
@@ -161,6 +206,11 @@ class _JsonTemplate:
                 if found is None:
                     return None
                 slot_values[rows] = found
+        return words, slot_values
+
+    def _points(self, words: np.ndarray, slot_values: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Each Point's time (uint64 ns) and value, from the slots."""
         values = np.empty(self.time_slot.size, dtype=np.float64)
         values[self.direct_at] = slot_values[self.direct_slot]
         if self.bucket_at.size:

@@ -1,85 +1,35 @@
 """The fused CPU dequantiser (``tuner/csrc/kv_dequant.c``), built on first use and cached.
 
-Plain C loaded through ctypes: it needs a C compiler (``$CC``, else ``cc`` or ``gcc``) but no
-torch headers, so it builds in about a second and the torch-free sidecar never touches it.
-The build lands in ``$SEEDANCE_CACHE_DIR`` (default ``~/.cache/seedance-tuner``) under a name
-hashed from the source, compiler and flags, written to a temporary file and renamed, so jobs
-starting together never load half a library. Without a compiler, or with
-``SEEDANCE_KV_NATIVE=0``, :func:`dequantize_into` answers False and the cache uses the torch
-reference path (``tuner._kv_codec``), which the tests check this kernel against bit for bit.
+Built and loaded by :func:`collectors.load_native` (a C compiler, no torch headers, so the
+torch-free sidecar never touches it). Without a compiler, or with ``SEEDANCE_KV_NATIVE=0``,
+:func:`dequantize_into` answers False and the cache uses the torch reference path
+(``tuner._kv_codec``), which the tests check this kernel against bit for bit.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from collectors import NATIVE_FLAGS, load_native
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "kv_dequant.c"
-FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-fvisibility=hidden")
+FLAGS = (*NATIVE_FLAGS, "-ffp-contract=off")
 """``-ffp-contract=off``: no fused multiply-add, so results match torch's addcmul bit for bit."""
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("SEEDANCE_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seedance-tuner"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _build(compiler: str) -> Path:
-    """The library for this source, compiler and flags: from the cache, or compiled into it."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=True, timeout=30).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode())
-    target = _cache_dir() / f"kv_dequant-{digest.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".kv_dequant-", suffix=".so")
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True,
-                       text=True, check=True, timeout=120)
-        os.replace(partial, target)
-    finally:
-        Path(partial).unlink(missing_ok=True)
-    return target
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel, or None (logged once) when it is turned off or cannot be built."""
-    if os.environ.get("SEEDANCE_KV_NATIVE", "1") == "0":
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        log.warning("no C compiler (set $CC): the KV cache dequantises with the slower torch "
-                    "path")
-        return None
-    try:
-        lib = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.SubprocessError) as e:
-        said = (str(getattr(e, "stderr", "") or "").strip().splitlines() or [str(e)])[-1]
-        log.warning("building %s failed, the KV cache dequantises with the slower torch "
-                    "path: %s", SOURCE.name, said)
+    lib = load_native(SOURCE, flags=FLAGS, switch="SEEDANCE_KV_NATIVE", log=log,
+                      fallback="the KV cache dequantises with the slower torch path")
+    if lib is None:
         return None
     fn = lib.seedance_kv_dequantize
     fn.restype = ctypes.c_int

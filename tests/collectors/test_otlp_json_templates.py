@@ -1,24 +1,49 @@
 """JSON templates decode repeat OTLP/JSON exports exactly as the fast path does, whatever width
 their numbers take, and only when they safely can: a changed attribute, a malformed number or a
-value JSON writes as a string goes to the reference path."""
+value JSON writes as a string goes to the reference path. Every test runs twice: templates read
+in C (``collectors/csrc/json_template.c``) and by numpy, its reference; the C reader is also
+held to the numpy one bit for bit on bodies fuzzed slot by slot and byte by byte."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import re
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from collectors._otlp_decode import DecodedMetrics, OtlpDecodeError
 from collectors._otlp_json import points_from_json
-from collectors._otlp_json_templates import build_json_template, json_templates
+from collectors._otlp_json_templates import (
+    _slots,
+    build_json_template,
+    json_templates,
+    native_match,
+)
 from collectors._otlp_templates import ExportTemplates
 from tests.collectors.test_otlp_json_shapes import as_json, sunk_alike
 from tests.collectors.test_otlp_templates import DATA, gauges, sdk_exports
+
+HAS_COMPILER = any(shutil.which(cc) for cc in ("cc", "gcc"))
+
+
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Templates read in C, then by numpy (``SEEDANCE_JSON_NATIVE=0``)."""
+    native = request.param == "native"
+    if native and not HAS_COMPILER:
+        pytest.skip("no C compiler: the numpy reader runs alone")
+    monkeypatch.setenv("SEEDANCE_JSON_NATIVE", "1" if native else "0")
+    native_match.cache_clear()
+    assert (native_match() is not None) == native
+    yield request.param
+    native_match.cache_clear()
 
 
 def templates() -> ExportTemplates:
@@ -168,3 +193,85 @@ def test_the_opentelemetry_proto_example_decodes_as_the_fast_path_reads_it() -> 
         body = spacing(json.dumps(example).encode())
         same(decoder.decode(body), body)
     assert len(points_from_json(body).points) >= 36
+
+
+NUMBER_TEXTS = ["0", "-0", "7", "007", "00", "-5", "1.5", "-0.0", "-1.5e-3", "1E+5", "2.5e-3",
+                "1e5", "1e0001", "1e400", "-1e400", "1e-400", "4.9e-324", "01", "01.5", "1.",
+                ".5", "-.5", "1.e5", "1e", "1e+", "--1", "1-2", "-", "1.2.3", "1e5e5",
+                "18446744073709551615", "9999999999999999999", "10000000000000000000",
+                "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+                "-9223372036854775809", "1" * 32, "1" * 33, "0." + "1" * 31, "0." + "1" * 30]
+
+
+def valid_number(kind: str, rng: random.Random) -> str:
+    """A number the fast path reads in a slot of ``kind``, of random width."""
+    if kind == "int":
+        return str(rng.randint(-2**63, 2**63 - 1) // 10 ** rng.randint(0, 18))
+    if kind == "double":
+        return repr(rng.uniform(-1, 1) * 10.0 ** rng.randint(-300, 300))
+    return str(rng.randrange(10 ** rng.randint(1, 19)))
+
+
+def fuzzed(body: bytes, rng: random.Random) -> bytes:
+    """``body`` with a few slots rewritten (mostly numbers their kind allows, else tricky
+    texts), or one byte changed, inserted or dropped anywhere."""
+    if rng.random() < 0.2:
+        at = rng.randrange(len(body))
+        return rng.choice([body[:at] + bytes([rng.randrange(32, 127)]) + body[at + 1:],
+                           body[:at] + bytes([rng.randrange(32, 127)]) + body[at:],
+                           body[:at] + body[at + 1:]])
+    spans, kinds, _ = _slots(body)
+    out, last = [], 0
+    for i in sorted(rng.sample(range(len(spans)), k=min(len(spans), rng.randint(1, 6)))):
+        start, end = spans[i]
+        text = valid_number(kinds[i], rng) if rng.random() < 0.9 else rng.choice(NUMBER_TEXTS)
+        out += [body[last:start], text.encode()]
+        last = end
+    out.append(body[last:])
+    return b"".join(out)
+
+
+def test_the_c_reader_reads_every_body_as_numpy_does_bit_for_bit(reader: str) -> None:
+    """Histograms (bucket counts), int and double counters, gauges; every fuzzed body is
+    either refused by both readers or read to the same words and value bits."""
+    if reader != "native":
+        pytest.skip("compares the two readers once")
+    match = native_match()
+    assert match is not None
+    rng = random.Random(11)
+    bodies = [compact(as_json(b)) for b in sdk_exports(3)]
+    template = build_json_template(bodies[-1], points_from_json)
+    assert template is not None
+    read = refused = 0
+    for _ in range(3000):
+        body = fuzzed(bodies[-1], rng)
+        numpy_read = template._read(body)
+        native_read = template._read_native(match, body)
+        assert (numpy_read is None) == (native_read is None), body
+        if numpy_read is None or native_read is None:
+            refused += 1
+            continue
+        read += 1
+        assert np.array_equal(numpy_read[0], native_read[0])
+        assert np.array_equal(numpy_read[1].view(np.uint64), native_read[1].view(np.uint64))
+    assert read > 1500 and refused > 500, (read, refused)  # both decisions exercised
+
+
+def test_without_a_compiler_json_templates_fall_back_to_numpy_and_leave_nothing(
+        reader: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    if reader != "native":
+        pytest.skip("the numpy reader is the fallback itself")
+    monkeypatch.setenv("SEEDANCE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    native_match.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="collectors._otlp_json_templates"):
+        assert native_match() is None
+    (record,) = caplog.records
+    assert "slower numpy path" in record.getMessage()
+    assert list(tmp_path.iterdir()) == []  # no half-written library
+    decoder = templates()
+    for stamp in range(4):
+        body = as_json(gauges(30, stamp=stamp))
+        same(decoder.decode(body), body)
+    assert decoder.hits == 2

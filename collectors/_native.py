@@ -1,0 +1,77 @@
+"""Plain C helpers, built with the machine's C compiler on first use, cached, loaded by ctypes.
+
+No Python or torch headers: a build takes about a second, and the torch-free sidecar can use
+one too. A build lands in ``$SEEDANCE_CACHE_DIR`` (default ``~/.cache/seedance-tuner``) under a
+name hashed from the source, compiler and flags, written to a temporary file and renamed, so
+processes starting together never load half a library. Every caller keeps a pure Python (or
+torch) path that gives the same numbers, which the tests hold each library to, and falls back
+to it when there is no compiler (``$CC``, else ``cc`` or ``gcc``), the build fails, or the
+caller's switch is set to ``0``. ctypes releases the GIL for each call, so threads calling a
+helper run at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+NATIVE_FLAGS = ("-O3", "-fPIC", "-shared", "-fvisibility=hidden")
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SEEDANCE_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seedance-tuner"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
+    """The library for this source, compiler and flags: from the cache, or compiled into it."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=True, timeout=30).stdout
+    digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(flags).encode())
+    target = cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{source.stem}-", suffix=".so")
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *flags, "-o", partial, str(source)], capture_output=True,
+                       text=True, check=True, timeout=120)
+        os.replace(partial, target)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+
+def load_native(source: Path, *, flags: tuple[str, ...] = NATIVE_FLAGS, switch: str,
+                fallback: str, log: logging.Logger) -> ctypes.CDLL | None:
+    """The library built from ``source``, or None when ``$switch`` is ``0`` (quietly) or it
+    cannot be built (a warning on ``log`` that ends "..., ``fallback``"). Callers cache the
+    answer, so each process tries once."""
+    if os.environ.get(switch, "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        log.warning("no C compiler (set $CC): %s", fallback)
+        return None
+    try:
+        return ctypes.CDLL(str(_build(compiler, source, flags)))
+    except (OSError, subprocess.SubprocessError) as e:
+        said = (str(getattr(e, "stderr", "") or "").strip().splitlines() or [str(e)])[-1]
+        log.warning("building %s failed, %s: %s", source.name, fallback, said)
+        return None
