@@ -43,6 +43,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "hf_kv_cache.json": "hf_kv_cache",
     "idle_sidecar.json": "idle_sidecar",
     "kv.json": "kv",
+    "kv_rounds*.json": "kv",
     "live_session.json": "live_session",
     "measurement.json": "measurement",
     "otlp_decode.json": "otlp_decode",

@@ -19,7 +19,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 NATIVE_FLAGS = ("-O3", "-fPIC", "-shared", "-fvisibility=hidden")
 
@@ -58,11 +60,12 @@ def _build(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     return target
 
 
-def load_native(source: Path, *, flags: tuple[str, ...] = NATIVE_FLAGS, switch: str,
-                fallback: str, log: logging.Logger) -> ctypes.CDLL | None:
-    """The library built from ``source``, or None when ``$switch`` is ``0`` (quietly) or it
-    cannot be built (a warning on ``log`` that ends "..., ``fallback``"). Callers cache the
-    answer, so each process tries once."""
+def load_native(source: Path, function: str, argtypes: list[Any], *,
+                flags: tuple[str, ...] = NATIVE_FLAGS, switch: str, fallback: str,
+                log: logging.Logger) -> Callable[..., int] | None:
+    """``function`` (returning a C int) of the library built from ``source``, or None when
+    ``$switch`` is ``0`` (quietly) or it cannot be built (a warning on ``log`` that ends
+    "..., ``fallback``"). Callers cache the answer, so each process tries once."""
     if os.environ.get(switch, "1") == "0":
         return None
     compiler = _compiler()
@@ -70,8 +73,11 @@ def load_native(source: Path, *, flags: tuple[str, ...] = NATIVE_FLAGS, switch: 
         log.warning("no C compiler (set $CC): %s", fallback)
         return None
     try:
-        return ctypes.CDLL(str(_build(compiler, source, flags)))
+        fn = getattr(ctypes.CDLL(str(_build(compiler, source, flags))), function)
     except (OSError, subprocess.SubprocessError) as e:
         said = (str(getattr(e, "stderr", "") or "").strip().splitlines() or [str(e)])[-1]
         log.warning("building %s failed, %s: %s", source.name, fallback, said)
         return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = argtypes
+    return fn  # type: ignore[no-any-return]

@@ -75,16 +75,12 @@ _Match = Callable[..., int]
 def native_match() -> _Match | None:
     """``seedance_json_template_match`` of ``collectors/csrc/json_template.c``, or None (the
     numpy path) when it is turned off (``SEEDANCE_JSON_NATIVE=0``) or cannot be built."""
-    lib = load_native(Path(__file__).parent / "csrc" / "json_template.c",
-                      switch="SEEDANCE_JSON_NATIVE", log=log,
-                      fallback="OTLP/JSON templates are read by the slower numpy path")
-    if lib is None:
-        return None
-    fn = lib.seedance_json_template_match
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    return fn  # type: ignore[no-any-return]
+    return load_native(Path(__file__).parent / "csrc" / "json_template.c",
+                       "seedance_json_template_match",
+                       [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p,
+                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
+                       switch="SEEDANCE_JSON_NATIVE", log=log,
+                       fallback="OTLP/JSON templates are read by the slower numpy path")
 
 
 def _number_chars(b: np.ndarray) -> np.ndarray:

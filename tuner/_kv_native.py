@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,18 +26,14 @@ FLAGS = (*NATIVE_FLAGS, "-ffp-contract=off")
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
+def library() -> Callable[..., int] | None:
     """The loaded kernel, or None (logged once) when it is turned off or cannot be built."""
-    lib = load_native(SOURCE, flags=FLAGS, switch="SEEDANCE_KV_NATIVE", log=log,
-                      fallback="the KV cache dequantises with the slower torch path")
-    if lib is None:
-        return None
-    fn = lib.seedance_kv_dequantize
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                   ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    return lib
+    return load_native(SOURCE, "seedance_kv_dequantize",
+                       [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                        ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int],
+                       flags=FLAGS, switch="SEEDANCE_KV_NATIVE", log=log,
+                       fallback="the KV cache dequantises with the slower torch path")
 
 
 def dequantize_into(out: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -47,8 +44,8 @@ def dequantize_into(out: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     the kernel is unavailable or the tensors are not on the CPU. ``simd=False`` takes the
     portable path that CPUs without AVX2 run. Called per stored part on every decode step,
     so it checks with the cheapest tensor calls."""
-    lib = library()
-    if lib is None or out.dtype is not torch.float32 or out.is_cuda or packed.is_cuda \
+    kernel = library()
+    if kernel is None or out.dtype is not torch.float32 or out.is_cuda or packed.is_cuda \
             or scale.dtype is not torch.float16:
         return False
     b, h, t, d = out.shape
@@ -58,7 +55,7 @@ def dequantize_into(out: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     parts = [x if x.is_contiguous() else x.contiguous() for x in (packed, scale)]
     if zero is not None:  # float16 like the scale: the kernel reads their bits
         parts.append(zero if zero.is_contiguous() else zero.contiguous())
-    status = lib.seedance_kv_dequantize(
+    status = kernel(
         parts[0].data_ptr(), parts[1].data_ptr(), parts[2].data_ptr() if zero is not None
         else None, bits, keys, group, b * h, t, d, out.data_ptr(), block, simd)
     return status == 0
