@@ -166,9 +166,12 @@ class StoreQueries:
                 return None
             bounds = (ValueBounds(0, 0, math.inf, -math.inf, None) if n is None  # no chunk
                       else ValueBounds(n, n_nan, v_min, v_max, t_max))
-            series, times, values = self._points.columns(conn)
-            journal = np.isin(series, kept) & (times >= lo) & (times <= hi)
-        return bounds.merged(ValueBounds.of(values[journal], times[journal]))
+            runs = self._points.runs(conn)
+        inside = [np.isin(s, kept) & (t >= lo) & (t <= hi) for s, t, _ in runs]
+        times = [t[m] for (_, t, _), m in zip(runs, inside, strict=True)]
+        values = [v[m] for (_, _, v), m in zip(runs, inside, strict=True)]
+        return bounds.merged(ValueBounds.of(np.concatenate([np.empty(0), *values]),
+                                            np.concatenate([np.empty(0, np.int64), *times])))
 
     def _attrs(self, text: str) -> dict[str, str]:
         """A series' attributes, parsed once per distinct text: a pass over a job of
