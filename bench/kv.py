@@ -345,16 +345,19 @@ def _copy_gbps(n_bytes: int, repeats: int, device: torch.device) -> float:
     return n_bytes / best / 1e9
 
 
-def _decisions(rows: list[dict], kernel_s: dict[Arm, float],
-               decode: dict[Arm, dict[str, float]], float32_read_s: float, batch: int,
-               context: int) -> dict:
+def _decisions(rows: list[dict], kernel_s: dict[Arm, float], float32_steps: dict[str, float],
+               batch: int, context: int) -> dict:
     """What the KV decompression detector's trade-off decides per width when dequantising
     costs what each path measured (``kernel_s``: seconds to dequantise one sequence's stored
     parts, what the live detector reads from the codec timer): the decisions that move with
     the kernel's speed. Twice: for an engine whose attention reads the uncompressed cache in
     place (the trade-off's default), and for one that copies it each step, as this engine
-    does (``float32_read_s``, the copy timed inside the float32 decode steps, is what
-    dequantising replaces). A modelled scenario (module constant), not a serving run."""
+    does (the copy timed inside the float32 decode steps is what dequantising replaces). The
+    float32 step and its read come from the same steps (``float32_steps``, the calibration
+    rounds'), so the step less its read is never negative: a timed round's step less a
+    calibration round's read was, once, in a tiny run. A modelled scenario (module
+    constant), not a serving run."""
+    float32_read_s = float32_steps["read_s"]
     cfg = KvDecompressionConfig()
     by_bits = {r["bits"]: r for r in rows}
     replaced = {"in_place": 0.0, "copying": float32_read_s / batch}
@@ -367,7 +370,7 @@ def _decisions(rows: list[dict], kernel_s: dict[Arm, float],
         "uncompressed read per sequence: none (an engine reading in place) or the float32 "
         "copy timed in this engine's steps (a copying engine), in ms: "
         f"{replaced['copying'] * 1e3:.3f} (modelled, not a serving run)"), "rows": []}
-    plain_step_s = decode[(32, "fused")]["step_s"] - float32_read_s
+    plain_step_s = float32_steps["step_s"] - float32_read_s
     for width in QUANTIZED_BITS:
         row: dict[str, float] = {"bits": width}
         for path in PATHS:
@@ -517,8 +520,7 @@ def main(argv: list[str] | None = None) -> dict:
         "crossover": crossover,
         "decisions": _decisions(rows, {a: kernel_bytes[a[0]] / kernel[a] for a in kernel
                                        if a != COPY},
-                                decode, calibration[(32, "fused")]["read_s"], args.batch,
-                                args.context),
+                                calibration[(32, "fused")], args.batch, args.context),
         "crossover_context": faster[0] if faster else None,
         "model_error_median_abs": statistics.median(errors) if errors else None,
     }
