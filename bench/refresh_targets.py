@@ -62,7 +62,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "store.json": "store",
     "state_checkout*.json": "state_checkout",
     "store_flush.json": "store_flush",
-    "store_fold.json": "store_fold",
+    "store_fold*.json": "store_fold",
     "tuning.json": "tuning",
 }
 INPUTS = {"tuning_grid.json": ("tuning", "GRID_NO_TARGET")}

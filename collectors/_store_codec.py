@@ -48,12 +48,25 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pack_planes(planes: np.ndarray, mask: np.ndarray) -> bytes:
-    """Byte-shuffled uint64 words (``planes``: one row of 8 bytes per word) without the
-    all-zero byte planes (``mask``: the planes kept), zlib'd after a one-byte mask."""
-    kept: list[int] = np.flatnonzero(mask).tolist()
-    return bytes((sum(1 << i for i in kept),)) + zlib.compress(
-        planes[:, kept].T.tobytes(), _ZLIB_LEVEL)
+def _pack_planes(planes: np.ndarray) -> list[bytes]:
+    """Per frame (``planes``: frames x words x 8 bytes): its byte-shuffled words without the
+    all-zero byte planes, zlib'd after a one-byte mask of the planes kept.
+
+    The shuffle and the dropping are one array operation each over all frames, so a frame
+    costs one compress call: with a gather per frame (``planes[f][:, kept]``, numpy's
+    element-by-element fancy indexing) a fold's rollup pieces (7 columns of 1 or 2 buckets)
+    took 1.46x as long to encode."""
+    count, words = planes.shape[0], planes.shape[1]
+    masks = planes.any(axis=1)  # frames x 8: the planes that carry anything
+    kept_rows = np.ascontiguousarray(planes.transpose(0, 2, 1))[masks].reshape(-1)
+    mask_bytes = (masks << np.arange(8, dtype=np.uint8)).sum(axis=1, dtype=np.uint8).tolist()
+    ends = (np.cumsum(masks.sum(axis=1)) * words).tolist()
+    out, start = [], 0
+    for f in range(count):
+        out.append(bytes((mask_bytes[f],)) + zlib.compress(kept_rows[start:ends[f]].data,
+                                                          _ZLIB_LEVEL))
+        start = ends[f]
+    return out
 
 
 def _unpack(blob: bytes | memoryview, n: int) -> np.ndarray:
@@ -147,8 +160,8 @@ def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int) -> l
                     heads[f][i] = kind_heads[f * len(rows) + j]
     planes = words.reshape(count, -1).astype("<u8", copy=False).view(np.uint8).reshape(
         count, -1, 8)
-    masks = np.asarray(planes.any(axis=1))  # per frame: which byte planes carry anything
-    return [b"".join(heads[f]) + _pack_planes(planes[f], masks[f]) for f in range(count)]
+    return [b"".join(head) + packed for head, packed in zip(heads, _pack_planes(planes),
+                                                            strict=True)]
 
 
 def decode_frame(blob: bytes, kinds: str, n: int) -> list[np.ndarray]:

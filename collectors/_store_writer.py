@@ -41,7 +41,6 @@ from collectors._store_file import (
 from collectors._store_retention import delete_expired
 from collectors._store_rollups import (
     AGG_FIELDS,
-    MERGE_AT_CHUNKS,
     NS,
     RAW_BLOCK_NS,
     ROLLUP_BLOCK_NS,
@@ -53,6 +52,7 @@ from collectors._store_rollups import (
     encode_aggs,
     encode_journal,
     hour_buckets,
+    pieces_to_merge,
     points_agg,
     split_by_block,
 )
@@ -212,7 +212,8 @@ class StoreWriter:
         self._attr_keys: GenerationalMap[tuple[str, tuple[tuple[object, object], ...]], str] = \
             GenerationalMap(_SERIES_IDLE_S)
         self._series_ids: GenerationalMap[tuple[str, str], int] = GenerationalMap(_SERIES_IDLE_S)
-        self._chunk_counts: dict[tuple[int, int, int], int] = {}  # (step_s or 0, sid, block)
+        self._piece_sizes: dict[tuple[int, int, int], list[int]] = {}
+        """Rows of each piece of a block, oldest first, by (step_s or 0, sid, block)."""
         self._next_maintenance = 0.0  # the first flush runs retention
         self._next_fold = _clock() + _FOLD_EVERY_S
         self._phase_s = _phases.uniform(0.0, _FOLD_EVERY_S)
@@ -334,7 +335,7 @@ class StoreWriter:
                     self._file.retry(lambda: self._commit(batch))
                 except BaseException as e:
                     self._series_ids.clear()
-                    self._chunk_counts.clear()
+                    self._piece_sizes.clear()
                     self._requeue(batch)
                     self.write_error = f"{type(e).__name__}: {e}"
                     raise
@@ -457,13 +458,13 @@ class StoreWriter:
 
     def _append_chunk(self, sid: int, block: int, t: np.ndarray, v: np.ndarray,
                       writes: _Writes, sealed: bool) -> None:
-        conn = self._file.conn
-        count = self._rows_in_block(0, sid, block)
-        if count + 1 >= MERGE_AT_CHUNKS or (sealed and count):
-            rows = conn.execute(
+        sizes = self._pieces(0, sid, block)
+        take = pieces_to_merge(sizes, int(t.shape[0]), sealed)
+        if take:
+            rows = self._file.conn.execute(
                 "SELECT c.id, c.n, t.data, c.vals, c.times_id FROM chunks c JOIN times t "
-                "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns = ?",
-                (sid, block)).fetchall()
+                "ON t.id = c.times_id WHERE c.series_id = ? AND c.block_ns = ? "
+                "ORDER BY c.id DESC LIMIT ?", (sid, block, take)).fetchall()
             t = np.concatenate([codec.decode_times(r[2], r[1]) for r in rows] + [t])
             v = np.concatenate([codec.decode_values(r[3], r[1]) for r in rows] + [v])
             order = np.argsort(t, kind="stable")
@@ -471,41 +472,45 @@ class StoreWriter:
             writes.merged_away["chunks"].extend(r[0] for r in rows)
             # their timestamp columns go once no chunk uses them, after the new chunks are in
             writes.times_unused.update(r[4] for r in rows)
-            count = 0
+            del sizes[len(sizes) - take:]
         writes.chunks.append(((sid, block, int(t[0]), int(t[-1]), int(t.shape[0]),
                                self._times_id(t, writes.times_ids)), v))
-        self._chunk_counts[(0, sid, block)] = count + 1
+        sizes.append(int(t.shape[0]))
 
-    def _rows_in_block(self, step_s: int, sid: int, block: int) -> int:
-        """Rows (raw chunks for step 0, else rollup pieces) that hold this series' block."""
-        count = self._chunk_counts.get((step_s, sid, block))
-        if count is None:
-            count = self._file.conn.execute(
-                "SELECT count(*) FROM chunks WHERE series_id = ? AND block_ns = ?"
-                if step_s == 0 else "SELECT count(*) FROM rollups WHERE series_id = ? AND "
-                "block_ns = ? AND step_s = ?", (sid, block) + ((step_s,) if step_s else ())
-            ).fetchone()[0]
-        return count
+    def _pieces(self, step_s: int, sid: int, block: int) -> list[int]:
+        """Rows of each piece (raw chunk for step 0, else rollup piece) of this series' block,
+        oldest first: the cached list, which the caller updates as it writes."""
+        sizes = self._piece_sizes.get((step_s, sid, block))
+        if sizes is None:
+            sizes = self._piece_sizes[(step_s, sid, block)] = [row[0] for row in (
+                self._file.conn.execute(
+                    "SELECT n FROM chunks WHERE series_id = ? AND block_ns = ? ORDER BY id",
+                    (sid, block)) if step_s == 0 else self._file.conn.execute(
+                    "SELECT n FROM rollups WHERE series_id = ? AND step_s = ? AND block_ns = ? "
+                    "ORDER BY id", (sid, step_s, block)))]
+        return sizes
 
     # -- maintenance ---------------------------------------------------------------------
 
     def _merge_rollup(self, sid: int, step_s: int, agg: Agg, writes: _Writes) -> None:
-        """Append this flush's buckets as a piece; merge a block's pieces at 8 or once sealed."""
-        conn = self._file.conn
+        """Append this flush's buckets as a piece of each block they reach, merged with the
+        block's newest pieces as :func:`pieces_to_merge` says."""
         for block, part, sealed in split_by_block(agg["bucket"], ROLLUP_BLOCK_NS[step_s]):
             new = {k: a[part] for k, a in agg.items()}
-            count = self._rows_in_block(step_s, sid, block)
-            if count + 1 >= MERGE_AT_CHUNKS or (sealed and count):
-                rows = conn.execute("SELECT id, n, data FROM rollups WHERE series_id = ? AND "
-                                    "step_s = ? AND block_ns = ?", (sid, step_s, block)
-                                    ).fetchall()
+            sizes = self._pieces(step_s, sid, block)
+            take = pieces_to_merge(sizes, int(new["bucket"].shape[0]), sealed)
+            if take:
+                rows = self._file.conn.execute(
+                    "SELECT id, n, data FROM rollups WHERE series_id = ? AND step_s = ? AND "
+                    "block_ns = ? ORDER BY id DESC LIMIT ?", (sid, step_s, block, take)
+                ).fetchall()
                 olds = [decode_agg(r[2], r[1]) for r in rows] + [new]
                 new = combine({k: np.concatenate([o[k] for o in olds]) for k in AGG_FIELDS},
                               presorted=False)
                 writes.merged_away["rollups"].extend(r[0] for r in rows)
-                count = 0
+                del sizes[len(sizes) - take:]
             writes.rollups.append(((sid, step_s, block, int(new["bucket"].shape[0])), new))
-            self._chunk_counts[(step_s, sid, block)] = count + 1
+            sizes.append(int(new["bucket"].shape[0]))
 
     def fold(self) -> None:
         """Move the journal's buckets into each series' rollups, in one transaction (a
@@ -539,7 +544,7 @@ class StoreWriter:
             try:
                 self._file.retry(attempt)
             except BaseException:
-                self._chunk_counts.clear()  # counts cached inside the rolled-back transaction
+                self._piece_sizes.clear()  # counts cached inside the rolled-back transaction
                 raise
             self._journal_rows = 0
             self._next_fold = _clock() + _FOLD_EVERY_S
@@ -552,7 +557,7 @@ class StoreWriter:
         with self._file.lock:
             self.fold()
             delete_expired(self._file, now)
-            self._chunk_counts.clear()
+            self._piece_sizes.clear()
             self._next_maintenance = _clock() + _MAINTENANCE_EVERY_S + self._phase_s
             self._next_fold += self._phase_s
             # the row trigger too: at one flush a second it falls due with the timer, not before

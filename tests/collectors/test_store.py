@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from collectors import ValueBounds, _store_writer
+from collectors import _store_codec as codec_module
 from collectors._errors import SeedanceError
 from collectors._points import Point
 from collectors._store import TimeSeriesStore
@@ -37,6 +38,7 @@ from collectors._store_codec import (
 )
 from collectors._store_file import ROWS_PER_STATEMENT, StoreError, execute_rows
 from collectors._store_query import AUTO_MIN_POINTS, DecodedCache
+from collectors._store_rollups import MAX_PIECES, pieces_to_merge
 
 REPO = Path(__file__).resolve().parents[2]
 NS = 1_000_000_000
@@ -497,6 +499,64 @@ def test_many_small_flushes_are_compacted_and_intact(tmp_path: Path) -> None:
         per_block = conn.execute("SELECT max(c) FROM (SELECT count(*) c FROM chunks "
                                  "GROUP BY series_id, block_ns)").fetchone()[0]
     assert per_block < 8
+
+
+def test_a_block_filled_fold_by_fold_stays_intact_in_few_pieces_encoded_a_few_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-hour block of one fold a minute: merging the whole block at every 8th piece
+    re-encoded each point 11 times; tiered merges must keep that near 3, lose nothing and
+    keep the rollups exact."""
+    encoded = {"v": 0}
+    encode_frames = codec_module.encode_frames
+
+    def counting(kinds: str, frames: list[list[np.ndarray]]) -> list[bytes]:
+        if kinds == "v":
+            encoded["v"] += sum(len(f[0]) for f in frames)
+        return encode_frames(kinds, frames)
+
+    monkeypatch.setattr(codec_module, "encode_frames", counting)
+    rng = np.random.default_rng(11)
+    block = T0 // (7200 * NS) * (7200 * NS)
+    t = block + np.arange(7200) * NS
+    v = np.round(rng.normal(50, 10, 7200), 3)
+    path = tmp_path / "s.db"
+    with _store(path) as store:
+        for minute in range(120):
+            part = slice(minute * 60, minute * 60 + 60)
+            store.write_series("m", {"k": "a"}, t[part], v[part])
+            store.flush()
+            store.fold()
+        with sqlite3.connect(path) as conn:
+            pieces = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+            rollup_pieces = conn.execute("SELECT max(c) FROM (SELECT count(*) c FROM rollups "
+                                         "GROUP BY step_s)").fetchone()[0]
+        raw = store.query("m", resolution="raw")
+        minute_rollup = store.query("m", resolution="1m")
+    assert raw["value"].tolist() == v.tolist()
+    assert raw["time"].astype("int64").tolist() == t.tolist()
+    assert encoded["v"] / 7200 <= 4.0
+    assert pieces <= 2 * 7 + 1 and rollup_pieces <= 4 * 8
+    expected = _expected_rollup(t, v, 60)
+    assert minute_rollup["count"].tolist() == expected["count"].tolist()
+    assert minute_rollup["max"].tolist() == expected["max"].tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=300), st.integers(0, 299))
+def test_tiered_merges_keep_every_row_and_few_pieces_whatever_the_sizes(
+        sizes: list[int], seal_at: int) -> None:
+    pieces: list[int] = []
+    for i, size in enumerate(sizes):
+        sealed = i == seal_at
+        take = pieces_to_merge(pieces, size, sealed)
+        assert 0 <= take <= len(pieces) and (take == len(pieces) or not sealed)
+        merged = size + sum(pieces[len(pieces) - take:])
+        del pieces[len(pieces) - take:]
+        pieces.append(merged)
+        assert len(pieces) < MAX_PIECES
+    assert sum(pieces) == sum(sizes)
+    if seal_at < len(sizes):
+        assert len(pieces) <= len(sizes) - seal_at
 
 
 def test_series_sampled_together_share_one_timestamp_column(tmp_path: Path) -> None:
