@@ -25,6 +25,7 @@ from hypothesis.extra import numpy as hnp
 from collectors import ValueBounds, _store_writer
 from collectors import _store_codec as codec_module
 from collectors._errors import SeedanceError
+from collectors._otlp_decode import DecodedMetrics, Shape
 from collectors._points import Point
 from collectors._store import TimeSeriesStore
 from collectors._store_codec import (
@@ -557,6 +558,60 @@ def test_tiered_merges_keep_every_row_and_few_pieces_whatever_the_sizes(
     assert sum(pieces) == sum(sizes)
     if seal_at < len(sizes):
         assert len(pieces) <= len(sizes) - seal_at
+
+
+def _rank_shapes(*ranks: str) -> dict[str, Shape]:
+    return {r: Shape([f"m{g}" for g in range(8)], [{"rank": r, "g": str(g)} for g in range(8)])
+            for r in ranks}
+
+
+def _export(store: TimeSeriesStore, shape: Shape, i: int) -> None:
+    store.write_decoded(DecodedMetrics(shape=shape, times=np.full(8, T0 + i * NS),
+                                       values=np.arange(8.0) + 100 * i))
+
+
+def _assert_series(store: TimeSeriesStore, exports: dict[str, list[int]]) -> None:
+    for rank, exported in exports.items():
+        got = store.query("m3", where={"rank": rank}, resolution="raw")
+        assert got["value"].tolist() == [3.0 + 100 * i for i in exported], rank
+
+
+def test_a_repeat_shape_is_stored_under_its_own_series_after_a_commit_that_rolled_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape's series ids are kept from flush to flush; ids read in a commit that rolled back
+    (its new series rows with it) must not be: another shape's series may take those ids."""
+    shapes = _rank_shapes("a", "b")
+    append = _store_writer.points_journal.append
+    failing = [True]
+
+    def fail_once(*args: object) -> None:
+        if failing and failing.pop():
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        append(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_store_writer.points_journal, "append", fail_once)
+    with _store(tmp_path / "s.db") as store:
+        _export(store, shapes["a"], 0)
+        with pytest.raises(sqlite3.OperationalError):
+            store.flush()
+        _export(store, shapes["b"], 1)
+        store.flush()  # a's batch again, then b's
+        _export(store, shapes["a"], 2)
+        store.flush()
+        _assert_series(store, {"a": [0, 2], "b": [1]})
+
+
+def test_one_shape_written_to_two_stores_lands_under_each_stores_own_series(
+        tmp_path: Path) -> None:
+    shapes = _rank_shapes("a", "c")
+    with _store(tmp_path / "one.db") as one, _store(tmp_path / "two.db") as two:
+        _export(one, shapes["a"], 0)
+        one.flush()
+        _export(two, shapes["c"], 1)  # takes, in two, the ids a has in one
+        _export(two, shapes["a"], 2)
+        two.flush()
+        _assert_series(one, {"a": [0]})
+        _assert_series(two, {"a": [2], "c": [1]})
 
 
 def test_series_sampled_together_share_one_timestamp_column(tmp_path: Path) -> None:
