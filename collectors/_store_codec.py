@@ -27,11 +27,6 @@ import zlib
 import numpy as np
 
 _ZLIB_LEVEL = 3
-JOURNAL_ZLIB_LEVEL = 0
-"""For journal rows: read once by the next fold and deleted with it, within about a minute.
-A stored (level 0) deflate stream is a copy, where level 3 took 2/3 of the time to encode a
-flush's 106k points of 16,000 series (24 ms against 8.5); its bytes, 2.6x as many for such
-values, are gone by the next fold. The decoder reads any level."""
 _INT_LIMIT = 2.0**53
 
 _TIMES = struct.Struct("<qq")  # first timestamp, median delta
@@ -53,7 +48,7 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pack_planes(planes: np.ndarray, level: int) -> list[bytes]:
+def _pack_planes(planes: np.ndarray) -> list[bytes]:
     """Per frame (``planes``: frames x words x 8 bytes): its byte-shuffled words without the
     all-zero byte planes, zlib'd after a one-byte mask of the planes kept.
 
@@ -69,7 +64,7 @@ def _pack_planes(planes: np.ndarray, level: int) -> list[bytes]:
     out, start = [], 0
     for f in range(count):
         out.append(bytes((mask_bytes[f],)) + zlib.compress(kept_rows[start:ends[f]].data,
-                                                          level))
+                                                          _ZLIB_LEVEL))
         start = ends[f]
     return out
 
@@ -124,17 +119,16 @@ def _value_words(v: np.ndarray) -> tuple[list[bytes], np.ndarray]:
     return [_TAG_INT if w else _TAG_XOR for w in whole.tolist()], words
 
 
-def encode_frame(kinds: str, columns: list[np.ndarray], *, level: int = _ZLIB_LEVEL) -> bytes:
+def encode_frame(kinds: str, columns: list[np.ndarray]) -> bytes:
     """Encode equal-length columns in one blob; ``kinds[i]`` is "t" (int64 ns) or "v" (float64).
 
     One zlib stream for all columns keeps the fixed cost per blob low (a rollup piece of a few
     buckets has seven columns); the columns of a kind are transformed together, as one array.
     """
-    return encode_frames(kinds, [columns], level=level)[0]
+    return encode_frames(kinds, [columns])[0]
 
 
-def encode_frames(kinds: str, frames: list[list[np.ndarray]], *, level: int = _ZLIB_LEVEL
-                  ) -> list[bytes]:
+def encode_frames(kinds: str, frames: list[list[np.ndarray]]) -> list[bytes]:
     """:func:`encode_frame` of each of ``frames``, byte for byte, with the transforms of all
     frames of one length done as one array: a fold encodes a small blob for each of thousands
     of series, and the numpy calls per blob cost more than the bytes in it."""
@@ -143,14 +137,13 @@ def encode_frames(kinds: str, frames: list[list[np.ndarray]], *, level: int = _Z
     for i, columns in enumerate(frames):
         by_length.setdefault(len(columns[0]), []).append(i)
     for n, which in by_length.items():
-        for i, blob in zip(which, _encode_same_length(kinds, [frames[i] for i in which], n,
-                                                      level), strict=True):
+        for i, blob in zip(which, _encode_same_length(kinds, [frames[i] for i in which], n),
+                           strict=True):
             out[i] = blob
     return out
 
 
-def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int, level: int
-                        ) -> list[bytes]:
+def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int) -> list[bytes]:
     count = len(frames)
     heads: list[list[bytes]] = [[b""] * len(kinds) for _ in range(count)]
     words = np.empty((count, len(kinds), n), dtype=np.uint64)
@@ -167,7 +160,7 @@ def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int, leve
                     heads[f][i] = kind_heads[f * len(rows) + j]
     planes = words.reshape(count, -1).astype("<u8", copy=False).view(np.uint8).reshape(
         count, -1, 8)
-    return [b"".join(head) + packed for head, packed in zip(heads, _pack_planes(planes, level),
+    return [b"".join(head) + packed for head, packed in zip(heads, _pack_planes(planes),
                                                             strict=True)]
 
 

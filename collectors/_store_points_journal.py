@@ -38,9 +38,8 @@ def has_points_journal(conn: sqlite3.Connection) -> bool:
 def append(conn: sqlite3.Connection, series: np.ndarray, times: np.ndarray,
            values: np.ndarray) -> None:
     """Add one flush's points as one row (inside the caller's transaction)."""
-    data = codec.encode_frame(_KINDS, [series, times, values], level=codec.JOURNAL_ZLIB_LEVEL)
     conn.execute("INSERT INTO points_journal(n, data) VALUES(?, ?)",
-                 (int(series.shape[0]), data))
+                 (int(series.shape[0]), codec.encode_frame(_KINDS, [series, times, values])))
 
 
 def sort_columns(series: np.ndarray, times: np.ndarray, values: np.ndarray) -> Columns:
