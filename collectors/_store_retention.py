@@ -8,12 +8,21 @@ from collectors._store_file import StoreFile, transaction
 from collectors._store_rollups import NS, ROLLUP_BLOCK_NS
 
 
-def delete_expired(file: StoreFile, now_ns: int) -> None:
+def delete_expired(file: StoreFile, now_ns: int) -> dict[int, int]:
     """Delete, in one transaction, what is past its retention at ``now_ns``, then give the
     freed pages back to the file system. The caller holds the file's lock and has folded the
-    rollup journal, so no bucket of an expired block waits there."""
+    rollup journal, so no bucket of an expired block waits there.
+
+    Returns, by step (0 for raw chunks), the start from which no block lost a piece: a block
+    starting earlier may have (raw chunks expire one by one)."""
     cfg = file.config
     conn = file.conn
+    untouched = {step: -(2**63) for step in (0, *ROLLUP_BLOCK_NS)}
+    if cfg.raw_retention_s is not None:
+        untouched[0] = now_ns - int(cfg.raw_retention_s * NS)
+    for step_s, keep_s in ((60, cfg.rollup_1m_retention_s), (3600, cfg.rollup_1h_retention_s)):
+        if keep_s is not None:
+            untouched[step_s] = now_ns - int(keep_s * NS) - ROLLUP_BLOCK_NS[step_s] + 1
 
     def attempt() -> None:
         with transaction(conn):
@@ -29,3 +38,4 @@ def delete_expired(file: StoreFile, now_ns: int) -> None:
         conn.execute("PRAGMA incremental_vacuum")
 
     file.retry(attempt)
+    return untouched

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 _MAINTENANCE_EVERY_S = 60.0
 _SERIES_IDLE_S = 600.0
+_BLOCK_NS = {0: RAW_BLOCK_NS, **ROLLUP_BLOCK_NS}  # by step (0: raw chunks)
 _FOLD_EVERY_S = 60.0
 _FOLD_AT_ROWS = 120  # or sooner, when flushes come faster than one a second
 _clock = time.monotonic  # when folds and retention passes fall due; a test steps its own
@@ -581,6 +582,16 @@ class StoreWriter:
             self._journal_rows = 0
             self._next_fold = _clock() + _FOLD_EVERY_S
 
+    def _forget_pieces(self, untouched: dict[int, int], now_ns: int) -> None:
+        """Drop the piece sizes of blocks a retention pass may have changed, and of blocks
+        before the one before ``now_ns``'s (a series writes them again only with late points).
+        The rest stay right: clearing them all at each pass (once a minute) made every fold
+        look up every series' pieces again, three statements a series."""
+        keep_from = {step: max(start, now_ns - 2 * _BLOCK_NS[step])
+                     for step, start in untouched.items()}
+        self._piece_sizes = {key: sizes for key, sizes in self._piece_sizes.items()
+                             if key[2] >= keep_from[key[0]]}
+
     def prune(self, *, now_ns: int | None = None) -> None:
         """Fold, then delete data past its retention, relative to ``now_ns`` (default: the
         wall clock)."""
@@ -588,8 +599,7 @@ class StoreWriter:
         now = time.time_ns() if now_ns is None else int(now_ns)
         with self._file.lock:
             self.fold()
-            delete_expired(self._file, now)
-            self._piece_sizes.clear()
+            self._forget_pieces(delete_expired(self._file, now), now)
             self._next_maintenance = _clock() + _MAINTENANCE_EVERY_S + self._phase_s
             self._next_fold += self._phase_s
             # the row trigger too: at one flush a second it falls due with the timer, not before

@@ -662,6 +662,39 @@ def test_retention_prunes_raw_then_rollups(tmp_path: Path) -> None:
     assert one_hour["count"].sum() == t.shape[0]
 
 
+def test_folds_after_a_retention_pass_reuse_what_they_know_of_each_block(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retention pass (once a minute) forgot every block's pieces, so the next fold looked
+    each series' pieces up again, three statements a series. It forgets only the blocks it
+    may have changed; a block that lost chunks to it goes on merging without losing more."""
+    monkeypatch.setattr(_store_writer, "_clock", lambda: -1e9)  # prunes and folds when called
+    block = T0 // (7200 * NS) * (7200 * NS)
+    minutes, series = 40, 20
+    t = block + np.arange(minutes * 60) * NS
+    lookups: list[str] = []
+    with _store(tmp_path / "s.db", raw_retention_s=3600) as store:
+        store._writer._file.conn.set_trace_callback(
+            lambda sql: lookups.append(sql) if sql.startswith("SELECT n FROM") else None)
+        for minute in range(minutes):
+            part = slice(minute * 60, minute * 60 + 60)
+            for s in range(series):
+                store.write_series("m", {"s": str(s)}, t[part], np.arange(60.0) + minute * 60)
+            store.flush()
+            first = len(lookups)
+            now = int(t[part][-1]) + 3600 * NS - 25 * 60 * NS  # keeps the last 25 minutes
+            store.prune(now_ns=now)
+            if 2 <= minute and now - 3600 * NS < block:  # nothing of this block expired yet
+                assert len(lookups) == first, f"minute {minute}: pieces looked up again"
+            elif minute > 30:  # chunks of the block expire: what it knew of it is forgotten
+                assert len(lookups) - first >= series, f"minute {minute}"
+        raw = store.query("m", where={"s": "7"}, resolution="raw")
+        one_min = store.query("m", where={"s": "7"}, resolution="1m")
+    kept = raw["value"].tolist()
+    assert kept == list(np.arange(minutes * 60.0)[-len(kept):])  # a whole suffix, in order
+    assert len(kept) >= 25 * 60  # everything inside the retention
+    assert one_min["count"].tolist() == [60] * minutes
+
+
 def test_metrics_lists_names_series_points_and_range(tmp_path: Path) -> None:
     with _store(tmp_path / "s.db") as store:
         store.write_series("a", {"g": "0"}, T0 + np.arange(5) * NS, np.zeros(5))
