@@ -7,9 +7,11 @@ module groups that is 4,000 series x 3 small blobs a minute, on whichever thread
 
 Each arm, in a fresh process with its tree first on ``sys.path``, writes SIMULATED exports
 (``--ranks`` x ``--groups`` gauge series, random values, one point per series every 5 s, a
-flush per export as the receiver makes it) into a new store, and times ``fold()`` after each
-minute of them, for ``--minutes`` minutes (the first fold is not counted: it also sets up the
-series' blocks). A fold also merges a block's pieces (``pieces_to_merge``), which a run of a
+flush per export as the receiver makes it) into a new store, and times the retention pass
+(``prune()``: a fold, then retention) after each minute of them, as a sidecar runs one a
+minute, for ``--minutes`` minutes (the first is not counted: it also sets up the series'
+blocks). Results before 2026-12-07 timed ``fold()`` alone, which left out that each pass made
+the next fold look up every series' pieces again. A fold also merges a block's pieces (``pieces_to_merge``), which a run of a
 few minutes hardly reaches: ``--minutes 120`` covers a whole 2-hour block, and the mean and
 the 95th percentile then count the merges the median leaves out. Arms alternate (base, new,
 base, new, ...):
@@ -80,7 +82,7 @@ def one_arm(tree: Path, ranks: int, groups: int, minutes: int) -> list[float]:
             store.flush()
             if (export + 1) % (60 // EXPORT_S) == 0:
                 t0 = time.perf_counter()
-                store.fold()
+                store.prune(now_ns=t)
                 folds.append((time.perf_counter() - t0) * 1000)
     return folds[1:]
 
