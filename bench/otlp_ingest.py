@@ -28,8 +28,8 @@ With ``--base REV`` every (N, encoding) also runs on the code at REV (a git work
 interleaved with this tree's run, each arm first in every other pair (runs before 2026-12-07
 ran the base first always, which favoured it: see ``otlp_ingest_aa.json``), and the JSON
 gives the ratio of points/s; with ``--rounds R`` the whole sequence runs R times and the JSON
-gives each ratio's median over the rounds. An even R puts each arm first equally often per
-(N, encoding) when the pairs per round are odd.
+gives each ratio's median over the rounds. Each (N, encoding) changes its first arm from
+round to round: an even R puts each arm first equally often.
 
 Target (issue #16): 600,000 points/s end to end at any N. The JSON states it and whether the
 best run met it.
@@ -321,8 +321,8 @@ def main() -> None:
         trees = {"base": worktree(args.base, "otlp-ingest-base-"), "new": ROOT}
     runs: list[dict[str, Any]] = []
     try:
-        pairs = 0
         for round_ in range(args.rounds):
+            pairs = round_  # so each (N, encoding) changes its first arm from round to round
             for n in [int(x) for x in args.exporters.split(",")]:
                 for encoding in args.encodings.split(","):
                     # interleaved, so drift hits both alike, and each arm first in every other
