@@ -48,14 +48,7 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return out
 
 
-def _deflate(data: memoryview, rle: bool) -> bytes:
-    if not rle:
-        return zlib.compress(data, _ZLIB_LEVEL)
-    deflate = zlib.compressobj(_ZLIB_LEVEL, zlib.DEFLATED, zlib.MAX_WBITS, 8, zlib.Z_RLE)
-    return deflate.compress(data) + deflate.flush()
-
-
-def _pack_planes(planes: np.ndarray, rle: bool) -> list[bytes]:
+def _pack_planes(planes: np.ndarray) -> list[bytes]:
     """Per frame (``planes``: frames x words x 8 bytes): its byte-shuffled words without the
     all-zero byte planes, zlib'd after a one-byte mask of the planes kept.
 
@@ -70,7 +63,8 @@ def _pack_planes(planes: np.ndarray, rle: bool) -> list[bytes]:
     ends = (np.cumsum(masks.sum(axis=1)) * words).tolist()
     out, start = [], 0
     for f in range(count):
-        out.append(bytes((mask_bytes[f],)) + _deflate(kept_rows[start:ends[f]].data, rle))
+        out.append(bytes((mask_bytes[f],)) + zlib.compress(kept_rows[start:ends[f]].data,
+                                                          _ZLIB_LEVEL))
         start = ends[f]
     return out
 
@@ -125,23 +119,16 @@ def _value_words(v: np.ndarray) -> tuple[list[bytes], np.ndarray]:
     return [_TAG_INT if w else _TAG_XOR for w in whole.tolist()], words
 
 
-def encode_frame(kinds: str, columns: list[np.ndarray], *, rle: bool = False) -> bytes:
+def encode_frame(kinds: str, columns: list[np.ndarray]) -> bytes:
     """Encode equal-length columns in one blob; ``kinds[i]`` is "t" (int64 ns) or "v" (float64).
 
     One zlib stream for all columns keeps the fixed cost per blob low (a rollup piece of a few
     buckets has seven columns); the columns of a kind are transformed together, as one array.
-
-    ``rle``: deflate with run-length matches only (``Z_RLE``), for a large frame such as a
-    journal row: a flush's 106k points of 16,000 series deflated in 7 ms instead of 17.5 at
-    level 3, into about as many bytes (954 kB against 962; 637 against 648 for float32
-    values), as the shuffled byte planes are runs and skewed bytes more than repeats at a
-    distance. A small blob pays more to set the compressor up. The decoder is the same.
     """
-    return encode_frames(kinds, [columns], rle=rle)[0]
+    return encode_frames(kinds, [columns])[0]
 
 
-def encode_frames(kinds: str, frames: list[list[np.ndarray]], *, rle: bool = False
-                  ) -> list[bytes]:
+def encode_frames(kinds: str, frames: list[list[np.ndarray]]) -> list[bytes]:
     """:func:`encode_frame` of each of ``frames``, byte for byte, with the transforms of all
     frames of one length done as one array: a fold encodes a small blob for each of thousands
     of series, and the numpy calls per blob cost more than the bytes in it."""
@@ -150,14 +137,13 @@ def encode_frames(kinds: str, frames: list[list[np.ndarray]], *, rle: bool = Fal
     for i, columns in enumerate(frames):
         by_length.setdefault(len(columns[0]), []).append(i)
     for n, which in by_length.items():
-        for i, blob in zip(which, _encode_same_length(kinds, [frames[i] for i in which], n,
-                                                      rle), strict=True):
+        for i, blob in zip(which, _encode_same_length(kinds, [frames[i] for i in which], n),
+                           strict=True):
             out[i] = blob
     return out
 
 
-def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int, rle: bool
-                        ) -> list[bytes]:
+def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int) -> list[bytes]:
     count = len(frames)
     heads: list[list[bytes]] = [[b""] * len(kinds) for _ in range(count)]
     words = np.empty((count, len(kinds), n), dtype=np.uint64)
@@ -174,7 +160,7 @@ def _encode_same_length(kinds: str, frames: list[list[np.ndarray]], n: int, rle:
                     heads[f][i] = kind_heads[f * len(rows) + j]
     planes = words.reshape(count, -1).astype("<u8", copy=False).view(np.uint8).reshape(
         count, -1, 8)
-    return [b"".join(head) + packed for head, packed in zip(heads, _pack_planes(planes, rle),
+    return [b"".join(head) + packed for head, packed in zip(heads, _pack_planes(planes),
                                                             strict=True)]
 
 

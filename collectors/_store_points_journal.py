@@ -39,8 +39,7 @@ def append(conn: sqlite3.Connection, series: np.ndarray, times: np.ndarray,
            values: np.ndarray) -> None:
     """Add one flush's points as one row (inside the caller's transaction)."""
     conn.execute("INSERT INTO points_journal(n, data) VALUES(?, ?)",
-                 (int(series.shape[0]), codec.encode_frame(_KINDS, [series, times, values],
-                                                           rle=True)))
+                 (int(series.shape[0]), codec.encode_frame(_KINDS, [series, times, values])))
 
 
 def sort_columns(series: np.ndarray, times: np.ndarray, values: np.ndarray) -> Columns:

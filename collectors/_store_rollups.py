@@ -110,7 +110,7 @@ def decode_agg(blob: bytes, n: int) -> Agg:
 
 def encode_journal(agg: Agg) -> bytes:
     """Bucket rows of many series (with their "series" column) as a ``rollup_journal`` blob."""
-    return codec.encode_frame(_JOURNAL_KINDS, [agg[k] for k in _JOURNAL_FIELDS], rle=True)
+    return codec.encode_frame(_JOURNAL_KINDS, [agg[k] for k in _JOURNAL_FIELDS])
 
 
 def hour_buckets(agg: Agg) -> Agg:

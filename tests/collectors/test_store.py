@@ -117,12 +117,12 @@ def _batches(draw: st.DrawFn) -> tuple[str, list[list[np.ndarray]]]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(_batches(), st.booleans())
+@given(_batches())
 def test_frames_encoded_together_are_the_bytes_of_each_encoded_alone(
-        batch: tuple[str, list[list[np.ndarray]]], rle: bool) -> None:
+        batch: tuple[str, list[list[np.ndarray]]]) -> None:
     kinds, frames = batch
-    blobs = encode_frames(kinds, frames, rle=rle)
-    assert blobs == [encode_frames(kinds, [columns], rle=rle)[0] for columns in frames]
+    blobs = encode_frames(kinds, frames)
+    assert blobs == [encode_frames(kinds, [columns])[0] for columns in frames]
     for columns, blob in zip(frames, blobs, strict=True):
         back = decode_frame(blob, kinds, columns[0].shape[0])
         for column, got in zip(columns, back, strict=True):
@@ -510,11 +510,10 @@ def test_a_block_filled_fold_by_fold_stays_intact_in_few_pieces_encoded_a_few_ti
     encoded = {"v": 0}
     encode_frames = codec_module.encode_frames
 
-    def counting(kinds: str, frames: list[list[np.ndarray]], *, rle: bool = False
-                 ) -> list[bytes]:
+    def counting(kinds: str, frames: list[list[np.ndarray]]) -> list[bytes]:
         if kinds == "v":
             encoded["v"] += sum(len(f[0]) for f in frames)
-        return encode_frames(kinds, frames, rle=rle)
+        return encode_frames(kinds, frames)
 
     monkeypatch.setattr(codec_module, "encode_frames", counting)
     rng = np.random.default_rng(11)
