@@ -223,6 +223,9 @@ class StoreWriter:
         self._journal = journal
         self._points = points
         self._lock = threading.Lock()  # guards the pending buffer
+        self._taken = threading.Condition(self._lock)
+        """Notified when a flush takes the buffer, fails, or the flusher stops: what a writer
+        over the buffer's limit waits for."""
         self._pending: list[_Batch] = []
         self._buffered = 0
         self._buffered_by: dict[str, tuple[int, dict[str, int]]] = {}
@@ -339,10 +342,29 @@ class StoreWriter:
 
     # -- flushing ------------------------------------------------------------------------
 
+    def _over_limit(self) -> bool:
+        """The buffer is at its limit and commits work (while they fail, the flush loop
+        retries and writers are refused)."""
+        return (self._buffered >= self._file.config.max_buffered_points
+                and self.write_error is None)
+
     def _flush_if_full(self) -> None:
-        if (self._buffered >= self._file.config.max_buffered_points
-                and self.write_error is None):
-            self.flush()  # while commits fail, the flush loop retries; writers are refused
+        """Past the buffer's limit a writer waits for the flusher to take the buffer, and
+        commits it itself only where no flusher runs, or none took it within the busy
+        timeout. A writer that committed held every other writer behind the file lock for the
+        commit in progress and its own: at 64 exporters the receiver's decode threads spent
+        about half their time there, and decoded nothing while the store committed."""
+        if not self._over_limit():
+            return
+        flusher = self._flusher
+        if (flusher is not None and flusher.is_alive()
+                and threading.current_thread() is not flusher):
+            self._wake.set()
+            with self._taken:
+                self._taken.wait_for(lambda: not self._over_limit() or self._stop.is_set(),
+                                     timeout=self._file.config.busy_timeout_s)
+        if self._over_limit():
+            self.flush()
 
     def flush(self) -> None:
         """Commit every buffered point in one transaction (a no-op on a read-only store)."""
@@ -352,6 +374,7 @@ class StoreWriter:
             with self._lock:
                 batch, self._pending, self._buffered = self._pending, [], 0
                 self._buffered_by.clear()
+                self._taken.notify_all()
             if batch:
                 try:
                     self._series_ids.expire()
@@ -360,7 +383,9 @@ class StoreWriter:
                     self._series_ids.clear()
                     self._piece_sizes.clear()
                     self._requeue(batch)
-                    self.write_error = f"{type(e).__name__}: {e}"
+                    with self._lock:
+                        self.write_error = f"{type(e).__name__}: {e}"
+                        self._taken.notify_all()
                     raise
                 self.write_error = None
             maintain = _clock() >= self._next_maintenance
@@ -389,6 +414,8 @@ class StoreWriter:
         """Stop the background flushes (if any) and wait for the one in progress."""
         self._stop.set()
         self._wake.set()
+        with self._lock:
+            self._taken.notify_all()  # a writer over the limit commits for itself from now
         if self._flusher is not None:
             self._flusher.join()
 

@@ -392,7 +392,8 @@ class Sidecar:
         half full, a job holding more than half of it is told to come back later (429) when
         another job's points wait too (the sidecar's own telemetry, a few hundred points a
         second written in-process, is no such job); the others go on. A job alone in the buffer is not
-        turned away: a write at the buffer's limit flushes it (the store's own backpressure),
+        turned away: a write at the buffer's limit waits for the store's flusher to take it
+        (the store's own backpressure),
         where a 429 would idle every one of its exporters for the whole Retry-After, the store
         a fraction of that from empty (`bench/otlp_ingest.py`: 64 exporters refused at once,
         each second). ``attributes`` (the first Point's or resource's) is only read while a

@@ -747,8 +747,55 @@ def test_buffer_flushes_when_full(tmp_path: Path) -> None:
         store.write_series("m", {}, T0 + np.arange(20) * NS, np.zeros(20))
         assert _wait_for_rows(tmp_path / "s.db", 20, timeout_s=0.2) == 0
         store.write_series("m", {}, T0 + np.arange(20, 120) * NS, np.zeros(100))
-        assert store.buffered == 0  # full: flushed by the write itself
-        assert _wait_for_rows(tmp_path / "s.db", 120, timeout_s=0.2) == 120
+        assert store.buffered == 0  # full: the write returned once a flush took the buffer
+        assert _wait_for_rows(tmp_path / "s.db", 120, timeout_s=30) == 120
+
+
+def test_writers_past_the_limit_leave_the_commits_to_the_flusher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer at the buffer's limit waits for the flusher to take the buffer, then goes on
+    writing while it commits: a writer that committed itself held every other writer behind
+    the file lock (the receiver's decode threads, at 64 exporters)."""
+    committed_on: list[str] = []
+    commit = _store_writer.StoreWriter._commit
+
+    def recording(self: _store_writer.StoreWriter, batch: list[object]) -> None:
+        committed_on.append(threading.current_thread().name)
+        time.sleep(0.02)  # a commit that takes a while, so writers meet the limit during it
+        commit(self, batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_store_writer.StoreWriter, "_commit", recording)
+    with _store(tmp_path / "s.db", flush_interval_s=3600, max_buffered_points=400) as store:
+
+        def writer(k: int) -> None:
+            for i in range(100):
+                store.write_series("m", {"w": str(k)}, T0 + (i * 20 + np.arange(20)) * NS,
+                                   np.full(20, float(k)))
+
+        threads = [threading.Thread(target=writer, args=(k,), name=f"writer-{k}")
+                   for k in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        df = store.query("m", resolution="raw")
+    assert len(df) == 4 * 100 * 20
+    assert sorted(df.groupby("w")["value"].sum().tolist()) == [k * 2000.0 for k in range(4)]
+    writers_committing = [name for name in committed_on if name.startswith("writer-")]
+    assert not writers_committing, f"{len(writers_committing)} of {len(committed_on)} commits"
+    assert len(committed_on) >= 5  # the limit was met over and over
+
+
+def test_a_writer_past_the_limit_commits_itself_once_the_flusher_stopped(
+        tmp_path: Path) -> None:
+    store = _store(tmp_path / "s.db", flush_interval_s=3600, max_buffered_points=100)
+    try:
+        store._writer.stop_flusher()
+        store.write_series("m", {}, T0 + np.arange(150) * NS, np.zeros(150))
+        assert store.buffered == 0
+    finally:
+        store.close()
+    assert _wait_for_rows(tmp_path / "s.db", 150, timeout_s=30) == 150
 
 
 def test_concurrent_writer_threads_lose_nothing(tmp_path: Path) -> None:
