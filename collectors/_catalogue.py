@@ -110,6 +110,10 @@ TRAINING_METRICS: tuple[MetricSpec, ...] = (
                description="Samples per second over the step and the data wait before it"),
     MetricSpec(name="seedance.train.loss", unit="1", kind=G, source="torch client",
                attributes=_JOB, description="Training loss of the last step"),
+    MetricSpec(name="seedance.train.step_loss", unit="1", kind=H, source="torch client",
+               attributes=_JOB, description="Training loss of every step with a finite one, "
+               "as a histogram with no bucket bounds: its sum over its count is the mean loss "
+               "of a window's steps (the loss gauge holds one step's at each export)"),
     MetricSpec(name="seedance.train.step", unit="{step}", kind=G, source="torch client",
                attributes=_JOB, description="Index of the last completed step"),
     MetricSpec(name="seedance.train.grad.norm", unit="1", kind=G, source="torch client",

@@ -45,6 +45,7 @@ from collectors.names import (
     TRAIN_DATA_WAIT_DURATION,
     TRAIN_NONFINITE_STEPS,
     TRAIN_STEP_DURATION,
+    TRAIN_STEP_LOSS,
     TRAIN_TOKENS,
 )
 
@@ -267,6 +268,9 @@ class TrainingInstrumentation:
         self._h_wait = meter.create_histogram(
             **spec(TRAIN_DATA_WAIT_DURATION),
             explicit_bucket_boundaries_advisory=_STEP_BUCKETS_S)
+        # no bounds: only the sum and count travel, and a window's mean loss is their ratio
+        self._h_loss = meter.create_histogram(**spec(TRAIN_STEP_LOSS),
+                                              explicit_bucket_boundaries_advisory=[])
         g = {short: meter.create_gauge(**spec(f"seedance.train.{short}")) for short in (
             "tokens_per_second", "samples_per_second", "loss", "step", "grad.norm",
             "grad.group_norm", "grad.nonfinite", "grad.zero_fraction", "grad_scaler.scale",
@@ -497,6 +501,8 @@ class TrainingInstrumentation:
         if loss is not None:
             self._g["loss"].set(loss[0], attrs)
             last["loss"] = loss[0]
+            if math.isfinite(loss[0]):  # one NaN would end every later window's mean
+                self._h_loss.record(loss[0], attrs)
         if grad is not None:
             self._publish_grad(row, grad, attrs, group_attrs, last)
         self._last = last

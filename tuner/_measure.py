@@ -19,6 +19,8 @@ from collectors.names import (
     SERVE_GENERATION_TOKENS,
     TRAIN_LOSS,
     TRAIN_STEP_DURATION,
+    TRAIN_STEP_LOSS_COUNT,
+    TRAIN_STEP_LOSS_SUM,
     TRAIN_TOKENS,
     TRAIN_TOKENS_PER_SECOND,
 )
@@ -67,6 +69,7 @@ def measure_window(reader: StoreReader, job: str, version: int, arm: Arm,
     if not counts or set(counts) != set(sums):
         return None
     step_s, steps, starts, ends, cvs, rates = [], [], [], [], [], []
+    spans: dict[str, tuple[int, int]] = {}
     for rank, c in counts.items():
         both = pd.merge(c[["time", "value"]], sums[rank][["time", "value"]], on="time",
                         suffixes=("_count", "_sum")).sort_values("time")
@@ -85,6 +88,7 @@ def measure_window(reader: StoreReader, job: str, version: int, arm: Arm,
                                                       and seconds < config.max_window_s):
             return None
         times = _ns(both)
+        spans[rank] = (int(times[w]), int(times[-1]))
         step_s.append(seconds / n)
         steps.append(int(n))
         starts.append(int(times[w]))
@@ -109,13 +113,44 @@ def measure_window(reader: StoreReader, job: str, version: int, arm: Arm,
             tokens_per_s += float(values.size / np.sum(1.0 / values))
     loss_frame = points.query(LOSS)
     loss_values = loss_frame["value"].to_numpy()
-    after = loss_values[_ns(loss_frame) > start_ns] if len(loss_frame) else loss_values
-    finite = after[np.isfinite(after)]
+    loss = _steps_loss(points, spans)
+    if loss is None:  # a client without the step_loss histogram: the gauge's readings
+        after = loss_values[_ns(loss_frame) > start_ns] if len(loss_frame) else loss_values
+        finite = after[np.isfinite(after)]
+        loss = float(finite.mean()) if finite.size else math.nan
     return Window(version=version, arm=arm, steps=min(steps), step_s=float(max(step_s)),
-                  tokens_per_s=float(tokens_per_s),
-                  loss=float(finite.mean()) if finite.size else math.nan,
+                  tokens_per_s=float(tokens_per_s), loss=loss,
                   nonfinite_loss=bool(np.any(~np.isfinite(loss_values))),
                   start_ns=start_ns, end_ns=end_ns, step_cv=float(max(cvs)))
+
+
+def _steps_loss(points: VersionReader, spans: dict[str, tuple[int, int]]) -> float | None:
+    """The mean loss of the window's steps, over every rank: the step_loss histogram's sum
+    over its count between each rank's warm-up boundary and last export (``spans``); None
+    where a rank has none in the window (a client from before it).
+
+    The loss gauge holds the last step's loss at each export: two or three single steps for
+    a 2-s window, each as noisy as its mini-batch, and early in training that noise ended
+    trials of harmless changes on the loss guardrail (``bench/loss_guard.py``)."""
+    counts = _by_rank(points.query(TRAIN_STEP_LOSS_COUNT))
+    sums = _by_rank(points.query(TRAIN_STEP_LOSS_SUM))
+    total = n = 0.0
+    for rank, (start, end) in spans.items():
+        if rank not in counts or rank not in sums:
+            return None
+        both = pd.merge(counts[rank][["time", "value"]], sums[rank][["time", "value"]],
+                        on="time", suffixes=("_count", "_sum")).sort_values("time")
+        at = _ns(both)
+        before = np.flatnonzero(at <= start)  # the version's counters start at 0
+        last = np.flatnonzero(at <= end)
+        if last.size == 0:
+            return None
+        first_count, first_sum = ((both["value_count"].iloc[before[-1]],
+                                   both["value_sum"].iloc[before[-1]]) if before.size
+                                  else (0.0, 0.0))
+        n += float(both["value_count"].iloc[last[-1]] - first_count)
+        total += float(both["value_sum"].iloc[last[-1]] - first_sum)
+    return total / n if n > 0 else None
 
 
 def _step_cv(steps: np.ndarray, seconds: np.ndarray) -> float:

@@ -420,6 +420,22 @@ def test_a_cpu_loss_is_read_when_its_step_ends(reader: InMemoryMetricReader) -> 
     assert losses == [5.0]
 
 
+def test_every_finite_step_loss_travels_as_a_sum_and_a_count(
+        reader: InMemoryMetricReader) -> None:
+    """The gauge holds the last step's loss at each export; the step_loss histogram keeps
+    every step's, so a window's mean loss covers all its steps. A NaN step is left out of
+    it (it would end every later window's mean) and still shows on the gauge."""
+    model, opt, _ = _gpt_backward()
+    instr = TrainingInstrumentation(model, opt, reader.meter)
+    for value in (2.0, 3.0, float("nan"), 7.0):
+        with instr.step():
+            instr.record_loss(torch.tensor(value))
+    [point] = _points(reader)["seedance.train.step_loss"]
+    assert (point.count, point.sum) == (3, 12.0)
+    assert tuple(point.explicit_bounds) == ()  # no buckets travel
+    assert [p.value for p in _points(reader)["seedance.train.loss"]] == [7.0]
+
+
 def test_every_instrumentation_on_one_meter_is_recorded_at_each_collect(
         reader: InMemoryMetricReader) -> None:
     """A job may instrument again on the same meter (a new optimizer, a second model); the SDK

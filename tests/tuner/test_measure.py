@@ -77,6 +77,43 @@ def test_sparse_exports_start_at_the_first_export_past_warmup(store: TimeSeriesS
     assert window.step_s == pytest.approx(0.2)
 
 
+def test_the_window_loss_is_every_steps_mean_not_the_gauges_readings(
+        store: TimeSeriesStore) -> None:
+    """Exports every 4 steps: the gauge shows the 4th step's loss, the step_loss histogram
+    the sum and count of all of them; two ranks' steps pool. Without the histogram (a client
+    from before it) the gauge's readings are still read."""
+    rng = np.random.default_rng(0)
+    start = now_ns()
+    for rank in ("0", "1"):
+        attrs = {"service.name": JOB, CONFIG_VERSION_ATTR: "3", "seedance.rank": rank}
+        losses = 2.0 + rng.normal(0, 0.3, 16)
+        points, t = [], start
+        for i in range(4, 17, 4):
+            t += 4 * NS // 10
+            points += [Point("seedance.train.step.duration.count", float(i), t, attrs),
+                       Point("seedance.train.step.duration.sum", 0.1 * i, t, attrs),
+                       Point("seedance.train.loss", float(losses[i - 1]), t, attrs),
+                       Point("seedance.train.step_loss.count", float(i), t, attrs),
+                       Point("seedance.train.step_loss.sum", float(losses[:i].sum()), t, attrs)]
+        store.write(points)
+        if rank == "0":
+            steps_after_warmup = losses[4:]
+            gauge_after_warmup = losses[[7, 11, 15]]
+        else:
+            steps_after_warmup = np.concatenate([steps_after_warmup, losses[4:]])
+            gauge_after_warmup = np.concatenate([gauge_after_warmup, losses[[7, 11, 15]]])
+    store.flush()
+    config = MeasureConfig(warmup_steps=4, min_steps=4, min_window_s=0.1)
+    window = measure_window(store, JOB, 3, "candidate", config)
+    assert window is not None and window.steps == 12
+    assert window.loss == pytest.approx(float(steps_after_warmup.mean()))
+    assert window.loss != pytest.approx(float(gauge_after_warmup.mean()))
+
+    emit(store, 4, [0.1] * 16, start_ns=now_ns(), export_every=4, loss=2.5)  # gauge only
+    older = measure_window(store, JOB, 4, "candidate", config)
+    assert older is not None and older.loss == pytest.approx(2.5)
+
+
 def test_too_few_steps_is_no_window_yet(store: TimeSeriesStore) -> None:
     emit(store, 2, [0.1] * 6, start_ns=now_ns())
     config = MeasureConfig(warmup_steps=3, min_steps=5, min_window_s=0.1, tokens_per_step=10)
