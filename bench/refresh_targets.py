@@ -45,6 +45,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "kv.json": "kv",
     "kv_rounds*.json": "kv",
     "live_session.json": "live_session",
+    "loss_guard*.json": "loss_guard",
     "measurement.json": "measurement",
     "otlp_decode.json": "otlp_decode",
     "otlp_ingest*.json": "otlp_ingest",

@@ -225,6 +225,30 @@ def test_loss_is_judged_against_the_falling_baseline_line_not_the_window_after()
     assert early.loss_ok and math.isnan(early.loss_excess)
 
 
+def test_the_first_candidate_before_any_baseline_is_not_judged_on_a_bending_curve() -> None:
+    """Early in training the loss falls fast and bends (here 2 + 2 * 0.5^i a window): the
+    line through the baseline windows, drawn back to the first candidate, which ran before any
+    of them, lies below the curve, and an A/A read the candidates' mean as a loss excess.
+    Candidates the baseline windows bracket are judged, against the line between the
+    baseline windows either side; a harm they show still trips."""
+    def bending(candidate_above: float) -> list[Window]:
+        return [Window(version=i + 1, arm="candidate" if i % 2 == 0 else "baseline", steps=10,
+                       step_s=0.01, tokens_per_s=100.0, nonfinite_loss=False,
+                       loss=(2 + 2 * 0.5 ** i) * (1 + candidate_above if i % 2 == 0 and i
+                                                  else 1),
+                       start_ns=i * 10**9, end_ns=(i + 1) * 10**9 - 1) for i in range(6)]
+
+    config = MeasureConfig(loss_tolerance=0.05)
+    line = np.polyfit([1.5, 3.5, 5.5], [2 + 2 * 0.5 ** i for i in (1, 3, 5)], 1)
+    every_candidate = np.mean([(2 + 2 * 0.5 ** i) / np.polyval(line, i + 0.5) - 1
+                               for i in (0, 2, 4)])
+    assert every_candidate > 0.05  # what the A/A read as, every candidate judged
+    same = compare(bending(0.0), config)
+    assert same.loss_ok and same.loss_excess < 0.0
+    worse = compare(bending(0.25), config)
+    assert not worse.loss_ok and worse.loss_excess > 0.15
+
+
 def test_config_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="min_steps"):
         MeasureConfig(min_steps=0)
