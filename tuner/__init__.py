@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tuner._fleet_distance import NEAR_DISTANCE as NEAR_DISTANCE
     from tuner._fleet_distance import fingerprint_distance as fingerprint_distance
     from tuner._fleet_jobs import FleetJobs as FleetJobs
+    from tuner._fleet_priors import FLEET_HALVED_WHY as FLEET_HALVED_WHY
     from tuner._fleet_priors import FLEET_TIE_WHY as FLEET_TIE_WHY
     from tuner._fleet_priors import FLEET_WHY as FLEET_WHY
     from tuner._fleet_priors import FleetPriors as FleetPriors
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from tuner._fleet_priors import compounded_gain as compounded_gain
     from tuner._fleet_priors import fleet_moves as fleet_moves
     from tuner._fleet_priors import fleet_source_of as fleet_source_of
+    from tuner._fleet_priors import lead_kind as lead_kind
     from tuner._guardrails import GradientCollapseFindings as GradientCollapseFindings
     from tuner._guardrails import Guardrail as Guardrail
     from tuner._guardrails import NonFiniteValues as NonFiniteValues

@@ -17,6 +17,18 @@ search may set, expecting the source's gain: ``SearchDriver.add_priors`` stores 
 study, and ``single_moves`` tries it first, once (``Move.once``: a config that led elsewhere
 and regressed here is not tried again from the next baseline). A prior that regresses or
 fails here is judged like any trial.
+
+A new job at least ``HALVE_AT_SIZE_RATIO`` times the source's parameters also gets the source's
+kept config at half its final micro-batch (rounded up), right after it. A bigger model of the family holds
+more activation memory per sample (between the square root of the parameter ratio, wider
+layers, and the ratio itself, more layers), so the micro-batch that fitted the source's memory
+or cache may not fit its own: on a GPU the source's micro-batch can run out of memory, on a
+CPU its best micro-batch moves down (``bench/fleet_priors.py``, cnn_bn: the 3.5x bigger size
+is fastest at half the small size's micro-batch). A smaller job gets no doubled lead: a bigger
+micro-batch is a step its own search takes early, and one that could run out of memory.
+A source whose search kept nothing (its launch config measured best there) still gives a much
+bigger job its launch config at half the micro-batch: a cold search tries a smaller
+micro-batch last, as the move that usually costs.
 """
 
 from __future__ import annotations
@@ -43,6 +55,9 @@ from tuner._space import Move
 
 MAX_FLEET_PRIORS = 3
 """Fleet priors a search gets at most: the nearest sources' leads, one trial each."""
+HALVE_AT_SIZE_RATIO = 2.0
+"""A new job this many times a source's parameters or more also tries the source's kept config
+at half its micro-batch (module docstring)."""
 MAX_SOURCES = 10
 """Near past jobs read for a new one: enough that a few still move it after those whose kept
 config it already runs are left out."""
@@ -52,6 +67,9 @@ it too)."""
 FLEET_TIE_WHY = "fleet: measured best by job"
 """How the ``why`` of a fleet prior of a source's best measured config begins, when the source
 rolled it back as a tie."""
+FLEET_HALVED_WHY = "fleet: half the micro-batch kept by job"
+"""How the ``why`` of a fleet prior of a source's kept config at half its micro-batch begins,
+for a job much bigger than the source."""
 
 
 class NoFingerprintError(SeedanceError):
@@ -65,7 +83,8 @@ class FleetSource:
     their kept values), what that config measured over its launch config, and which changes
     kept it; and, when it measured a faster config it rolled back as a tie, that config
     (``best``, the knobs that differ from its launch) and its estimated gain over the launch
-    config."""
+    config; its final micro-batch (None: the job has no such knob) and how many times its
+    parameters the new job has (``size_ratio``)."""
 
     job: str
     distance: float
@@ -74,21 +93,32 @@ class FleetSource:
     changes: tuple[str, ...]
     best: Mapping[str, KnobValue] | None = None
     best_gain: float | None = None
+    micro_batch: KnobValue | None = None
+    size_ratio: float = 1.0
 
     def leads(self) -> list[tuple[str, Mapping[str, KnobValue], float | None]]:
         """The configs this source gives a new job, best measured first: each with the prior's
-        ``why`` (the trial's origin) and its expected gain over the launch config."""
+        ``why`` (the trial's origin) and its expected gain over the launch config; for a much
+        bigger job, the kept config at half the micro-batch after it (module docstring), also
+        where the source kept nothing (its launch config at half the micro-batch)."""
         where = f"{self.job} (distance {self.distance:.2f})"
-        kept = (f"{FLEET_WHY} {where}", self.values, self.gain)
-        if self.best is None:
-            return [kept]
-        return [(f"{FLEET_TIE_WHY} {where}", self.best, self.best_gain), kept]
+        out = [] if self.best is None else [(f"{FLEET_TIE_WHY} {where}", self.best,
+                                             self.best_gain)]
+        if self.values:
+            out.append((f"{FLEET_WHY} {where}", self.values, self.gain))
+        mb = self.micro_batch
+        if self.size_ratio >= HALVE_AT_SIZE_RATIO and isinstance(mb, int) \
+                and not isinstance(mb, bool) and mb > 1:
+            out.append((f"{FLEET_HALVED_WHY} {where}", {**self.values, "micro_batch": (mb + 1) // 2},
+                        self.gain))
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"job": self.job, "distance": round(self.distance, 4), "values": dict(self.values),
                 "gain": self.gain, "changes": list(self.changes),
                 "best": None if self.best is None else dict(self.best),
-                "best_gain": self.best_gain}
+                "best_gain": self.best_gain, "micro_batch": self.micro_batch,
+                "size_ratio": round(self.size_ratio, 3)}
 
 
 def kept_config(journal: ChangeJournal, job: str
@@ -181,8 +211,10 @@ class FleetPriors:
 
     def sources(self, job: str, fingerprint: JobFingerprint | None = None, *,
                 limit: int = MAX_SOURCES) -> list[FleetSource]:
-        """The other jobs near ``fingerprint`` (default: the job's stored one) that kept a
-        config, nearest first, at most ``limit`` (each is one read of the journal)."""
+        """The other jobs near ``fingerprint`` (default: the job's stored one) that lead it
+        somewhere (``FleetSource.leads``: a kept config, or for a job twice their size or more,
+        half the micro-batch they ended at, kept or launched with), nearest first, at most
+        ``limit`` (each is one read of the journal)."""
         fingerprints = self._jobs.fingerprints()
         mine = fingerprint if fingerprint is not None else self.fingerprint(job)
         near = sorted((fingerprint_distance(mine, theirs), other)
@@ -192,12 +224,19 @@ class FleetPriors:
             if distance >= NEAR_DISTANCE or len(out) >= limit:
                 break
             history = self._journal.changes(job=other)  # one read for both
-            kept = _kept_config(history)
-            if kept is not None and kept[0]:
-                values, gain, changes = kept
-                best, best_gain = _best_tie(history) or (None, None)
-                out.append(FleetSource(job=other, distance=distance, values=values, gain=gain,
-                                       changes=changes, best=best, best_gain=best_gain))
+            if not history:
+                continue
+            values, gain, changes = _kept_config(history) or ({}, 0.0, ())
+            best, best_gain = _best_tie(history) or (None, None)
+            final = next((c.candidate for c in reversed(history) if c.state == "kept"),
+                         history[0].baseline)
+            theirs = fingerprints[other].params
+            source = FleetSource(
+                job=other, distance=distance, values=values, gain=gain, changes=changes,
+                best=best, best_gain=best_gain, micro_batch=final.get("micro_batch"),
+                size_ratio=mine.params / theirs if theirs > 0 else 1.0)
+            if source.leads():
+                out.append(source)
         return out
 
 
@@ -219,12 +258,23 @@ def fleet_moves(sources: Sequence[FleetSource], baseline: Mapping[str, Any],
     return moves
 
 
+LEAD_KINDS = {FLEET_WHY: "kept", FLEET_TIE_WHY: "tie", FLEET_HALVED_WHY: "kept mb/2"}
+"""What a fleet prior is, by how its ``why`` begins: the source's kept config, its faster tie,
+or its kept config at half the micro-batch."""
+
+
 def fleet_source_of(origin: str) -> str | None:
     """The source job of a trial whose origin is a fleet prior's ``why`` (None: another)."""
-    for why in (FLEET_WHY, FLEET_TIE_WHY):
+    for why in LEAD_KINDS:
         if origin.startswith(why + " "):
             return origin.removeprefix(why + " ").rpartition(" (distance ")[0] or None
     return None
+
+
+def lead_kind(origin: str) -> str | None:
+    """``LEAD_KINDS``' word for a fleet prior's ``why`` (None: not a fleet prior)."""
+    return next((kind for why, kind in LEAD_KINDS.items() if origin.startswith(why + " ")),
+                None)
 
 
 def _in_domain(dist: BaseDistribution, value: Any) -> bool:

@@ -90,10 +90,10 @@ def fleet_priors(
     json_out: JsonFlag = False,
 ) -> None:
     """The configs measured best on the past jobs nearest to JOB, which its search tries
-    first: each source job, its distance, the config (the one it kept, or a faster one it
-    rolled back as a tie) and its measured gain, and how the trial of it went on JOB (if it
-    ran)."""
-    from tuner import ChangeJournal, FleetJobs, FleetPriors
+    first: each source job, its distance, the config (the one it kept, a faster one it
+    rolled back as a tie, or for a job twice its size or more the kept one at half the
+    micro-batch) and its measured gain, and how the trial of it went on JOB (if it ran)."""
+    from tuner import ChangeJournal, FleetJobs, FleetPriors, lead_kind
 
     url = state_db_url(config, state_db)
     with state_db_errors(url):
@@ -113,7 +113,8 @@ def fleet_priors(
             change = tried.get(why)
             rows.append({"job": source.job, "distance": round(source.distance, 4),
                          "values": dict(values), "gain": gain, "why": why,
-                         "kept_there": values == source.values, "changes": list(source.changes),
+                         "lead": lead_kind(why), "kept_there": values == source.values,
+                         "changes": list(source.changes),
                          "trial": None if change is None else {
                              "change": change.id, "state": change.state,
                              "gain": (change.comparison or {}).get("gain")}})
@@ -131,7 +132,7 @@ def fleet_priors(
         trial = row["trial"]
         table.add_row(row["job"], f"{row['distance']:.2f}",
                       ", ".join(f"{k}={v}" for k, v in row["values"].items()),
-                      "kept" if row["kept_there"] else "tie",
+                      row["lead"],
                       "-" if row["gain"] is None else f"{row['gain']:+.1%}",
                       "not yet" if trial is None else f"{trial['change']} {trial['state']}")
     stdout.print(table)

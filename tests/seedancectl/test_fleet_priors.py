@@ -165,6 +165,21 @@ def test_cli_shows_a_faster_tie_of_a_source_before_its_kept_config(fleet_db: str
     assert table.index("│ tie ") < table.index("│ kept ")
 
 
+def test_cli_shows_half_the_micro_batch_to_a_job_four_times_the_sources_size(
+        fleet_db: str, mlp_fingerprint: JobFingerprint) -> None:
+    import dataclasses
+    jobs = FleetJobs(fleet_db)
+    bigger = dataclasses.replace(mlp_fingerprint, params=4 * mlp_fingerprint.params)
+    jobs.record_fingerprint("mlp-big", bigger, kind="train", sidecar_id="me:4318", study=None)
+    jobs.close()
+    out = json.loads(invoke("fleet", "priors", "mlp-big", "--state-db", fleet_db,
+                            "--json").stdout)
+    assert [(p["job"], p["values"], p["lead"]) for p in out["priors"]] == [
+        (PAST, {"micro_batch": 64}, "kept"), (PAST, {"micro_batch": 32}, "kept mb/2")]
+    table = invoke("fleet", "priors", "mlp-big", "--state-db", fleet_db).stdout
+    assert "micro_batch=32" in table and "kept mb/2" in table
+
+
 def test_cli_errors_are_one_line(fleet_db: str, tmp_path: Path) -> None:
     unknown = invoke("fleet", "priors", "nobody", "--state-db", fleet_db)
     assert unknown.exit_code == 2

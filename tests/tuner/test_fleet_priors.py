@@ -5,6 +5,7 @@ config as its first trial, and not the far one's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from collectors._store import TimeSeriesStore
 from collectors.torch_fingerprint import job_fingerprint
 from tests.tuner._simjob import KNOBS, SimJob
 from tuner import (
+    FLEET_HALVED_WHY,
     FLEET_TIE_WHY,
     FLEET_WHY,
     Change,
@@ -30,6 +32,7 @@ from tuner import (
     NoFingerprintError,
     fleet_moves,
     fleet_source_of,
+    lead_kind,
 )
 from tuner._fleet_priors import best_tie, kept_config
 from tuner._fleet_tables import jobs_table
@@ -126,12 +129,23 @@ def test_a_new_job_tries_the_config_kept_by_the_nearest_past_job_first(
                           config=SearchConfig(study_name="seedance:mlp-base", seed=0))
     baseline = SPACE.defaults()  # micro_batch 8, as the past jobs launched
     moves = fleet_moves(sources, baseline, driver.distributions)
+    where = f"{MLP_SMALL} (distance {source.distance:.2f})"
+    # the base mlp has 2x the small one's parameters or more: the kept config at half its
+    # micro-batch comes right after the kept config itself
+    assert source.size_ratio >= 2 and source.micro_batch == 4
     assert moves == [Move(values={"micro_batch": 4}, expected_gain=source.gain, once=True,
-                          why=f"{FLEET_WHY} {MLP_SMALL} (distance {source.distance:.2f})")]
+                          why=f"{FLEET_WHY} {where}"),
+                     Move(values={"micro_batch": 2}, expected_gain=source.gain, once=True,
+                          why=f"{FLEET_HALVED_WHY} {where}")]
     driver.add_priors(moves)
     first = driver.next_move(baseline, SPACE)
     assert first is not None and first.values["micro_batch"] == 4
-    assert fleet_source_of(first.origin) == MLP_SMALL
+    assert fleet_source_of(first.origin) == MLP_SMALL and lead_kind(first.origin) == "kept"
+    driver.tell(first.number, 150.0)  # kept: the halved lead is next, from the new baseline
+    second = driver.next_move({**baseline, "micro_batch": 4}, SPACE)
+    assert second is not None and second.values["micro_batch"] == 2
+    assert fleet_source_of(second.origin) == MLP_SMALL
+    assert lead_kind(second.origin) == "kept mb/2"
 
 
 def test_no_near_job_no_fleet_prior_and_a_job_never_its_own_source(
@@ -257,6 +271,58 @@ def test_a_sources_best_measured_config_is_tried_before_its_kept_one() -> None:
     # where the new job already runs the tie's extra knob, both leads are one move
     assert [m.values for m in fleet_moves([source], {**baseline, "threads": 2}, space)] == [
         {"micro_batch": 4}]
+
+
+def test_only_a_job_twice_the_sources_size_or_more_tries_half_its_micro_batch() -> None:
+    from tuner import FleetSource
+    space = search_space(SPACE, ["micro_batch", "threads"])
+    baseline = {"micro_batch": 8, "threads": 1}
+
+    def leads(**fields: Any) -> list[dict[str, Any]]:
+        source = FleetSource(job="a", distance=0.1, values={"threads": 2}, gain=0.3,
+                             changes=("a-1",), **fields)
+        return [m.values for m in fleet_moves([source], baseline, space)]
+
+    # the source kept threads only: its final micro-batch (its launch one) is halved
+    assert leads(micro_batch=8, size_ratio=3.5) == [{"threads": 2},
+                                                   {"threads": 2, "micro_batch": 4}]
+    assert leads(micro_batch=8, size_ratio=2.0) == leads(micro_batch=8, size_ratio=3.5)
+    for no_halving in ({"micro_batch": 8, "size_ratio": 1.9},  # a size of about its own
+                       {"micro_batch": 8, "size_ratio": 0.25},  # smaller: no doubling
+                       {"micro_batch": 1, "size_ratio": 4.0},  # nothing to halve
+                       {"micro_batch": None, "size_ratio": 4.0}):  # no micro-batch knob
+        assert leads(**no_halving) == [{"threads": 2}], no_halving
+    # half an odd micro-batch rounds up (3 -> 2, not 1)
+    assert leads(micro_batch=3, size_ratio=4.0) == [{"threads": 2},
+                                                   {"threads": 2, "micro_batch": 2}]
+    # half a micro-batch outside this job's domain (12 -> 6), or the one it runs (16 -> 8),
+    # leaves the kept lead only
+    assert leads(micro_batch=12, size_ratio=4.0) == [{"threads": 2}]
+    assert leads(micro_batch=16, size_ratio=4.0) == [{"threads": 2}]
+
+
+def test_a_source_that_kept_nothing_leads_only_a_job_twice_its_size_to_half_its_micro_batch(
+        tmp_path: Path) -> None:
+    launch = {"micro_batch": 8, "threads": 2}
+    journal = journal_of(tmp_path, "small", launch, [
+        ({"threads": 1}, "rolled_back", -0.4, {}), ({"micro_batch": 4}, "rolled_back", -0.1, {})])
+    url = sqlite_url(tmp_path / "state.db")
+    jobs = FleetJobs(url)
+    small = JobFingerprint(modules={"Conv2d": 6, "BatchNorm2d": 6}, params=100_000, device="cpu")
+    jobs.record_fingerprint("small", small, kind="train", sidecar_id="s", study=None)
+    jobs.record_fingerprint("idle", small, kind="train", sidecar_id="s", study=None)  # no trials
+    priors = FleetPriors(jobs, journal)
+    same = dataclasses.replace(small, params=150_000)
+    assert priors.sources("same-size", same) == []  # its launch config is no lead
+    big = dataclasses.replace(small, params=350_000)
+    (source,) = priors.sources("big", big)
+    assert (source.job, source.values, source.gain, source.micro_batch) == ("small", {}, 0.0, 8)
+    assert source.size_ratio == pytest.approx(3.5)
+    space = search_space(SPACE, ["micro_batch", "threads"])
+    (move,) = fleet_moves([source], launch, space)
+    assert move.values == {"micro_batch": 4} and lead_kind(move.why) == "kept mb/2"
+    jobs.close()
+    journal.close()
 
 
 def test_fleet_moves_keep_what_this_job_may_search_nearest_first() -> None:
