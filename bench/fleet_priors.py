@@ -38,9 +38,10 @@ Run: python bench/fleet_priors.py [--families mlp,vit --rounds 3]  (8 minutes fo
 families on a mostly quiet 2-core box, 19-25 minutes while other processes loaded it: a truth
 measurement taken while they used more than a quarter of the CPUs is taken again, up to
 three times); ``--families wide_transformer --merge`` re-measures one family and keeps the
-others. Results: bench/results/fleet_priors.json (the latest run; fleet_priors_run_a.json to
-_run_d.json are earlier runs: a to c before a source's best measured config led, counted
-strictly; docs/tuning.md, "fleet priors", gives them all).
+others. Results: bench/results/fleet_priors.json (the latest run on a CPU with fast bf16);
+fleet_priors_run_a.json to _run_f.json are the others: a to c before a source's best
+measured config led, counted strictly, f the latest, on a CPU without fast bf16, with the
+half-micro-batch lead; docs/tuning.md, "fleet priors", gives them all.
 """
 
 from __future__ import annotations
