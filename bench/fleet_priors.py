@@ -189,6 +189,32 @@ class Truth:
                 for label, v in self.relatives.items()}
 
 
+class Unmeasured(Exception):
+    """A search asked for a config its recorded truth table does not hold."""
+
+
+class RecordedTruth:
+    """A truth table another run measured (``--truth-from``), for judging a change to the
+    search or its priors on the very measurements an earlier run judged the code before it
+    by. A config the table lacks cannot be measured on this box in its place (another CPU,
+    perhaps with other fast precisions): asking for it raises ``Unmeasured``."""
+
+    def __init__(self, launch: Config, table: Mapping[str, Mapping[str, Any]]) -> None:
+        self.launch = launch
+        self._relative = {label: float(entry["relative"]) for label, entry in table.items()}
+        self.seconds, self.foreign, self.discarded = 0.0, [], 0
+        self.lazy: set[str] = set()
+
+    def __call__(self, config: Config) -> float:
+        label = config_label(config)
+        if label not in self._relative:
+            raise Unmeasured(label)
+        return self._relative[label]
+
+    def table(self) -> dict[str, Any]:
+        return {label: {"relative": v, "recorded": True} for label, v in self._relative.items()}
+
+
 # ---- one replayed search ----------------------------------------------------------------------
 
 
@@ -204,11 +230,13 @@ def search_space(built: Built, fingerprint: JobFingerprint) -> tuple[KnobSpace, 
     return space, list(space.searchable().knobs)
 
 
-def replay_search(job: str, built: Built, fingerprint: JobFingerprint, truth: Truth, *,
-                  db_url: str, max_trials: int) -> dict[str, Any]:
-    """Tune ``job`` until every single move from its baseline was tried (or ``max_trials``),
-    each trial judged from ``truth``; its changes journaled and its fingerprint recorded in
-    ``db_url``, so later jobs' fleet priors see them."""
+def replay_search(job: str, built: Built, fingerprint: JobFingerprint,
+                  truth: Truth | RecordedTruth, *, db_url: str, max_trials: int
+                  ) -> dict[str, Any]:
+    """Tune ``job`` until every single move from its baseline was tried (or ``max_trials``,
+    or a recorded truth table lacks the next candidate: ``unmeasured``), each trial judged
+    from ``truth``; its changes journaled and its fingerprint recorded in ``db_url``, so later
+    jobs' fleet priors see them."""
     space, names = search_space(built, fingerprint)
     jobs, journal = FleetJobs(db_url), ChangeJournal(db_url)
     study = f"seedance:{job}"
@@ -222,12 +250,17 @@ def replay_search(job: str, built: Built, fingerprint: JobFingerprint, truth: Tr
         moves = fleet_moves(sources, baseline, driver.distributions)
         driver.add_priors(moves)
         trials: list[dict[str, Any]] = []
+        unmeasured = None
         while len(trials) < max_trials:
             proposal = driver.next_move(baseline, space)
             if proposal is None:
                 break
             candidate = {**baseline, **proposal.values}
-            before, after = truth(baseline), truth(candidate)
+            try:
+                before, after = truth(baseline), truth(candidate)
+            except Unmeasured as missing:
+                unmeasured = str(missing)
+                break
             gain = after / before - 1 if before > 0 else math.nan
             state = "kept" if gain > MIN_GAIN else "rolled_back"
             change = _replayed_change(job, study, proposal.number, proposal.origin, baseline,
@@ -244,7 +277,8 @@ def replay_search(job: str, built: Built, fingerprint: JobFingerprint, truth: Tr
         return {"sources": [s.to_json() for s in sources],
                 "fleet_priors": [m.to_json() for m in moves], "trials": trials,
                 "kept": config_label(baseline), "kept_relative": truth(baseline),
-                "converged": len(trials) < max_trials}
+                "converged": len(trials) < max_trials and unmeasured is None,
+                **({} if unmeasured is None else {"unmeasured": unmeasured})}
     finally:
         jobs.close()
         journal.close()
@@ -305,23 +339,33 @@ def trials_to(run: Mapping[str, Any], target: str, target_relative: float,
 # ---- one family -------------------------------------------------------------------------------
 
 
-def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namespace
-                 ) -> dict[str, Any]:
+def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namespace,
+                 recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One family's three searches, on truth tables measured now or, with ``recorded`` (that
+    family's entry of an earlier run's results), on that run's tables and fingerprints."""
     fam = family(name)
-    speedups = dtype_speedups("cpu")
     small, base = fam.build(args.seed, small=True), fam.build(args.seed)
-    fp_small = job_fingerprint(small.model, speedups=speedups)
-    fp_base = job_fingerprint(base.model, speedups=speedups)
-    truth_small, truth_base = (Truth(built, steps=args.steps, rounds=args.rounds,
-                                     reach=args.reach, seed=args.seed)
-                               for built in (small, base))
     began = time.monotonic()
     meter = CpuMeter()
-    for r in range(args.rounds):  # the two sizes' rounds alternate: the same box for both
-        for size, truth in (("small", truth_small), ("base", truth_base)):
-            print(f"[{name}] truth of the {size} size, round {r + 1}/{args.rounds}: "
-                  f"{len(truth.grid)} configs", flush=True)
-            truth.grid_round(r)
+    truth_small: Truth | RecordedTruth
+    truth_base: Truth | RecordedTruth
+    if recorded is not None:
+        fp_small, fp_base = (JobFingerprint.from_json(recorded["sizes"][k]["fingerprint"])
+                             for k in ("A", "B"))
+        truth_small, truth_base = (RecordedTruth(default_config(built), recorded["truth"][k])
+                                   for built, k in ((small, "A"), (base, "B")))
+    else:
+        speedups = dtype_speedups("cpu")
+        fp_small = job_fingerprint(small.model, speedups=speedups)
+        fp_base = job_fingerprint(base.model, speedups=speedups)
+        truth_small, truth_base = (Truth(built, steps=args.steps, rounds=args.rounds,
+                                         reach=args.reach, seed=args.seed)
+                                   for built in (small, base))
+        for r in range(args.rounds):  # the two sizes' rounds alternate: the same box for both
+            for size, truth in (("small", truth_small), ("base", truth_base)):
+                print(f"[{name}] truth of the {size} size, round {r + 1}/{args.rounds}: "
+                      f"{len(truth.grid)} configs", flush=True)
+                truth.grid_round(r)
     foreign = {"grid": meter.foreign_share()}
     meter = CpuMeter()
     job_a, job_b = f"{name}-small", f"{name}-base"
@@ -390,10 +434,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--merge", action="store_true",
                    help="keep the other families' results already in --out (same protocol): "
                         "re-measure a family whose box was busy")
+    p.add_argument("--truth-from", type=Path, default=None,
+                   help="judge the searches on the truth tables and fingerprints of this "
+                        "earlier results file instead of measuring them (seconds, no torch "
+                        "steps): this code's search on that run's measurements")
     args = p.parse_args(argv)
+    recorded_run = None
+    if args.truth_from is not None:
+        try:
+            recorded_run = json.loads(args.truth_from.read_text(encoding="utf-8"))
+            recorded_families = recorded_run["families"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            p.error(f"--truth-from {args.truth_from}: not a fleet_priors results file ({exc})")
+        if args.merge:
+            p.error("--truth-from replays another run: --merge does not apply")
     names = [n.strip() for n in args.families.split(",") if n.strip()]
     for n in names:
         family(n)  # unknown names fail before anything runs
+    if recorded_run is not None:
+        names = [n for n in names if n in recorded_families]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     began = time.monotonic()
     load_start = os.getloadavg()
@@ -402,7 +461,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
                     "cpus": os.cpu_count()},
-        "measurement": REPLAYED,
+        "measurement": REPLAYED if recorded_run is None else (
+            f"{REPLAYED}, truth tables recorded in {args.truth_from.name} (code "
+            f"{recorded_run.get('code_revision')}, {recorded_run.get('measured_at')}, "
+            f"{recorded_run.get('machine', {}).get('platform')}), not measured by this run"),
         "protocol": {"steps_per_visit": args.steps, "truth_rounds": args.rounds,
                      "truth_grid_reach": args.reach,
                      "max_trials": args.max_trials, "seed": args.seed, "keep_if_gain_above":
@@ -424,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             report["families"][n] = {
                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "code_revision": code_revision(), "shared_database_with": names,
-                **bench_family(n, shared, workdir, args)}
+                **bench_family(n, shared, workdir, args,
+                               None if recorded_run is None else recorded_families[n])}
             fam = report["families"][n]
             print(f"[{n}] cold kept {fam['cold_kept']} in {fam['cold_trials_to_kept']} "
                   f"trials, warm in {fam['warm_trials_to_kept']} ({fam['warm_reached']})",

@@ -37,6 +37,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "fleet.json": "fleet",
     "fleet_n*.json": "fleet",
     "fleet_priors*.json": "fleet_priors",
+    "replays_fleet_priors*.json": "fleet_priors_replays",
     "generalisation.json": "generalisation",
     "gloo_exit.json": "gloo_exit",
     "healthy_training.json": "healthy_training",
