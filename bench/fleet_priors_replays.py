@@ -77,11 +77,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="the code to compare with (a git revision)")
     p.add_argument("--runs", default=",".join(RUNS),
-                   help="recorded results files under bench/results, comma-separated")
+                   help="recorded results files (a bare name: under bench/results), "
+                        "comma-separated")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    runs = [ROOT / "bench" / "results" / name.strip() for name in args.runs.split(",")
-            if name.strip()]
+    runs = [ROOT / "bench" / "results" / name.strip() if "/" not in name else Path(name)
+            for name in args.runs.split(",") if name.strip()]
     missing = [str(r) for r in runs if not r.is_file()]
     if missing:
         p.error(f"no recorded run at {', '.join(missing)}")
