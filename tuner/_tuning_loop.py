@@ -4,6 +4,7 @@ next trial."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
 
 from collectors import background_thread
@@ -12,12 +13,17 @@ from tuner._rollout import RolloutController
 from tuner._search import SearchDriver
 
 log = logging.getLogger(__name__)
+_phases = random.Random()  # each loop's place in the interval; a test seeds its own
 
 
 class TuningLoop:
     """The sidecar's rollout thread: every ``interval_s`` it ticks the controller, renews the
     trial leases and, for each job with a search driver and nothing active, proposes the next
-    trial. Loops never die (errors are logged); ``start``/``shutdown`` are idempotent."""
+    trial. Loops never die (errors are logged); ``start``/``shutdown`` are idempotent.
+
+    The first tick comes at a random point of the first interval: sidecars started together
+    (a rollout, a node's restart) on one shared PostgreSQL would otherwise tick in the same
+    instant of every second, their reads and lease renewals queueing on each other."""
 
     def __init__(self, controller: RolloutController, *, interval_s: float = 1.0) -> None:
         if not interval_s > 0:
@@ -79,7 +85,9 @@ class TuningLoop:
             thread.join(timeout_s)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait_s = _phases.uniform(0.0, self.interval_s)
+        while not self._stop.wait(wait_s):
+            wait_s = self.interval_s
             try:
                 self.step()
             except Exception:
