@@ -604,7 +604,7 @@ class StoreWriter:
             try:
                 self._file.retry(attempt)
             except BaseException:
-                self._piece_sizes.clear()  # counts cached inside the rolled-back transaction
+                self._piece_sizes.clear()  # sizes read or changed in the rolled-back transaction
                 raise
             self._journal_rows = 0
             self._next_fold = _clock() + _FOLD_EVERY_S

@@ -68,8 +68,8 @@ def measure_window(reader: StoreReader, job: str, version: int, arm: Arm,
     tokens = _by_rank(points.query(TOKENS))
     if not counts or set(counts) != set(sums):
         return None
-    step_s, steps, starts, ends, cvs, rates = [], [], [], [], [], []
-    spans: dict[str, tuple[int, int]] = {}
+    step_s, steps, cvs, rates = [], [], [], []
+    spans: dict[str, tuple[int, int]] = {}  # rank -> (warm-up boundary, last export)
     for rank, c in counts.items():
         both = pd.merge(c[["time", "value"]], sums[rank][["time", "value"]], on="time",
                         suffixes=("_count", "_sum")).sort_values("time")
@@ -91,14 +91,13 @@ def measure_window(reader: StoreReader, job: str, version: int, arm: Arm,
         spans[rank] = (int(times[w]), int(times[-1]))
         step_s.append(seconds / n)
         steps.append(int(n))
-        starts.append(int(times[w]))
-        ends.append(int(times[-1]))
         cvs.append(_step_cv(np.diff(count[w:]), np.diff(total[w:])))
         if "value_tokens" in both.columns:
             counted = both["value_tokens"].to_numpy()
             if np.isfinite(counted[w]) and np.isfinite(counted[-1]):
                 rates.append((counted[-1] - counted[w]) / seconds)
-    start_ns, end_ns = max(starts), min(ends)
+    start_ns = max(start for start, _ in spans.values())
+    end_ns = min(end for _, end in spans.values())
     if len(rates) == len(counts):
         tokens_per_s = float(sum(rates))  # exact: the job's own tokens over its own seconds
     elif config.tokens_per_step is not None:
