@@ -146,6 +146,24 @@ class ServingSLOConfig(_Section):
     min_requests: int = Field(default=20, ge=1)
 
 
+class KvDecompressionSection(_Section):
+    """What the KV decompression-cost detector weighs a compressed cache against: facts of
+    the serving engine the sidecar cannot measure (``policies.detectors.KvDecompressionConfig``
+    says what each is). Its defaults suit no engine in particular: set ``max_batch_size`` and
+    ``kv_budget_bytes`` to the engine's, and ``uncompressed_read_bytes_per_s`` for an engine
+    that copies the whole cache every step (a concatenating cache), whose copy dequantising
+    replaces."""
+
+    max_batch_size: int = Field(default=64, ge=1)
+    kv_budget_bytes: float | None = Field(default=None, gt=0)
+    min_dequant_share: float = Field(default=0.02, ge=0, lt=1)
+    min_gain: float = Field(default=0.0, ge=0)
+    tpot_slo_s: float | None = Field(default=None, gt=0)
+    min_tokens: float = Field(default=100.0, gt=0)
+    fixed_step_share: float = Field(default=0.7, ge=0, lt=1)
+    uncompressed_read_bytes_per_s: float | None = Field(default=None, gt=0)
+
+
 class SidecarConfig(_Section):
     """Everything `seedancectl sidecar` needs; every field has a safe default."""
 
@@ -209,6 +227,7 @@ class SidecarConfig(_Section):
     rollout: RolloutSection = RolloutSection()
     jobs: dict[str, JobConfig] = Field(default_factory=dict)
     serving_slo: ServingSLOConfig = ServingSLOConfig()
+    kv_decompression: KvDecompressionSection = KvDecompressionSection()
 
     @model_validator(mode="before")
     @classmethod
@@ -345,7 +364,8 @@ def _one_line(error: ValidationError, where: str) -> str:
     return f"{where}: {field}: {first['msg']}{more}"
 
 
-_NOT_FROM_ENV = frozenset({"scrape", "approval", "jobs", "serving_slo", "rollout"})
+_NOT_FROM_ENV = frozenset({"scrape", "approval", "jobs", "serving_slo", "rollout",
+                           "kv_decompression"})
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, str]:

@@ -57,6 +57,7 @@ from collectors import (
 from collectors.names import ATTR_SERVICE_NAME
 from dashboards.web import web_router
 from policies import Detector, EngineConfig, Finding, PolicyEngine, WindowSource
+from policies.detectors import KvDecompressionConfig, KvDecompressionCostDetector
 from seedancectl._api import api_router, resolve_token
 from seedancectl._config import SidecarConfig
 from seedancectl._direct_routes import DirectRoutes
@@ -101,11 +102,15 @@ log = logging.getLogger(__name__)
 NOTIFIED_EVENT = "notified"
 
 
-def all_detectors() -> list[Detector]:
-    """One of every detector `policies.detectors` exports, each with its default config."""
+def all_detectors(config: SidecarConfig | None = None) -> list[Detector]:
+    """One of every detector `policies.detectors` exports, each with its default config, or
+    the one ``config`` gives it (``[sidecar.kv_decompression]``)."""
+    configured: dict[type, Callable[[], Detector]] = {} if config is None else {
+        KvDecompressionCostDetector: lambda: KvDecompressionCostDetector(
+            KvDecompressionConfig(**config.kv_decompression.model_dump()))}
     found = (getattr(policies.detectors, name) for name in policies.detectors.__all__)
-    return [cls() for cls in found if isinstance(cls, type) and issubclass(cls, Detector)
-            and not inspect.isabstract(cls)]
+    return [configured.get(cls, cls)() for cls in found
+            if isinstance(cls, type) and issubclass(cls, Detector) and not inspect.isabstract(cls)]
 
 
 class IngestBackpressure(SeedanceError):
@@ -243,7 +248,7 @@ class Sidecar:
         config, store, reader = self.config, self.store, self.reader
         assert store is not None and reader is not None and self._telemetry is not None
         self.engine = PolicyEngine(
-            all_detectors(), WindowSource(store, reader=reader), db_url=config.state_db,
+            all_detectors(config), WindowSource(store, reader=reader), db_url=config.state_db,
             config=EngineConfig(interval_s=config.policy_interval_s,
                                 window_s=config.policy_window_s,
                                 open_after=config.policy_open_after,

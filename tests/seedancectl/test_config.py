@@ -45,6 +45,9 @@ def test_metrics_source_is_the_store_or_a_prometheus_url() -> None:
         ('metrics_source = "prometheus:ftp://127.0.0.1:9090"', "metrics_source"),
         ('metrics_source = "prometheus:http://127.0.0.1:99999"', "metrics_source"),
         ('metrics_source = "prometheus:http://:9090"', "metrics_source"),
+        ("[sidecar.kv_decompression]\nmax_batch_size = 0", "kv_decompression.max_batch_size"),
+        ("[sidecar.kv_decompression]\nfixed_step_share = 1", "kv_decompression.fixed_step_share"),
+        ("[sidecar.kv_decompression]\nbit_widths = [4]", "kv_decompression.bit_widths"),
     ],
 )
 def test_bad_field_is_named_in_one_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -149,3 +152,30 @@ def test_preflight_passes_a_usable_config_without_creating_anything(tmp_path: Pa
                     f'state_db = "sqlite:///{tmp_path / "new" / "s.db"}"\n')
     preflight(load_config(path, environ={}))
     assert not (tmp_path / "new").exists()
+
+
+def test_the_kv_detector_weighs_what_the_engine_section_says(tmp_path: Path) -> None:
+    """The serving engine's facts reach the KV decompression-cost detector of the sidecar
+    (``[sidecar.kv_decompression]``); without the section it keeps the detector's own
+    defaults, which the section's mirror field for field."""
+    import dataclasses
+
+    from policies.detectors import KvDecompressionConfig, KvDecompressionCostDetector
+    from seedancectl._config import KvDecompressionSection
+    from seedancectl._sidecar import all_detectors
+
+    def kv_config(config: object) -> KvDecompressionConfig:
+        (found,) = [d for d in all_detectors(config)  # type: ignore[arg-type]
+                    if isinstance(d, KvDecompressionCostDetector)]
+        return found.config
+
+    assert kv_config(load_config(environ={})) == KvDecompressionConfig()
+    defaults = {f.name: f.default for f in dataclasses.fields(KvDecompressionConfig)}
+    assert KvDecompressionSection().model_dump().items() <= defaults.items()
+    path = tmp_path / "serving.toml"
+    path.write_text("[sidecar.kv_decompression]\nmax_batch_size = 256\n"
+                    "kv_budget_bytes = 40e9\nuncompressed_read_bytes_per_s = 20e9\n")
+    configured = kv_config(load_config(path, environ={}))
+    assert (configured.max_batch_size, configured.kv_budget_bytes,
+            configured.uncompressed_read_bytes_per_s) == (256, 40e9, 20e9)
+    assert configured.fixed_step_share == KvDecompressionConfig().fixed_step_share
