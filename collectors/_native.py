@@ -8,6 +8,11 @@ torch) path that gives the same numbers, which the tests hold each library to, a
 to it when there is no compiler (``$CC``, else ``cc`` or ``gcc``), the build fails, or the
 caller's switch is set to ``0``. ctypes releases the GIL for each call, so threads calling a
 helper run at once.
+
+A machine without a compiler (the sidecar's container image) loads a library built ahead for
+it instead: ``python -m collectors._native`` builds the sidecar's own (``SIDECAR_SOURCES``)
+into ``$SEEDANCE_CACHE_DIR`` under names taken from the source and flags alone
+(``prebuilt_path``), which ``load_native`` loads before it looks for a compiler.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 NATIVE_FLAGS = ("-O3", "-fPIC", "-shared", "-fvisibility=hidden")
+JSON_TEMPLATE_SOURCE = Path(__file__).parent / "csrc" / "json_template.c"
+SIDECAR_SOURCES = (JSON_TEMPLATE_SOURCE,)
+"""The C the torch-free sidecar loads (the KV kernel is the job's, beside torch)."""
 
 
 def cache_dir() -> Path:
@@ -60,6 +68,30 @@ def _build(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     return target
 
 
+def prebuilt_path(source: Path, flags: tuple[str, ...] = NATIVE_FLAGS) -> Path:
+    """Where a library built ahead for this source and flags lies: named from them alone, as a
+    machine without a compiler cannot name the compiler that built it."""
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode())
+    return cache_dir() / f"{source.stem}-prebuilt-{digest.hexdigest()[:16]}.so"
+
+
+def prebuild(source: Path, flags: tuple[str, ...] = NATIVE_FLAGS) -> Path:
+    """Build ``source`` now and place it at ``prebuilt_path`` (written aside, then renamed), for
+    a machine with the same C library and no compiler; ``RuntimeError`` without a compiler."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler (set $CC) to build ahead with")
+    built, target = _build(compiler, source, flags), prebuilt_path(source, flags)
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=".so")
+    os.close(fd)
+    try:
+        shutil.copyfile(built, partial)
+        os.replace(partial, target)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+
 def load_native(source: Path, function: str, argtypes: list[Any], *,
                 flags: tuple[str, ...] = NATIVE_FLAGS, switch: str, fallback: str,
                 log: logging.Logger) -> Callable[..., int] | None:
@@ -68,12 +100,15 @@ def load_native(source: Path, function: str, argtypes: list[Any], *,
     "..., ``fallback``"). Callers cache the answer, so each process tries once."""
     if os.environ.get(switch, "1") == "0":
         return None
-    compiler = _compiler()
-    if compiler is None:
-        log.warning("no C compiler (set $CC): %s", fallback)
+    prebuilt = prebuilt_path(source, flags)
+    compiler = None if prebuilt.is_file() else _compiler()
+    if compiler is None and not prebuilt.is_file():
+        log.warning("no C compiler (set $CC) and no library built ahead at %s: %s", prebuilt,
+                    fallback)
         return None
     try:
-        fn = getattr(ctypes.CDLL(str(_build(compiler, source, flags))), function)
+        library = prebuilt if compiler is None else _build(compiler, source, flags)
+        fn = getattr(ctypes.CDLL(str(library)), function)
     except (OSError, subprocess.SubprocessError) as e:
         said = (str(getattr(e, "stderr", "") or "").strip().splitlines() or [str(e)])[-1]
         log.warning("building %s failed, %s: %s", source.name, fallback, said)
@@ -81,3 +116,13 @@ def load_native(source: Path, function: str, argtypes: list[Any], *,
     fn.restype = ctypes.c_int
     fn.argtypes = argtypes
     return fn  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    """Build the sidecar's libraries ahead into ``$SEEDANCE_CACHE_DIR`` (a container build)."""
+    for source in SIDECAR_SOURCES:
+        print(prebuild(source))
+
+
+if __name__ == "__main__":
+    main()

@@ -28,12 +28,11 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Final
 
 import numpy as np
 
-from collectors._native import load_native
+from collectors._native import JSON_TEMPLATE_SOURCE, load_native
 from collectors._otlp_decode import DecodedMetrics, MetricInfo, OtlpDecodeError, Shape
 from collectors._otlp_templates import (
     MIN_TEMPLATE_POINTS,
@@ -74,9 +73,9 @@ _Match = Callable[..., int]
 @functools.cache
 def native_match() -> _Match | None:
     """``seedance_json_template_match`` of ``collectors/csrc/json_template.c``, or None (the
-    numpy path) when it is turned off (``SEEDANCE_JSON_NATIVE=0``) or cannot be built."""
-    return load_native(Path(__file__).parent / "csrc" / "json_template.c",
-                       "seedance_json_template_match",
+    numpy path) when it is turned off (``SEEDANCE_JSON_NATIVE=0``), or cannot be built and was
+    not built ahead (``python -m collectors._native``)."""
+    return load_native(JSON_TEMPLATE_SOURCE, "seedance_json_template_match",
                        [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p,
                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
                        switch="SEEDANCE_JSON_NATIVE", log=log,

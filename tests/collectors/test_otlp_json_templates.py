@@ -275,3 +275,38 @@ def test_without_a_compiler_json_templates_fall_back_to_numpy_and_leave_nothing(
         body = as_json(gauges(30, stamp=stamp))
         same(decoder.decode(body), body)
     assert decoder.hits == 2
+
+
+def test_without_a_compiler_the_library_built_ahead_reads_the_templates(
+        reader: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A container image has no compiler: ``python -m collectors._native`` builds the
+    sidecar's library ahead (its build stage), and the sidecar loads that one."""
+    if reader != "native":
+        pytest.skip("the numpy reader is the fallback itself")
+    import subprocess
+    import sys
+
+    from collectors._native import JSON_TEMPLATE_SOURCE, prebuilt_path
+    monkeypatch.setenv("SEEDANCE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    built = subprocess.run([sys.executable, "-m", "collectors._native"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    assert built == [str(prebuilt_path(JSON_TEMPLATE_SOURCE))]
+    empty = tmp_path / "no-compilers"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no cc, no gcc: as in the image
+    native_match.cache_clear()
+    assert native_match() is not None
+    decoder = templates()
+    for stamp in range(4):
+        body = as_json(gauges(30, stamp=stamp))
+        same(decoder.decode(body), body)
+    assert decoder.hits == 2
+    # nothing built ahead, no compiler: the numpy path, and the warning says where it looked
+    Path(built[0]).unlink()
+    native_match.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="collectors._otlp_json_templates"):
+        assert native_match() is None
+    (record,) = caplog.records
+    assert "no library built ahead" in record.getMessage() and built[0] in record.getMessage()

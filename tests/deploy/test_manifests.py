@@ -154,6 +154,22 @@ def test_the_image_runs_the_sidecar_as_an_unprivileged_user() -> None:
     assert ROOT / copied[entrypoint.value[3]] == IMAGE_CONFIG
 
 
+def test_the_image_loads_the_json_reader_its_build_stage_built_ahead() -> None:
+    """No compiler in the image: the build stage (which has one) builds the C reader into a
+    folder the final stage copies and names as the sidecar's cache."""
+    commands = dockerfile.parse_file(str(DOCKERFILE))
+    last_from = max(i for i, c in enumerate(commands) if c.cmd == "FROM")
+    build, final = commands[:last_from], commands[last_from:]
+    runs = " ".join(" ".join(c.value) for c in build if c.cmd == "RUN")
+    built_into = re.search(r"SEEDANCE_CACHE_DIR=(\S+) python -m collectors._native", runs)
+    assert built_into and "gcc" in runs, runs
+    env = {k: v for c in final if c.cmd == "ENV" for k, v in zip(c.value[::2], c.value[1::2],
+                                                                  strict=True)}
+    copied = [c.value for c in final if c.cmd == "COPY" and "--from=build" in c.flags]
+    assert [built_into.group(1), env["SEEDANCE_CACHE_DIR"]] in [list(v) for v in copied]
+    assert not any("gcc" in " ".join(c.value) for c in final if c.cmd == "RUN")
+
+
 def test_the_healthcheck_asks_the_configured_listener() -> None:
     config = settings(IMAGE_CONFIG)
     assert config.loopback
