@@ -18,14 +18,15 @@ study, and ``single_moves`` tries it first, once (``Move.once``: a config that l
 and regressed here is not tried again from the next baseline). A prior that regresses or
 fails here is judged like any trial.
 
-A new job at least ``HALVE_AT_SIZE_RATIO`` times the source's parameters also gets the source's
-kept config at half its final micro-batch (rounded up), right after it. A bigger model of the family holds
-more activation memory per sample (between the square root of the parameter ratio, wider
-layers, and the ratio itself, more layers), so the micro-batch that fitted the source's memory
-or cache may not fit its own: on a GPU the source's micro-batch can run out of memory, on a
-CPU its best micro-batch moves down (``bench/fleet_priors.py``, cnn_bn: the 3.5x bigger size
-is fastest at half the small size's micro-batch). A smaller job gets no doubled lead: a bigger
-micro-batch is a step its own search takes early, and one that could run out of memory.
+A new job at least ``HALVE_AT_SIZE_RATIO`` times the source's parameters also gets the
+source's kept config at half its final micro-batch (rounded up), right after it. A bigger model
+of the family holds more activation memory per sample (between the square root of the
+parameter ratio, wider layers, and the ratio itself, more layers), so on a GPU the source's
+micro-batch may not fit it at all, and the half is the config that runs. On a CPU the best
+micro-batch may move either way: in ``bench/fleet_priors.py`` the base CNN and LSTM were
+fastest at half the small size's micro-batch, the base ViT and wide transformer at twice it
+(``docs/tuning.md``). No job gets a doubled lead: twice the micro-batch is an early step of
+its own search, and for a bigger model the one that could run out of memory.
 A source whose search kept nothing (its launch config measured best there) still gives a much
 bigger job its launch config at half the micro-batch: a cold search tries a smaller
 micro-batch last, as the move that usually costs.
