@@ -41,7 +41,8 @@ from bench._worktree import base_and_new  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "replays_fleet_priors.json"
 RUNS = ("fleet_priors_run_a.json", "fleet_priors_run_b.json", "fleet_priors_run_c.json",
-        "fleet_priors_run_d.json", "fleet_priors.json", "fleet_priors_run_f.json")
+        "fleet_priors_run_d.json", "fleet_priors.json", "fleet_priors_run_f.json",
+        "fleet_priors_run_g.json")
 """The recorded runs of ``bench/fleet_priors.py``, oldest first (``fleet_priors.json`` is run
 e)."""
 
