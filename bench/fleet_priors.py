@@ -39,8 +39,8 @@ families on a mostly quiet 2-core box, 19-25 minutes while other processes loade
 measurement taken while they used more than a quarter of the CPUs is taken again, up to
 three times); ``--families wide_transformer --merge`` re-measures one family and keeps the
 others. Results: bench/results/fleet_priors.json (the latest run on a CPU with fast bf16);
-fleet_priors_run_a.json to _run_f.json are the others: a to c before a source's best
-measured config led, counted strictly, f the latest, on a CPU without fast bf16, with the
+fleet_priors_run_a.json to _run_g.json are the others: a to c before a source's best
+measured config led, counted strictly, f and g the latest, on a CPU without fast bf16, with the
 half-micro-batch lead; docs/tuning.md, "fleet priors", gives them all.
 """
 
