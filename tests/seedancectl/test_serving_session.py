@@ -38,6 +38,11 @@ SEARCHED = ("kv.key_bits", "kv.value_bits", "prefix_cache.capacity_entries")
 SLO_S = 6.0
 TRIAL_S = RolloutConfig().trial_budget_s
 """A trial ends within this much job time (plus its last window): the waits allow for it."""
+KEPT_WITHIN_S = 900.0
+"""The wait for the search's first kept trial: on a quiet box it comes within 4-5 trials, but
+with the rest of the suite on the other core one window's tokens/s swings by +-25%, and a
+single-knob gain of 15-30% may take two trials of pooled pairs (a re-proposed config pools its
+earlier pairs) after a trial or two rolled back on a load spike."""
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "serving_session.json"
 
 
@@ -56,7 +61,9 @@ def session(tmp_path: Path) -> Iterator[tuple[Live, subprocess.Popen[bytes]]]:
         log = (tmp_path / "job.log").open("wb")
         job = subprocess.Popen(
             [sys.executable, "-m", "workloads.serve_tuned", "--sidecar", live.url, "--job", JOB,
-             "--duration-s", "600", "--kv-bits", "6", "6", "--capacity-entries", "2",
+             # the job outlives every wait below: the first kept trial, then three changes
+             "--duration-s", str(int(KEPT_WITHIN_S + 4 * (TRIAL_S + 60))),
+             "--kv-bits", "6", "6", "--capacity-entries", "2",
              "--n-prefixes", "32",
              "--export-interval-s", "1", "--lease-ttl-s", "30"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SEEDANCE_KV_NATIVE": "0"})
@@ -114,7 +121,7 @@ def test_a_live_session_keeps_a_faster_config_and_the_guardrail_rolls_back_breac
     default = dict(live.get(f"/v1/jobs/{JOB}/knobs")["baseline"]["values"])
     assert (default["kv.key_bits"], default["prefix_cache.capacity_entries"]) == (6, 2)
 
-    _wait(live, job, "a trial is kept", 600,
+    _wait(live, job, "a trial is kept", KEPT_WITHIN_S,
           lambda: [c for c in _changes(live)
                    if c["source"] == "trial" and c["state"] == "kept"])
     paused = live.post(f"/v1/jobs/{JOB}/tuning", {"by": "oncall", "action": "pause"})
