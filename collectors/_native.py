@@ -101,8 +101,9 @@ def load_native(source: Path, function: str, argtypes: list[Any], *,
     if os.environ.get(switch, "1") == "0":
         return None
     prebuilt = prebuilt_path(source, flags)
-    compiler = None if prebuilt.is_file() else _compiler()
-    if compiler is None and not prebuilt.is_file():
+    built_ahead = prebuilt.is_file()
+    compiler = None if built_ahead else _compiler()
+    if compiler is None and not built_ahead:
         log.warning("no C compiler (set $CC) and no library built ahead at %s: %s", prebuilt,
                     fallback)
         return None
