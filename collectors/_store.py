@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,9 @@ class TimeSeriesStore:
         self._file = StoreFile(self.path, readonly=readonly, config=self.config)
         journal, points = JournalView(), PointsJournalView()
         self._writer = StoreWriter(self._file, journal, points)
-        self._queries = StoreQueries(self._file, journal, points, self._writer.flush)
+        # a read commits what is buffered first, but leaves the series rows' counts to the sync
+        self._queries = StoreQueries(self._file, journal, points,
+                                     partial(self._writer.flush, sync_spans=False))
         if not readonly:
             self._writer.start_flusher()
 
@@ -136,19 +139,25 @@ class TimeSeriesStore:
                                           until_ns=until_ns)
 
     def metrics(self) -> pd.DataFrame:
-        """One row per metric name: series count, points written, first and last timestamp."""
+        """One row per metric name: series count, points written, first and last timestamp.
+        While the flusher runs, the counts may leave out the last few seconds' points and
+        the last timestamp trail by up to ``SPAN_SLACK_NS`` (:mod:`collectors._series_spans`);
+        after :meth:`flush` or :meth:`close` both are exact."""
         return self._queries.metrics()
 
     def attribute_values(self, attribute: str, *, active_since_ns: int | None = None
                          ) -> list[str]:
         """The distinct values of ``attribute`` over every series (those with a point at or
-        after ``active_since_ns`` when given), sorted: the jobs a store holds, in one read."""
+        after ``active_since_ns`` when given), sorted: the jobs a store holds, in one read.
+        While the flusher runs, a series whose only points since then are from the last
+        ``SPAN_SLACK_NS`` may be left out (:mod:`collectors._series_spans`)."""
         return self._queries.attribute_values(attribute, active_since_ns=active_since_ns)
 
     def series(self, name: str, *, active_since_ns: int | None = None
                ) -> list[dict[str, str]]:
         """The attribute sets of the series of ``name``, in creation order: every one, or
-        those with a point at or after ``active_since_ns``."""
+        those with a point at or after ``active_since_ns`` (as in :meth:`attribute_values`,
+        a running flusher may leave out a series whose only such points are that recent)."""
         return self._queries.series(name, active_since_ns=active_since_ns)
 
     # -- lifecycle -----------------------------------------------------------------------

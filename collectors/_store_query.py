@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from collectors import _store_codec as codec
+from collectors._series_spans import SPAN_SLACK_NS
 from collectors._store_file import StoreError, StoreFile, canonical_attrs, has_value_bounds
 from collectors._store_points_journal import PointsJournalView
 from collectors._store_reader import Resolution, ValueBounds
@@ -42,6 +43,8 @@ _PARSED_ATTRS_MAX = 200_000  # distinct attribute texts kept parsed (tens of MiB
 # Resolved once: parsing "str" again for each column was a third of a small query's time.
 _STR = pd.api.types.pandas_dtype("str")
 _ROLLUP_COLUMNS = ("time", "value", "min", "max", "count", "last")
+
+_INT64_MIN = -(2**63)  # the earliest time a range may start at
 
 
 class DecodedCache:
@@ -129,10 +132,13 @@ class StoreQueries:
         [lo, hi] whose attributes include ``wanted``, by id. Only those in the range: each
         config version starts new series, so a window's cost would otherwise grow with every
         trial the job ever ran; and ``wanted`` narrows them in SQL first (a version's series
-        among every version's were parsed and dropped here one by one)."""
+        among every version's were parsed and dropped here one by one). A row's ``last_ns``
+        may trail its newest point by ``SPAN_SLACK_NS`` (:mod:`collectors._series_spans`):
+        the filter reaches back that much further, and a series with no point in the range
+        reads as none."""
         sql = ("SELECT id, attrs, first_ns, last_ns FROM series WHERE name = ? "
                "AND last_ns >= ? AND first_ns <= ?")
-        params: list[object] = [name, lo, hi]
+        params: list[object] = [name, max(lo, _INT64_MIN + SPAN_SLACK_NS) - SPAN_SLACK_NS, hi]
         for key, value in wanted.items():
             # a path names a key as stored: plain ASCII only (the rest is escaped in attrs)
             if key.isascii() and key.isprintable() and not {'"', "\\"} & set(key):

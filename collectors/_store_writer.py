@@ -31,6 +31,7 @@ from collectors._generations import GenerationalMap
 from collectors._otlp_decode import Shape
 from collectors._points import Point
 from collectors._priority import background_thread
+from collectors._series_spans import SeriesSpans, SpanUpdate
 from collectors._store_file import (
     StoreError,
     StoreFile,
@@ -210,6 +211,16 @@ class _Writes:
         self.merged_away = {"chunks": [], "rollups": []}
 
 
+def _write_spans(conn: sqlite3.Connection, spans: SpanUpdate) -> None:
+    """Add each row's points to its series' count and widen its time span, in one statement."""
+    execute_rows(
+        conn,
+        "UPDATE series SET points = points + j.column2, "
+        "first_ns = min(coalesce(first_ns, j.column3), j.column3), "
+        "last_ns = max(coalesce(last_ns, j.column4), j.column4) "
+        "FROM (VALUES {values}) AS j WHERE series.id = j.column1", spans.rows)
+
+
 class StoreWriter:
     """Buffers, commits and maintains one store file (see the module docstring).
 
@@ -237,6 +248,7 @@ class StoreWriter:
         self._attr_keys: GenerationalMap[tuple[str, tuple[tuple[object, object], ...]], str] = \
             GenerationalMap(_SERIES_IDLE_S)
         self._series_ids: GenerationalMap[tuple[str, str], int] = GenerationalMap(_SERIES_IDLE_S)
+        self._spans = SeriesSpans()
         self._piece_sizes: dict[tuple[int, int, int], list[int]] = {}
         """Rows of each piece of a block, oldest first, by (step_s or 0, sid, block)."""
         self._next_maintenance = 0.0  # the first flush runs retention
@@ -364,10 +376,12 @@ class StoreWriter:
                 self._taken.wait_for(lambda: not self._over_limit() or self._stop.is_set(),
                                      timeout=self._file.config.busy_timeout_s)
         if self._over_limit():
-            self.flush()
+            self.flush(sync_spans=False)
 
-    def flush(self) -> None:
-        """Commit every buffered point in one transaction (a no-op on a read-only store)."""
+    def flush(self, *, sync_spans: bool = True) -> None:
+        """Commit every buffered point in one transaction (a no-op on a read-only store), and
+        every series row's count and span with it unless ``sync_spans`` is False (the
+        background flushes: see :mod:`collectors._series_spans`)."""
         if self._file.readonly:
             return
         with self._file.lock:
@@ -375,10 +389,12 @@ class StoreWriter:
                 batch, self._pending, self._buffered = self._pending, [], 0
                 self._buffered_by.clear()
                 self._taken.notify_all()
+            if not batch and sync_spans and self._spans.waiting:
+                self._file.retry(self._sync_spans)
             if batch:
                 try:
                     self._series_ids.expire()
-                    self._file.retry(lambda: self._commit(batch))
+                    self._file.retry(lambda: self._commit(batch, sync_spans))
                 except BaseException as e:
                     self._series_ids.clear()
                     self._piece_sizes.clear()
@@ -426,11 +442,11 @@ class StoreWriter:
             if self._stop.is_set():
                 return
             try:
-                self.flush()
+                self.flush(sync_spans=False)
             except Exception:  # the loop never dies; the batch stays queued for the next try
                 log.exception("store %s: background flush failed", self._file.path)
 
-    def _commit(self, batch: list[_Batch]) -> None:
+    def _commit(self, batch: list[_Batch], sync_spans: bool) -> None:
         conn = self._file.conn
         with transaction(conn):
             resolved: dict[int, np.ndarray] = {}  # batches of one shape share their keys
@@ -454,7 +470,9 @@ class StoreWriter:
                 np.concatenate([b.values for b in batch]))
             starts = np.flatnonzero(np.r_[True, series[1:] != series[:-1]])
             stops = np.r_[starts[1:], series.shape[0]]
-            self._count_points(series, starts, stops, times)
+            spans = self._spans.update(series[starts], stops - starts, times[starts],
+                                       times[stops - 1], sync=sync_spans)
+            _write_spans(conn, spans)
             many = (stops - starts) >= points_journal.DIRECT_AT_POINTS
             if many.any():
                 writes = _Writes()
@@ -470,19 +488,15 @@ class StoreWriter:
                 conn.execute("INSERT INTO rollup_journal(n, data) VALUES(?, ?)",
                              (int(agg["bucket"].shape[0]), encode_journal(agg)))
                 self._journal_rows += 1
+        self._spans.committed(spans)
 
-    def _count_points(self, series: np.ndarray, starts: np.ndarray, stops: np.ndarray,
-                      times: np.ndarray) -> None:
-        """Add this flush's points (sorted by series, time) to each series' count and time
-        span, in one statement."""
-        execute_rows(
-            self._file.conn,
-            "UPDATE series SET points = points + j.column2, "
-            "first_ns = min(coalesce(first_ns, j.column3), j.column3), "
-            "last_ns = max(coalesce(last_ns, j.column4), j.column4) "
-            "FROM (VALUES {values}) AS j WHERE series.id = j.column1",
-            list(zip(series[starts].tolist(), (stops - starts).tolist(),
-                     times[starts].tolist(), times[stops - 1].tolist(), strict=True)))
+    def _sync_spans(self) -> None:
+        """Write every series row's waiting count and span (nothing else to commit)."""
+        empty = np.empty(0, dtype=np.int64)
+        spans = self._spans.update(empty, empty, empty, empty, sync=True)
+        with transaction(self._file.conn):
+            _write_spans(self._file.conn, spans)
+        self._spans.committed(spans)
 
     def _append_series(self, sid: int, t: np.ndarray, v: np.ndarray, writes: _Writes) -> None:
         """Append one series' points to its chunks, a chunk per 2-hour block they reach."""

@@ -759,10 +759,11 @@ def test_writers_past_the_limit_leave_the_commits_to_the_flusher(
     committed_on: list[str] = []
     commit = _store_writer.StoreWriter._commit
 
-    def recording(self: _store_writer.StoreWriter, batch: list[object]) -> None:
+    def recording(self: _store_writer.StoreWriter, batch: list[object],
+                  sync_spans: bool) -> None:
         committed_on.append(threading.current_thread().name)
         time.sleep(0.02)  # a commit that takes a while, so writers meet the limit during it
-        commit(self, batch)  # type: ignore[arg-type]
+        commit(self, batch, sync_spans)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_store_writer.StoreWriter, "_commit", recording)
     with _store(tmp_path / "s.db", flush_interval_s=3600, max_buffered_points=400) as store:
