@@ -8,10 +8,13 @@ running at once (coroutines of one load process, so the sidecar, not the client,
 - every exporter is one rank (``seedance.rank``) of one job, as a job's ranks export to the
   sidecar beside them, with ``--series`` series (``--metrics`` gauge names x attribute sets;
   64 x 250 stays inside the default ``max_series_per_job``), each export carrying every series
-  once at a new timestamp, as an OpenTelemetry SDK's periodic export does: the shape where the
-  store pays per series; its values change every export too, drawn as measurements are (runs
-  before the evening of 2026-12-06 sent the same short values every time, which flattered
-  JSON: a 17-digit double costs more to read than 0.25);
+  once at a new timestamp, the time it is sent, as an OpenTelemetry SDK's periodic export
+  does: the shape where the store pays per series (runs before the evening of 2026-12-07
+  stamped an exporter's n-th export n seconds after a fixed start, so at 64 exporters the
+  data's time ran about 35 times faster than the clock, which no live job's does); its
+  values change every export too, drawn as measurements are (runs before the evening of
+  2026-12-06 sent the same short values every time, which flattered JSON: a 17-digit double
+  costs more to read than 0.25);
 - closed loop: each exporter sends its next export as soon as the last is answered, so the
   figures are the sidecar's capacity, and the latency includes the queueing at that load; an
   answer with Retry-After (a 429 or 503: the sidecar pushing back) is waited out before the
@@ -74,6 +77,7 @@ from tests.servers import free_port  # noqa: E402
 
 TARGET_POINTS_PER_S = 600_000
 T0 = 1_800_000_000_000_000_000  # a placeholder timestamp each export replaces with its own
+# (as many digits as time.time_ns() until 2286, so a JSON body keeps its length)
 VALUE_VARIANTS = 4
 """Bodies per exporter, each with other values, sent in turn: values change every export, as
 a live job's do (a JSON number's width with them)."""
@@ -173,14 +177,15 @@ async def _exporter(url: str, bodies: list[bytes], encoding: str, points: int, t
     address = urllib.parse.urlsplit(url)
     connection = _Connection(address.hostname or "127.0.0.1", address.port or 80,
                              address.path, ENCODINGS[encoding])
-    n = 0
+    n = stamp = 0
     try:
         while True:
             now = time.monotonic()
             if now >= t_end:
                 return
             n += 1
-            data = stamped(bodies[n % len(bodies)], encoding, T0 + n * 1_000_000_000)
+            stamp = max(stamp + 1, time.time_ns())  # each export its own time, as sent
+            data = stamped(bodies[n % len(bodies)], encoding, stamp)
             sent = time.perf_counter()
             status, retry_after = await connection.post(data)
             elapsed = time.perf_counter() - sent
