@@ -58,7 +58,6 @@ class SpanUpdate:
     """What one flush writes: rows of (series id, points to add, first, last), and the state
     to keep once its transaction commits (a rolled-back flush keeps the state it found)."""
 
-
     rows: list[tuple[int, int, int, int]]
     after: _Rows
     synced: bool
