@@ -95,7 +95,7 @@ class SeriesSpans:
         untouched = np.ones(old.sid.shape[0], dtype=bool)
         untouched[hit] = False
         rest = old.select(untouched)
-        syncing = sync or self._clock() >= self._next_sync
+        syncing = sync or self.due
         if syncing:
             # every waiting row; a row with nothing waiting has been idle since the last
             # sync or longer, and is forgotten (seen again, it is written at once)
@@ -121,6 +121,12 @@ class SeriesSpans:
     def waiting(self) -> bool:
         """Whether some row's count waits for the next sync."""
         return bool((self._rows.count > 0).any())
+
+    @property
+    def due(self) -> bool:
+        """Whether the sync interval has passed: a flush with nothing to commit syncs then,
+        so a store whose writers went quiet does not keep its last counts waiting."""
+        return self._clock() >= self._next_sync
 
     def committed(self, update: SpanUpdate) -> None:
         """The flush that wrote ``update.rows`` committed: keep its state."""

@@ -389,7 +389,7 @@ class StoreWriter:
                 batch, self._pending, self._buffered = self._pending, [], 0
                 self._buffered_by.clear()
                 self._taken.notify_all()
-            if not batch and sync_spans and self._spans.waiting:
+            if not batch and (sync_spans or self._spans.due) and self._spans.waiting:
                 self._file.retry(self._sync_spans)
             if batch:
                 try:

@@ -76,7 +76,8 @@ def test_rows_stay_readable_and_are_written_about_once_a_sync() -> None:
 
 def test_a_window_after_a_deferred_flush_reads_the_newest_points(tmp_path: Path) -> None:
     """A background flush leaves the series row's last time behind its points; a window that
-    starts after that time still reads them, and an explicit flush makes the counts exact."""
+    starts after that time still reads them, and once the sync interval has passed the flush
+    loop makes the counts exact even with nothing new to commit."""
     store = TimeSeriesStore(tmp_path / "s.db", flush_interval_s=3600)
     try:
         store.write_series("m", {"rank": "0"}, T0 + np.arange(2) * NS, np.zeros(2))
@@ -86,8 +87,20 @@ def test_a_window_after_a_deferred_flush_reads_the_newest_points(tmp_path: Path)
         assert store.metrics()["points"].tolist() == [2]  # the row's count waits
         frame = store.query("m", since_ns=T0 + 3 * NS, until_ns=T0 + 6 * NS, resolution="raw")
         assert frame["value"].tolist() == [3.0, 4.0, 5.0]
-        store.flush()
+        store._writer._spans._clock = lambda: float("inf")  # the sync interval has passed
+        store._writer.flush(sync_spans=False)  # the flush loop's call, with nothing buffered
         assert store.metrics()["points"].tolist() == [6]
         assert store.metrics()["last"].iloc[0].value == T0 + 5 * NS
     finally:
         store.close()
+
+
+def test_rows_waiting_when_the_writes_stop_are_synced_by_the_next_empty_flush() -> None:
+    clock = _Clock()
+    spans = SeriesSpans(clock=clock)
+    one = np.array([1], dtype=np.int64)
+    spans.committed(spans.update(one, one, one * T0, one * T0))  # first sight: written
+    spans.committed(spans.update(one, one, one * T0 + NS, one * T0 + NS))  # waits
+    assert spans.waiting and not spans.due
+    clock.now = SYNC_EVERY_S
+    assert spans.due  # the writer's flush loop syncs now, with nothing else to commit
