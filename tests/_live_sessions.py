@@ -3,7 +3,8 @@
 Each runs a sidecar and a real torch job (the demo, three), and each judges gains and exits
 against its own measurements: run side by side on two cores they starve each other. So they
 form one unit of work, handed out first; the other worker takes the rest, one module at a
-time (``--dist loadscope``: a module's fixtures run once).
+time (``--dist loadscope``: a module's fixtures run once), at a lower CPU priority
+(``tests/conftest.py``: ``BACKGROUND_NICENESS``).
 """
 
 from __future__ import annotations
