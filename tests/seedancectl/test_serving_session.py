@@ -42,10 +42,11 @@ SLO_S = 6.0
 TRIAL_S = RolloutConfig().trial_budget_s
 """A trial ends within this much job time (plus its last window): the waits allow for it."""
 KEPT_WITHIN_S = 900.0
-"""The wait for the search's first kept trial: on a quiet box it comes within 4-5 trials, but
-with the rest of the suite on the other core one window's tokens/s swings by +-25%, and a
-single-knob gain of 15-30% may take two trials of pooled pairs (a re-proposed config pools its
-earlier pairs) after a trial or two rolled back on a load spike."""
+"""The wait for the search's first kept trial: it bounds the wait, it is not the expectation.
+Beside a suite worker at the same priority one window's tokens/s swung by +-25% and the first
+kept trial took 4-5 trials when it came at all (3 CI runs of 3 failed); with that worker niced
+(``tests/conftest.py``) the first trial, 8-bit keys, was kept after 4 pairs at +35%, pair
+ratios 1.23-1.43."""
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "serving_session.json"
 
 
