@@ -47,6 +47,7 @@ half-micro-batch lead; docs/tuning.md, "fleet priors", gives them all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -56,7 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +340,23 @@ def trials_to(run: Mapping[str, Any], target: str, target_relative: float,
 # ---- one family -------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def recorded_launch_threads(recorded: Mapping[str, Any] | None) -> Iterator[None]:
+    """A replay runs at the recorded launch config's threads: the threads knob's default, and
+    so the launch config of a family without launch threads of its own, is this process's
+    torch threads, which whatever ran in it before may have changed (in a pytest worker an
+    earlier test had set 1, and a replay of a run launched at 2 searched from 1)."""
+    before = torch.get_num_threads()
+    threads = (None if recorded is None
+               else recorded["launch_config"].split("/", 1)[0].removeprefix("t"))
+    if threads is not None and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def bench_family(name: str, shared_db: str, workdir: Path, args: argparse.Namespace,
                  recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One family's three searches, on truth tables measured now or, with ``recorded`` (that
@@ -483,11 +501,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         shared = sqlite_url(workdir / "shared.db")
         for n in names:
             print(f"=== {n} ===", flush=True)
+            recorded = None if recorded_run is None else recorded_families[n]
+            with recorded_launch_threads(recorded):
+                measured = bench_family(n, shared, workdir, args, recorded)
             report["families"][n] = {
                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "code_revision": code_revision(), "shared_database_with": names,
-                **bench_family(n, shared, workdir, args,
-                               None if recorded_run is None else recorded_families[n])}
+                "code_revision": code_revision(), "shared_database_with": names, **measured}
             fam = report["families"][n]
             print(f"[{n}] cold kept {fam['cold_kept']} in {fam['cold_trials_to_kept']} "
                   f"trials, warm in {fam['warm_trials_to_kept']} ({fam['warm_reached']})",

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.fleet_priors import main
 
@@ -42,6 +43,24 @@ def test_the_recorded_run_replays_and_the_bigger_job_tries_half_the_micro_batch_
     assert warm[1]["origin"].startswith("fleet: half the micro-batch kept by job cnn_bn-small")
     assert warm[1]["state"] == "kept"
     assert cnn["warm_trials_to_kept"] < recorded["warm_trials_to_kept"]
+
+
+def test_a_replay_starts_from_the_recorded_launch_threads_whatever_the_process_runs_at(
+        tmp_path: Path) -> None:
+    """The threads knob's default is the process's torch threads: a pytest worker whose
+    earlier test set 1 replayed run e's searches from t1, where run e launched at t2."""
+    recorded = json.loads(RUN_E.read_text(encoding="utf-8"))["families"]["cnn_bn"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cnn = replay(tmp_path, RUN_E)["families"]["cnn_bn"]
+        assert torch.get_num_threads() == 1  # put back as it was
+    finally:
+        torch.set_num_threads(before)
+    assert recorded["launch_config"].startswith("t2/")
+    for search in ("A", "B_cold", "B_warm"):
+        assert configs(cnn[search])[0][0].startswith("t2/"), search
+    assert configs(cnn["A"]) == configs(recorded["A"])
 
 
 def test_a_config_the_recorded_table_lacks_ends_the_search_as_unmeasured(
