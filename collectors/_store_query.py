@@ -7,6 +7,7 @@ the policy pass and the rollout re-read the same chunks every few seconds.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sqlite3
@@ -91,6 +92,12 @@ class StoreQueries:
         self._flush = flush
         self._decoded = DecodedCache(_DECODED_CACHE_BYTES)
         self._parsed_attrs: dict[str, dict[str, str]] = {}
+
+    def without_flush(self) -> StoreQueries:
+        """The same reads and caches, of what is committed only (``TimeSeriesStore.committed``)."""
+        view = copy.copy(self)
+        view._flush = _nothing
+        return view
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -279,6 +286,10 @@ class StoreQueries:
             return [dict(self._attrs(r[0])) for r in conn.execute(
                 "SELECT attrs FROM series WHERE name = ? AND (? IS NULL OR last_ns >= ?) "
                 "ORDER BY id", (name, since, since))]
+
+
+def _nothing() -> None:
+    pass
 
 
 def _pick_resolution(found: list[tuple[int, dict[str, str], int | None, int | None]],

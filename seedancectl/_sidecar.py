@@ -244,11 +244,14 @@ class Sidecar:
     def _start_tuning(self) -> None:
         """Engine -> controller (guardrails fed by the engine) -> notifier -> tuning loop; all
         read series from ``reader``, and the engine judges the jobs the store lists (those that
-        report to this sidecar)."""
+        report to this sidecar). The engine reads what the store has committed, not
+        committing the buffer for each pass (``TimeSeriesStore.committed``)."""
         config, store, reader = self.config, self.store, self.reader
         assert store is not None and reader is not None and self._telemetry is not None
+        committed = store.committed()
+        windows = WindowSource(committed, reader=committed if reader is store else reader)
         self.engine = PolicyEngine(
-            all_detectors(config), WindowSource(store, reader=reader), db_url=config.state_db,
+            all_detectors(config), windows, db_url=config.state_db,
             config=EngineConfig(interval_s=config.policy_interval_s,
                                 window_s=config.policy_window_s,
                                 open_after=config.policy_open_after,

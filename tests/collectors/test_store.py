@@ -736,6 +736,25 @@ def test_a_burst_of_a_quarter_of_the_buffer_is_flushed_before_the_interval(
             assert len(reader.query("m", resolution="raw")) == 1000
 
 
+def test_the_committed_view_reads_what_a_flush_committed_and_commits_nothing_itself(
+        tmp_path: Path) -> None:
+    """The policy engine's view: the buffer waits for the flusher, and reads in between see
+    the committed points with the same frames as the store's own reads."""
+    with _store(tmp_path / "s.db", flush_interval_s=3600) as store:
+        committed = store.committed()
+        store.write_series("m", {"job": "a"}, T0 + np.arange(10) * NS, np.arange(10.0))
+        store.flush()
+        store.write_series("m", {"job": "b"}, T0 + np.arange(10, 20) * NS, np.arange(10.0))
+        seen = committed.query("m", resolution="raw")
+        assert len(seen) == 10 and set(seen["job"]) == {"a"}
+        assert committed.attribute_values("job") == ["a"]
+        assert store.buffered == 10  # the view's reads left the buffer to the flusher
+        assert _wait_for_rows(tmp_path / "s.db", 20, timeout_s=0.2) == 10
+        pd.testing.assert_frame_equal(store.query("m", resolution="raw"),
+                                      committed.query("m", resolution="raw"))
+        assert store.buffered == 0  # the store's own read committed it first
+
+
 def test_background_thread_flushes_on_interval(tmp_path: Path) -> None:
     with _store(tmp_path / "s.db", flush_interval_s=0.05) as store:
         store.write_series("m", {}, T0 + np.arange(10) * NS, np.zeros(10))

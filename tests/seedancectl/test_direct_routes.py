@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -92,7 +93,8 @@ def test_the_sidecar_answers_otlp_on_the_direct_path_as_the_receiver_does(
     rm = export.resource_metrics.add()
     rm.resource.attributes.add(key="service.name").value.string_value = "direct-job"
     gauge = rm.scope_metrics.add().metrics.add(name="direct.gauge", unit="1").gauge
-    gauge.data_points.add(time_unix_nano=1_700_000_000 * 10**9, as_double=2.5)
+    # now: a point older than the store's raw retention (2 days) is gone after its first prune
+    gauge.data_points.add(time_unix_nano=time.time_ns(), as_double=2.5)
     sidecar = Sidecar(config, environ={})
     with TestClient(sidecar.app()) as client:
         r = client.post("/v1/metrics", content=export.SerializeToString(),
