@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,19 @@ def yield_cpu_to_live_sessions() -> None:
     increment = BACKGROUND_NICENESS - os.nice(0)
     if increment > 0:
         os.nice(increment)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_put_back() -> Iterator[None]:
+    """Each test leaves torch's intra-op threads as it found them: the serving engine and
+    several tests set 1 for steadier timings, and a later test in the same worker whose
+    defaults come from ``torch.get_num_threads()`` (a threads knob, a launch config) then ran
+    from other defaults than when run alone (two fleet-prior replay tests failed so)."""
+    torch = sys.modules.get("torch")  # imported by collection wherever a test uses it
+    before = None if torch is None else torch.get_num_threads()
+    yield
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 @pytest.hookimpl(optionalhook=True)
