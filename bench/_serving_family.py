@@ -28,13 +28,14 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench._default_session import DefaultSettingsSession
+from bench._stats import median_ci
 from seedancectl._config import ServingSLOConfig
 from seedancectl._session import TrainingSession
 from tuner._windows import MeasureConfig
@@ -140,18 +141,6 @@ def interleave(configs: Mapping[str, Values], reference: str, *, rounds: int, se
                       f"{got['token_agreement']}", flush=True)
             last = after
     return arms
-
-
-def median_ci(values: Sequence[float], *, boots: int = 2000, seed: int = 0
-              ) -> tuple[float, float, float]:
-    """Median and a 95% bootstrap interval over rounds."""
-    if not values:
-        return math.nan, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    arr = np.asarray(values, dtype=float)
-    samples = np.median(rng.choice(arr, (boots, len(arr))), axis=1)
-    low, high = np.percentile(samples, [2.5, 97.5])
-    return float(np.median(arr)), float(low), float(high)
 
 
 def within_bound(arm: ServeArm) -> bool:

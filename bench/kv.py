@@ -24,12 +24,19 @@ For each width (32 = float32 cache, the baseline; 16 = bfloat16; 8, 6, 4, 2 quan
 - ``crossover``: 4-bit against float32 decode at each of ``--crossover-contexts``, to find the
   context from which the quantised cache decodes faster (target: at least 0.9x at 512);
 - cost model: the added step time (step - float32 step, negative where the width decodes
-  faster) predicted as the width's cache read minus float32's, each timed inside the decode
-  steps by the caches' codec timer (what the serving instrumentation reports live) in
-  ``--calibration-rounds`` run before the timed ones: on this engine every step builds the
-  attention's operands from the whole cache, so dequantising replaces float32's copy
-  rather than adding to the step. ``model_error`` = (predicted - measured) / |measured|,
-  target within +-20% at every width at ``--context``; per crossover context for 4 bits too.
+  faster), measured as the median over rounds of the two arms' difference within a round
+  (``measured_added_step_ms``) with its 95% bootstrap interval. Predicted from each width's
+  cache read and float32's, timed inside the decode steps by the caches' codec timer (what
+  the serving instrumentation reports live) in ``--calibration-rounds`` run before the
+  timed ones (on this engine every step builds the attention's operands from the whole
+  cache, so dequantising replaces float32's copy rather than adding to the step):
+  ``read_model_*`` the read alone, ``eviction_bound_*`` plus every stored byte's difference
+  refetched at the memory's streaming rate, and ``model_*`` (judged) with the refetch factor
+  fitted on the other widths of the same run (held out, as the tuner predicts untried widths
+  from tried ones). ``model_error`` = (predicted - measured) / |measured|, target within
+  +-20% at every width, judged where the measurement resolves it (its interval within
+  +-10% of it: ``measurement_resolves_target``), at ``--context`` and at each of
+  ``--model-contexts``, where the cache is a larger share of the step;
   ``pure_cost_model_*``: the seed's C / dequantise throughput (the isolated read's), which
   charges dequantisation as added time, for comparison;
 - quality: KL(unquantised || cached) of next-token distributions and the perplexity ratio on
@@ -60,11 +67,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._stats import median_ci  # noqa: E402
 from bench._targets import Target, at_least, at_most, judged  # noqa: E402
 from policies import (  # noqa: E402
     kv_compression_tradeoff,
     kv_decompression_cost_s,
     kv_read_added_s,
+    kv_refetch_factor,
     measure_dequantize_throughput,
 )
 from policies.detectors import KvDecompressionConfig  # noqa: E402
@@ -93,16 +102,33 @@ def targets(result: dict[str, Any]) -> list[Target]:
     at_512 = next((c["tokens_per_s_ratio"] for c in result["crossover"] if c["context"] == 512),
                   None)
     return [
-        *(at_least(f"int{w} dequantise output / memcpy", t, rows[w].get("dequant_vs_copy"), ISSUE)
+        *(at_least(f"int{w} dequantise output / memcpy", t,
+                   rows.get(w, {}).get("dequant_vs_copy"), ISSUE)
           for w, t in TARGET_VS_COPY.items()),
         at_least(f"int{CROSSOVER_BITS} / float32 decode tokens/s at context 512",
                  TARGET_DECODE_AT_512, at_512, ISSUE),
-        *(at_most(f"{r['storage']} |cost-model error|", TARGET_MODEL_ERROR,
-                  None if r.get("model_error") is None else abs(r["model_error"]), ISSUE,
-                  None if r.get("model_error") is not None else
-                  "undefined: the measured step time is the float32 one")
-          for r in result["rows"] if "model_error" in r),
+        *(_model_error_target(r["storage"], [r, *(m for m in result.get("model_sweep", [])
+                                                  if m["bits"] == bits)])
+          for bits, r in rows.items() if bits != 32),
     ]
+
+
+def _model_error_target(storage: str, measured: list[dict[str, Any]]) -> Target:
+    """The largest |error| of the judged model over the contexts whose measurement resolves
+    the target (every one, in files written before the bench asked); none resolving is not
+    met, with the intervals that did not."""
+    judged_rows = [m for m in measured if m.get("measurement_resolves_target", True)]
+    errors = [abs(m["model_error"]) for m in judged_rows if m.get("model_error") is not None]
+    note = None
+    if not judged_rows:
+        note = ("no measurement resolves +-20%: the added step's 95% interval, ms, is "
+                + "; ".join(f"{m['measured_added_step_ci_ms'][0]:+.3f} to "
+                            f"{m['measured_added_step_ci_ms'][1]:+.3f}" for m in measured))
+    elif len(errors) < len(judged_rows):
+        note = "no model: no other width's measurement resolved the target to fit it on"
+    return at_most(f"{storage} |cost-model error|", TARGET_MODEL_ERROR,
+                   max(errors) if errors and len(errors) == len(judged_rows) else None,
+                   ISSUE, note)
 
 
 SCENARIO_SEQUENCES_AT_16 = 8
@@ -157,8 +183,9 @@ def _prefiller(model: GPT, prompt: torch.Tensor, clock: _ReadClock,
 
 def _decode_rounds(model: GPT, prefill: Callable[[int], QuantizedKVCache],
                    arms: tuple[Arm, ...], steps: int, rounds: int, batch: int,
-                   device: torch.device, clock: _ReadClock) -> dict[Arm, dict[str, float]]:
-    """Per arm: median decode step, median read inside it (``clock``), mean stored bytes.
+                   device: torch.device, clock: _ReadClock) -> dict[Arm, dict[str, Any]]:
+    """Per arm: median decode step, median read inside it (``clock``), mean stored bytes,
+    and each round's median step (``round_step_s``, to pair with another arm's round).
     Each arm's round decodes from a cache ``prefill`` built afresh, so no arm keeps one
     allocation's luck (alignment, pages) for the whole run: at context 512 that luck moved a
     width's step by as much as its whole difference from float32."""
@@ -181,42 +208,85 @@ def _decode_rounds(model: GPT, prefill: Callable[[int], QuantizedKVCache],
                     step_s[arm].append(time.perf_counter() - start)
                     read_s[arm].append(clock.read_s - read_before)
     return {a: {"step_s": statistics.median(step_s[a]), "read_s": statistics.median(read_s[a]),
-                "compressed_bytes_per_step": statistics.fmean(compressed[a])} for a in arms}
+                "compressed_bytes_per_step": statistics.fmean(compressed[a]),
+                "round_step_s": [statistics.median(step_s[a][r * steps:(r + 1) * steps])
+                                 for r in range(rounds)]} for a in arms}
 
 
-def _model_error(predicted_s: float, measured_s: float) -> float | None:
+def _model_error(predicted_s: float | None, measured_s: float) -> float | None:
     """(predicted - measured) / |measured| of an added step time; None when nothing was
-    added or saved to compare with."""
-    return (predicted_s - measured_s) / abs(measured_s) if measured_s else None
+    predicted, or nothing added or saved to compare with."""
+    return None if predicted_s is None or not measured_s \
+        else (predicted_s - measured_s) / abs(measured_s)
 
 
-def _read_model(calibration: dict[Arm, dict[str, float]], arm: Arm,
-                memory_read_bytes_per_s: float | None = None) -> float:
-    """Predicted added step time of ``arm`` against float32 (:func:`kv_read_added_s`): its
-    read minus float32's, each timed in the calibration rounds' steps (dequantising replaces
-    the copy that builds the attention's operands from the float32 cache: ``keys_values``
-    does both); with ``memory_read_bytes_per_s``, plus the stored bytes it streams beyond
-    float32's at the memory's read rate (the bound where every streamed byte evicts one)."""
+def _measured_added(steps: dict[Arm, dict[str, Any]], arm: Arm) -> tuple[float, float, float]:
+    """Added step time of ``arm`` against float32: the median over rounds of the two arms'
+    difference in the same round (so a round the box ran slow slows both), and its 95%
+    bootstrap interval, in seconds."""
+    pairs = [a - b for a, b in zip(steps[arm]["round_step_s"],
+                                   steps[(32, "fused")]["round_step_s"], strict=True)]
+    return median_ci(pairs)
+
+
+def _resolves(measured_s: float, low_s: float, high_s: float) -> bool:
+    """Whether the measurement can judge the cost model: its 95% interval lies within half the
+    target (+-10%) of it, so that its noise alone cannot carry a model's error past +-20%.
+    A saving of 0.1 ms measured +-0.1 ms says nothing about a model's 20%."""
+    half_width = max(high_s - measured_s, measured_s - low_s)
+    return bool(measured_s) and half_width <= TARGET_MODEL_ERROR / 2 * abs(measured_s)
+
+
+def _layouts(calibration: dict[Arm, dict[str, Any]], arm: Arm) -> dict[str, float]:
+    """``arm``'s read and stored bytes against float32's, timed in the calibration rounds'
+    steps (dequantising replaces the copy that builds the attention's operands from the
+    float32 cache: ``keys_values`` does both), as :func:`kv_read_added_s` takes them."""
     ref = calibration[(32, "fused")]
-    return kv_read_added_s(calibration[arm]["read_s"],
-                           calibration[arm]["compressed_bytes_per_step"],
-                           replaced_read_s=ref["read_s"],
-                           replaced_stored_bytes=ref["compressed_bytes_per_step"],
-                           memory_read_bytes_per_s=memory_read_bytes_per_s)
+    return {"read_s": calibration[arm]["read_s"],
+            "stored_bytes": calibration[arm]["compressed_bytes_per_step"],
+            "replaced_read_s": ref["read_s"],
+            "replaced_stored_bytes": ref["compressed_bytes_per_step"]}
 
 
-def _model_fields(calibration: dict[Arm, dict[str, float]], arm: Arm, measured_s: float,
-                  memory_read_bytes_per_s: float) -> dict[str, float | bool | None]:
-    """The model (the read alone, the conservative bound) and the eviction bound, each with
-    its error, and whether the measured added time lies between the two."""
-    read_only = _read_model(calibration, arm)
-    evicting = _read_model(calibration, arm, memory_read_bytes_per_s)
-    return {"model_added_step_ms": read_only * 1e3,
-            "model_error": _model_error(read_only, measured_s),
+def _cost_models(calibration: dict[Arm, dict[str, Any]], steps: dict[Arm, dict[str, Any]],
+                 memory_read_bytes_per_s: float) -> dict[Arm, dict[str, Any]]:
+    """Per fused arm other than float32: the added step time measured, and three predictions
+    with their errors. ``read_model``: the read alone (the conservative bound);
+    ``eviction_bound``: plus every stored byte's difference refetched at the memory's
+    streaming rate; ``model`` (the one judged): the refetch factor fitted on the *other*
+    widths measured in the same run (:func:`kv_refetch_factor`, median over those whose
+    measurement resolves the target), as the tuner knows the widths it has tried on a job
+    and predicts the rest. Held out: a width's own measurement never fits its prediction."""
+    arms = [a for a in steps if a[1] == "fused" and a[0] != 32]
+    measured = {a: _measured_added(steps, a) for a in arms}
+    factors = {a: kv_refetch_factor(measured[a][0], **_layouts(calibration, a),
+                                    memory_read_bytes_per_s=memory_read_bytes_per_s)
+               for a in arms if _resolves(*measured[a])}
+    out = {}
+    for arm in arms:
+        added_s, low_s, high_s = measured[arm]
+        layouts = _layouts(calibration, arm)
+        read_only = kv_read_added_s(**layouts)
+        evicting = kv_read_added_s(**layouts, memory_read_bytes_per_s=memory_read_bytes_per_s)
+        others = [f for a, f in factors.items() if a != arm and f is not None]
+        factor = statistics.median(others) if others else None
+        fitted = None if factor is None else kv_read_added_s(
+            **layouts, memory_read_bytes_per_s=memory_read_bytes_per_s, refetch_factor=factor)
+        out[arm] = {
+            "measured_added_step_ms": added_s * 1e3,
+            "measured_added_step_ci_ms": [low_s * 1e3, high_s * 1e3],
+            "measurement_resolves_target": _resolves(added_s, low_s, high_s),
+            "refetch_factor_fitted": factors.get(arm),
+            "refetch_factor_of_others": factor,
+            "model_added_step_ms": None if fitted is None else fitted * 1e3,
+            "model_error": _model_error(fitted, added_s),
+            "read_model_added_step_ms": read_only * 1e3,
+            "read_model_error": _model_error(read_only, added_s),
             "eviction_bound_added_step_ms": evicting * 1e3,
-            "eviction_bound_error": _model_error(evicting, measured_s),
-            "measured_between_bounds": min(read_only, evicting) <= measured_s
+            "eviction_bound_error": _model_error(evicting, added_s),
+            "measured_between_bounds": min(read_only, evicting) <= added_s
             <= max(read_only, evicting)}
+    return out
 
 
 STREAM_BYTES = 256 << 20
@@ -261,29 +331,57 @@ def _dequant_throughput(caches: dict[int, QuantizedKVCache], repeats: int,
     return result
 
 
+def _context_rounds(context: int, arms: tuple[Arm, ...], args: argparse.Namespace,
+                    device: torch.device) -> tuple[dict[Arm, dict[str, Any]],
+                                                   dict[Arm, dict[str, Any]]]:
+    """Calibration rounds, then timed rounds, of ``arms`` decoding after a ``context``-token
+    prefill, on a model sized for it."""
+    model = GPT(GPTConfig(block_size=context + args.steps + 1)).to(device).eval()
+    clock = _ReadClock()
+    prompt = torch.randint(0, 256, (args.batch, context)).to(device)
+    prefill = _prefiller(model, prompt, clock, group_size=args.group_size,
+                         residual_tokens=args.residual_tokens)
+    calibration = _decode_rounds(model, prefill, arms, args.steps, args.calibration_rounds,
+                                 args.batch, device, clock)
+    return calibration, _decode_rounds(model, prefill, arms, args.steps, args.rounds,
+                                       args.batch, device, clock)
+
+
 def _crossover(contexts: list[int], args: argparse.Namespace, device: torch.device,
                memory_read_bytes_per_s: float) -> list[dict[str, Any]]:
-    """4-bit against float32 decode tokens/s at each context (both fused, interleaved)."""
-    model = GPT(GPTConfig(block_size=max(contexts) + args.steps + 1)).to(device).eval()
+    """4-bit against float32 decode tokens/s at each context (both fused, interleaved), with
+    the added step time and the two bounds on it (no third width to fit a refetch factor)."""
     arms: tuple[Arm, ...] = ((32, "fused"), (CROSSOVER_BITS, "fused"))
-    clock = _ReadClock()
     rows = []
     for context in contexts:
-        prompt = torch.randint(0, 256, (args.batch, context)).to(device)
-        prefill = _prefiller(model, prompt, clock, group_size=args.group_size,
-                             residual_tokens=args.residual_tokens)
-        calibration = _decode_rounds(model, prefill, arms, args.steps,
-                                     args.calibration_rounds, args.batch, device, clock)
-        steps = _decode_rounds(model, prefill, arms, args.steps, args.rounds, args.batch,
-                               device, clock)
+        calibration, steps = _context_rounds(context, arms, args, device)
         base, quantised = steps[arms[0]]["step_s"], steps[arms[1]]["step_s"]
+        models = _cost_models(calibration, steps, memory_read_bytes_per_s)[arms[1]]
         rows.append({"context": context, "float32_step_ms": base * 1e3,
                      f"int{CROSSOVER_BITS}_step_ms": quantised * 1e3,
                      "tokens_per_s_ratio": base / quantised,
-                     "measured_added_step_ms": (quantised - base) * 1e3,
-                     **_model_fields(calibration, arms[1], quantised - base,
-                                     memory_read_bytes_per_s)})
+                     **{k: v for k, v in models.items()
+                        if not k.startswith(("model_", "refetch_"))}})
     return rows
+
+
+def _model_sweep(contexts: list[int], args: argparse.Namespace, device: torch.device,
+                 memory_read_bytes_per_s: float) -> list[dict[str, Any]]:
+    """Every width's cost models at each context, where the cache is a larger share of the
+    step than at ``--context`` and its savings stand further out of the box's noise."""
+    arms = tuple((w, "fused") for w in WIDTHS)
+    rows = []
+    for context in contexts:
+        calibration, steps = _context_rounds(context, arms, args, device)
+        models = _cost_models(calibration, steps, memory_read_bytes_per_s)
+        rows += [{"context": context, "bits": arm[0], "storage": _storage(arm[0]),
+                  "step_ms": steps[arm]["step_s"] * 1e3, **fields}
+                 for arm, fields in models.items()]
+    return rows
+
+
+def _storage(bits: int) -> str:
+    return {32: "float32", 16: "bfloat16"}.get(bits, f"int{bits} packed")
 
 
 COPY: Arm = (0, "memcpy")
@@ -405,6 +503,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--residual-tokens", type=int, default=16)
     p.add_argument("--crossover-contexts", default="512,1024,2048,4096",
                    help="contexts of the 4-bit vs float32 decode sweep (comma-separated)")
+    p.add_argument("--model-contexts", default="2048",
+                   help="contexts where every width's cost model is measured too")
     p.add_argument("--quality-seqs", type=int, default=4)
     p.add_argument("--quality-len", type=int, default=128)
     p.add_argument("--train-steps", type=int, default=150)
@@ -418,17 +518,14 @@ def main(argv: list[str] | None = None) -> dict:
     cache_kwargs = {"group_size": args.group_size, "residual_tokens": args.residual_tokens}
 
     # -- timing: demo GPT shape, random weights --------------------------------------------
-    model = GPT(GPTConfig(block_size=args.context + args.steps + 1)).to(device).eval()
-    prompt = torch.randint(0, 256, (args.batch, args.context)).to(device)
     memory_read_bytes_per_s = _memory_read_bytes_per_s(args.repeats, device)
-    clock = _ReadClock()
-    prefill = _prefiller(model, prompt, clock, **cache_kwargs)
+    calibration, decode = _context_rounds(args.context, ARMS, args, device)
+    model = GPT(GPTConfig(block_size=args.context + 1)).to(device).eval()
+    prompt = torch.randint(0, 256, (args.batch, args.context)).to(device)
+    prefill = _prefiller(model, prompt, _ReadClock(), **cache_kwargs)
     prefilled = {width: prefill(width) for width in WIDTHS}
-    calibration = _decode_rounds(model, prefill, ARMS, args.steps, args.calibration_rounds,
-                                 args.batch, device, clock)
-    decode = _decode_rounds(model, prefill, ARMS, args.steps, args.rounds, args.batch, device,
-                            clock)
     base_step_s = decode[(32, "fused")]["step_s"]
+    models = _cost_models(calibration, decode, memory_read_bytes_per_s)
 
     rows = []
     dequant = _dequant_throughput(prefilled, args.repeats, device)
@@ -441,10 +538,9 @@ def main(argv: list[str] | None = None) -> dict:
         compressed_gbps, output_gbps = dequant[arm]
         out_bytes = int(output_gbps * _compressed_bytes(cache) / compressed_gbps)
         copy_gbps = _copy_gbps(max(out_bytes, 1 << 20), args.repeats, device)
-        measured_added_s = decode[arm]["step_s"] - base_step_s
         row: dict = {
             "bits": width,
-            "storage": {32: "float32", 16: "bfloat16"}.get(width, f"int{width} packed"),
+            "storage": _storage(width),
             "bytes_per_token": cache.nbytes() / cache.seq_len / args.batch,
             "layout_bytes_per_token": layout_bytes_per_token(
                 n_layers=cache.n_layers, n_heads=cache.n_heads, head_dim=cache.head_dim,
@@ -458,7 +554,6 @@ def main(argv: list[str] | None = None) -> dict:
             "read_vs_copy": output_gbps / 1e9 / copy_gbps,
             "numpy_dequant_gbps": (measure_dequantize_throughput(width, 1 << 20, 3) / 1e9
                                    if width in QUANTIZED_BITS else None),
-            "measured_added_step_ms": measured_added_s * 1e3,
         }
         if width in QUANTIZED_BITS:
             torch_arm = (width, "torch")
@@ -477,25 +572,24 @@ def main(argv: list[str] | None = None) -> dict:
                 "dequant_vs_copy_target": TARGET_VS_COPY[width],
                 "dequant_vs_copy_met": kernel[arm] / 1e9 / memcpy_gbps >= TARGET_VS_COPY[width],
             }
+        row["read_in_step_ms"] = calibration[arm]["read_s"] * 1e3
         if width != 32:
-            fields = _model_fields(calibration, arm, measured_added_s, memory_read_bytes_per_s)
-            error = fields["model_error"]
             pure_cost_s = kv_decompression_cost_s(
                 decode[arm]["compressed_bytes_per_step"], dequantize_bytes_per_s=compressed_gbps)
             row |= {
-                "read_in_step_ms": calibration[arm]["read_s"] * 1e3,
-                **fields,
-                "model_error_met": error is not None and abs(error) <= TARGET_MODEL_ERROR,
+                **models[arm],
                 "pure_cost_model_added_step_ms": pure_cost_s * 1e3,
-                "pure_cost_model_error": _model_error(pure_cost_s, measured_added_s),
+                "pure_cost_model_error": _model_error(
+                    pure_cost_s, models[arm]["measured_added_step_ms"] / 1e3),
             }
-        else:
-            row["read_in_step_ms"] = calibration[arm]["read_s"] * 1e3
         rows.append(row)
 
     contexts = [int(c) for c in args.crossover_contexts.split(",") if c.strip()]
     crossover = _crossover(contexts, args, device, memory_read_bytes_per_s)
     faster = [r["context"] for r in crossover if r["tokens_per_s_ratio"] > 1.0]
+    model_sweep = _model_sweep(
+        [int(c) for c in args.model_contexts.split(",") if c.strip()], args, device,
+        memory_read_bytes_per_s)
 
     # -- quality: small GPT trained briefly, held-out text ----------------------------------
     small, held_out = trained_gpt(steps=args.train_steps)
@@ -507,7 +601,8 @@ def main(argv: list[str] | None = None) -> dict:
         row["perplexity_ratio"] = quality.perplexity_ratio
         row["ref_nll_nats"] = quality.ref_nll_nats
 
-    errors = [abs(r["model_error"]) for r in rows if r.get("model_error") is not None]
+    errors = [abs(r["model_error"]) for r in (*rows, *model_sweep)
+              if r.get("model_error") is not None and r["measurement_resolves_target"]]
     result = {
         "bench": "kv",
         "machine": {"platform": platform.platform(), "device": str(device),
@@ -518,6 +613,7 @@ def main(argv: list[str] | None = None) -> dict:
         "memory_read_gbps": memory_read_bytes_per_s / 1e9,
         "rows": rows,
         "crossover": crossover,
+        "model_sweep": model_sweep,
         "decisions": _decisions(rows, {a: kernel_bytes[a[0]] / kernel[a] for a in kernel
                                        if a != COPY},
                                 calibration[(32, "fused")], args.batch, args.context),
@@ -545,14 +641,23 @@ def _print(rows: list[dict], result: dict) -> None:
               f"{fmt(r.get('torch_kernel_output_gbps'), '.2f'):>6} "
               f"{fmt(r.get('dequant_vs_copy'), '.0%'):>7} {r['dequant_output_gbps']:>9.2f} "
               f"{fmt(r.get('torch_dequant_output_gbps'), '.2f'):>6} {r['copy_gbps']:>6.1f} "
-              f"{r['measured_added_step_ms']:>8.2f} "
+              f"{fmt(r.get('measured_added_step_ms'), '.2f'):>8} "
               f"{fmt(r.get('model_added_step_ms'), '.2f'):>8} "
               f"{fmt(r.get('model_error'), '+.0%'):>6} {r['kl_nats']:>9.2e} "
               f"{r['perplexity_ratio']:>6.3f}")
     for c in result["crossover"]:
         print(f"context {c['context']:>5}: int{CROSSOVER_BITS} {c['tokens_per_s_ratio']:.2f}x "
-              f"float32 decode tokens/s; added {c['measured_added_step_ms']:+.2f} ms, model "
-              f"{c['model_added_step_ms']:+.2f} ({fmt(c['model_error'], '+.0%')})")
+              f"float32 decode tokens/s; added {c['measured_added_step_ms']:+.2f} ms, read "
+              f"model {c['read_model_added_step_ms']:+.2f} ({fmt(c['read_model_error'], '+.0%')})"
+              f", eviction bound {c['eviction_bound_added_step_ms']:+.2f}")
+    for m in result["model_sweep"]:
+        low, high = m["measured_added_step_ci_ms"]
+        print(f"context {m['context']:>5} {m['storage']:>12}: added "
+              f"{m['measured_added_step_ms']:+.2f} ms [{low:+.2f}, {high:+.2f}]"
+              f"{'' if m['measurement_resolves_target'] else ' (does not resolve 20%)'}, model "
+              f"{fmt(m['model_added_step_ms'], '+.2f')} ({fmt(m['model_error'], '+.0%')}), "
+              f"read {m['read_model_added_step_ms']:+.2f}, bound "
+              f"{m['eviction_bound_added_step_ms']:+.2f}")
     for d in result["decisions"]["rows"]:
         print(f"int{d['bits']}: dequantise {d['fused_dequant_ms_per_sequence']:.2f} ms/sequence "
               f"fused, {d['torch_dequant_ms_per_sequence']:.2f} torch; compression worth it: "

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._stats import median_ci  # noqa: E402
 from bench._targets import Target, at_most, judged  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead.json"
@@ -109,14 +109,6 @@ def start_receiver(kind: str, port: int, workdir: Path) -> subprocess.Popen[byte
         time.sleep(0.3)
     proc.kill()
     raise SystemExit(f"receiver {kind} not ready within 60 s; see {log.name}")
-
-
-def bootstrap_ci(values: list[float], *, n: int, seed: int) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the median."""
-    rng = np.random.default_rng(seed)
-    arr = np.asarray(values)
-    medians = np.median(rng.choice(arr, size=(n, len(arr)), replace=True), axis=1)
-    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
 def direct_cost_s(trainer: Any, *, steps: int, stats_every: int, seed: int,
@@ -276,7 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     ratios = [p["instrumented"] / p["bare"] for p in pairs]
     median_ratio = statistics.median(ratios)
-    low, high = bootstrap_ci(ratios, n=args.bootstrap, seed=args.seed)
+    _, low, high = median_ci(ratios, boots=args.bootstrap, seed=args.seed)
     export_share = export_cpu_s / instrumented_s
     bare_step_s = statistics.median(p["bare"] for p in pairs)
     read_share = reading_share(bare_step_s, args.grad_interval_s)

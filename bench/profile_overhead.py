@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._stats import median_ci  # noqa: E402
 from bench._targets import Target, at_most, judged  # noqa: E402
 from bench.overhead import TARGET_MEDIAN_RATIO  # noqa: E402
 
@@ -49,14 +48,6 @@ def targets(result: dict[str, Any]) -> list[Target]:
     return [at_most("amortised step-time ratio at every_n_steps", TARGET_MEDIAN_RATIO,
                     result["amortised_at_every_n_steps"]["ratio"],
                     "issue #11 (inside the overhead budget), the budget being issue #16's")]
-
-
-def bootstrap_ci(values: list[float], *, n: int, seed: int) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the median."""
-    rng = np.random.default_rng(seed)
-    arr = np.asarray(values)
-    medians = np.median(rng.choice(arr, size=(n, len(arr)), replace=True), axis=1)
-    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
 def owner_groups(model: Any) -> dict[str, tuple[str, ...]]:
@@ -186,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "median_step_s": {arm: statistics.median(r[arm] for r in rounds) for arm in ARMS},
         "sampled_step_direct_ratio": 1 + sampled_cost_s / bare_step_s,
         "median_ratio_vs_bare": median_ratio,
-        "ratio_95ci": {arm: bootstrap_ci(v, n=args.bootstrap, seed=args.seed)
+        "ratio_95ci": {arm: median_ci(v, boots=args.bootstrap, seed=args.seed)[1:]
                        for arm, v in ratios.items()},
         "amortised_at_every_n_steps": {"every_n_steps": every, "cost_per_step_s": amortised_s,
                                        "ratio": 1 + amortised_s / bare_step_s},

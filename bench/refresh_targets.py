@@ -44,7 +44,7 @@ BENCHES = {  # a results file's name (a pattern) -> the bench module that writes
     "hf_kv_cache.json": "hf_kv_cache",
     "idle_sidecar.json": "idle_sidecar",
     "kv.json": "kv",
-    "kv_rounds*.json": "kv",
+    "kv_*.json": "kv",
     "live_session.json": "live_session",
     "loss_guard*.json": "loss_guard",
     "measurement.json": "measurement",

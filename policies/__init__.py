@@ -51,6 +51,7 @@ from policies._kv_cost import (
     kv_compression_tradeoff,
     kv_decompression_cost_s,
     kv_read_added_s,
+    kv_refetch_factor,
 )
 from policies._packed_codes import (
     dequantize,
@@ -126,6 +127,7 @@ __all__ = [
     "kv_compression_tradeoff",
     "kv_decompression_cost_s",
     "kv_read_added_s",
+    "kv_refetch_factor",
     "measure_dequantize_throughput",
     "microbatches_for_bubble",
     "more_severe",

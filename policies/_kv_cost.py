@@ -64,6 +64,7 @@ def kv_read_added_s(
     replaced_read_s: float,
     replaced_stored_bytes: float,
     memory_read_bytes_per_s: float | None = None,
+    refetch_factor: float = 1.0,
 ) -> float:
     """Decode-step time a cache layout adds against the one it replaces (negative: saves).
 
@@ -74,23 +75,50 @@ def kv_read_added_s(
     flatters the copy. That alone is the conservative estimate: it ignores what the read
     leaves in the processor's caches.
 
-    With ``memory_read_bytes_per_s``, the other bound: every byte the read streams evicts a
-    byte of the step's working set (weights, the operands just built) that the rest of the
-    step fetches again at that streaming rate, so the difference in stored bytes adds
-    ``(stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s``. Where the working set
-    fits the last-level cache only part of it is evicted, so the truth lies between the two.
+    With ``memory_read_bytes_per_s``, what the rest of the step refetches: each byte the read
+    streams evicts some of the step's working set (weights, the operands just built), fetched
+    again at that streaming rate, so the difference in stored bytes adds ``refetch_factor x
+    (stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s``. A factor of 1 is the
+    bound where every streamed byte evicts one; where the working set fits the last-level
+    cache it is less, and how much depends on the processor and the model:
+    :func:`kv_refetch_factor` fits it from a width already measured on the job.
     """
     for field_name, value in (("read_s", read_s), ("stored_bytes", stored_bytes),
                               ("replaced_read_s", replaced_read_s),
-                              ("replaced_stored_bytes", replaced_stored_bytes)):
+                              ("replaced_stored_bytes", replaced_stored_bytes),
+                              ("refetch_factor", refetch_factor)):
         if value < 0:
             raise ValueError(f"{field_name} must be >= 0, got {value}")
     if memory_read_bytes_per_s is None:
         return read_s - replaced_read_s
     if not memory_read_bytes_per_s > 0:
         raise ValueError(f"memory_read_bytes_per_s must be > 0, got {memory_read_bytes_per_s}")
-    return (read_s - replaced_read_s
-            + (stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s)
+    return (read_s - replaced_read_s + refetch_factor
+            * (stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s)
+
+
+def kv_refetch_factor(
+    measured_added_s: float,
+    read_s: float,
+    stored_bytes: float,
+    *,
+    replaced_read_s: float,
+    replaced_stored_bytes: float,
+    memory_read_bytes_per_s: float,
+) -> float | None:
+    """The ``refetch_factor`` of :func:`kv_read_added_s` that one measured layout implies.
+
+    A trial that ran a width against the layout it replaced measures the step time it added;
+    what the two reads do not explain is put down to refetching, in units of the stored-byte
+    difference at the streaming rate, and the factor then predicts the widths not yet tried
+    on the same job and processor. Not negative (a layout that streams fewer bytes does not
+    make the rest of the step slower); None when the layouts store the same bytes, which
+    says nothing about refetching.
+    """
+    streamed_s = (stored_bytes - replaced_stored_bytes) / memory_read_bytes_per_s
+    if streamed_s == 0:
+        return None
+    return max(0.0, (measured_added_s - (read_s - replaced_read_s)) / streamed_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
