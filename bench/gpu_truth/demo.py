@@ -34,11 +34,19 @@ def live_gpu(summary: Mapping[str, Any]) -> dict[str, Any]:
     return check(points, 1, peer="GPU utilisation points from live (not replayed) NVML")
 
 
+def _interruptible() -> None:
+    """In the demo's process before it starts: Ctrl+C's default back. ``gpu_truth.sh`` runs
+    the demo's part in the background, and a non-interactive shell starts background jobs
+    with SIGINT ignored, which Python keeps: the demo would then never see the interrupt,
+    and its jobs would be killed mid-trial 20 s later instead of stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_demo(command: list[str], log: IO[bytes], timeout_s: float) -> int:
     """Run the demo in its own process group; past ``timeout_s`` interrupt it like Ctrl+C (it
     stops its jobs), then kill the group, so no job outlives the part."""
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_interruptible)
     try:
         return proc.wait(timeout_s)
     except subprocess.TimeoutExpired:

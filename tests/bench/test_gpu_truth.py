@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -208,16 +209,27 @@ def test_script_records_parts_left_out_when_the_budget_is_spent(tmp_path: Path) 
 
 
 def test_run_demo_stops_a_demo_that_overruns(tmp_path: Path) -> None:
-    """Past its timeout the demo's whole process group is interrupted: the child it started
-    (standing in for the sidecar and jobs) does not outlive the part."""
-    pid_file = tmp_path / "child.pid"
+    """Past its timeout the demo's whole process group is interrupted like Ctrl+C: the demo
+    sees the interrupt (so it can stop its jobs) even when started with SIGINT ignored, as
+    ``gpu_truth.sh`` starts its background part, and the child it started (standing in for
+    the sidecar and jobs) does not outlive the part."""
+    pid_file, interrupted = tmp_path / "child.pid", tmp_path / "interrupted"
     command = [sys.executable, "-c",
                "import pathlib, subprocess, sys, time\n"
                "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
                f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))\n"
-               "time.sleep(60)\n"]
-    with (tmp_path / "demo.log").open("wb") as log, pytest.raises(TimeoutError, match="ran past"):
-        demo.run_demo(command, log, 3.0)
+               "try:\n"
+               "    time.sleep(60)\n"
+               "except KeyboardInterrupt:\n"
+               f"    pathlib.Path({str(interrupted)!r}).touch()\n"]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's disposition
+    try:
+        with (tmp_path / "demo.log").open("wb") as log, \
+                pytest.raises(TimeoutError, match="ran past"):
+            demo.run_demo(command, log, 3.0)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert interrupted.exists(), "the demo was killed without seeing the interrupt"
     child = int(pid_file.read_text())
     for _ in range(50):  # SIGINT ends it; a zombie awaiting its reaper counts as ended
         if not _running(child):
