@@ -32,8 +32,8 @@ For each width (32 = float32 cache, the baseline; 16 = bfloat16; 8, 6, 4, 2 quan
   cache, so dequantising replaces float32's copy rather than adding to the step):
   ``read_model_*`` the read alone, ``eviction_bound_*`` plus every stored byte's difference
   refetched at the memory's streaming rate, and ``model_*`` (judged) with the refetch factor
-  fitted on the other widths of the same run (held out, as the tuner predicts untried widths
-  from tried ones). ``model_error`` = (predicted - measured) / |measured|, target within
+  fitted on the other widths of the same run (held out: what a job's measured widths would
+  say of an untried one; the live detector does not fit it yet). ``model_error`` = (predicted - measured) / |measured|, target within
   +-20% at every width, judged where the measurement resolves it (its interval within
   +-10% of it: ``measurement_resolves_target``), at ``--context`` and at each of
   ``--model-contexts``, where the cache is a larger share of the step;
@@ -255,8 +255,8 @@ def _cost_models(calibration: dict[Arm, dict[str, Any]], steps: dict[Arm, dict[s
     ``eviction_bound``: plus every stored byte's difference refetched at the memory's
     streaming rate; ``model`` (the one judged): the refetch factor fitted on the *other*
     widths measured in the same run (:func:`kv_refetch_factor`, median over those whose
-    measurement resolves the target), as the tuner knows the widths it has tried on a job
-    and predicts the rest. Held out: a width's own measurement never fits its prediction."""
+    measurement resolves the target): what the widths measured on a job would say of one
+    not tried. Held out: a width's own measurement never fits its prediction."""
     arms = [a for a in steps if a[1] == "fused" and a[0] != 32]
     measured = {a: _measured_added(steps, a) for a in arms}
     factors = {a: kv_refetch_factor(measured[a][0], **_layouts(calibration, a),
