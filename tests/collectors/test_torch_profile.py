@@ -260,10 +260,13 @@ def test_repeated_blocks_are_the_outermost_numbered_children() -> None:
 
 
 def test_block_shares_tell_blocks_apart(reader: InMemoryMetricReader) -> None:
+    """Blocks of 50, 100 and 200 ms: long enough that a wake-up late by a loaded box's few
+    milliseconds (the first block once took 0.23 of a step of 10, 20 and 40 ms blocks) moves
+    no share past the tolerance."""
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.layers = nn.ModuleList(Sleep(ms) for ms in (10, 20, 40))
+            self.layers = nn.ModuleList(Sleep(ms) for ms in (50, 100, 200))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             for layer in self.layers:
