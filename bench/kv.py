@@ -33,8 +33,8 @@ For each width (32 = float32 cache, the baseline; 16 = bfloat16; 8, 6, 4, 2 quan
   ``read_model_*`` the read alone, ``eviction_bound_*`` plus every stored byte's difference
   refetched at the memory's streaming rate, and ``model_*`` (judged) with the refetch factor
   fitted on the other widths of the same run (held out: what a job's measured widths would
-  say of an untried one; the live detector does not fit it yet). ``model_error`` = (predicted - measured) / |measured|, target within
-  +-20% at every width, judged where the measurement resolves it (its interval within
+  say of an untried one; the live detector does not fit it yet). ``model_error`` =
+  (predicted - measured) / |measured|, target within +-20% at every width, judged where the measurement resolves it (its interval within
   +-10% of it: ``measurement_resolves_target``), at ``--context`` and at each of
   ``--model-contexts``, where the cache is a larger share of the step;
   ``pure_cost_model_*``: the seed's C / dequantise throughput (the isolated read's), which
@@ -333,9 +333,10 @@ def _dequant_throughput(caches: dict[int, QuantizedKVCache], repeats: int,
 
 def _context_rounds(context: int, arms: tuple[Arm, ...], args: argparse.Namespace,
                     device: torch.device) -> tuple[dict[Arm, dict[str, Any]],
-                                                   dict[Arm, dict[str, Any]]]:
+                                                   dict[Arm, dict[str, Any]],
+                                                   Callable[[int], QuantizedKVCache]]:
     """Calibration rounds, then timed rounds, of ``arms`` decoding after a ``context``-token
-    prefill, on a model sized for it."""
+    prefill, on a model sized for it; and the prefill, for caches built the same way."""
     model = GPT(GPTConfig(block_size=context + args.steps + 1)).to(device).eval()
     clock = _ReadClock()
     prompt = torch.randint(0, 256, (args.batch, context)).to(device)
@@ -344,7 +345,7 @@ def _context_rounds(context: int, arms: tuple[Arm, ...], args: argparse.Namespac
     calibration = _decode_rounds(model, prefill, arms, args.steps, args.calibration_rounds,
                                  args.batch, device, clock)
     return calibration, _decode_rounds(model, prefill, arms, args.steps, args.rounds,
-                                       args.batch, device, clock)
+                                       args.batch, device, clock), prefill
 
 
 def _crossover(contexts: list[int], args: argparse.Namespace, device: torch.device,
@@ -354,7 +355,7 @@ def _crossover(contexts: list[int], args: argparse.Namespace, device: torch.devi
     arms: tuple[Arm, ...] = ((32, "fused"), (CROSSOVER_BITS, "fused"))
     rows = []
     for context in contexts:
-        calibration, steps = _context_rounds(context, arms, args, device)
+        calibration, steps, _ = _context_rounds(context, arms, args, device)
         base, quantised = steps[arms[0]]["step_s"], steps[arms[1]]["step_s"]
         models = _cost_models(calibration, steps, memory_read_bytes_per_s)[arms[1]]
         rows.append({"context": context, "float32_step_ms": base * 1e3,
@@ -372,7 +373,7 @@ def _model_sweep(contexts: list[int], args: argparse.Namespace, device: torch.de
     arms = tuple((w, "fused") for w in WIDTHS)
     rows = []
     for context in contexts:
-        calibration, steps = _context_rounds(context, arms, args, device)
+        calibration, steps, _ = _context_rounds(context, arms, args, device)
         models = _cost_models(calibration, steps, memory_read_bytes_per_s)
         rows += [{"context": context, "bits": arm[0], "storage": _storage(arm[0]),
                   "step_ms": steps[arm]["step_s"] * 1e3, **fields}
@@ -519,10 +520,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # -- timing: demo GPT shape, random weights --------------------------------------------
     memory_read_bytes_per_s = _memory_read_bytes_per_s(args.repeats, device)
-    calibration, decode = _context_rounds(args.context, ARMS, args, device)
-    model = GPT(GPTConfig(block_size=args.context + 1)).to(device).eval()
-    prompt = torch.randint(0, 256, (args.batch, args.context)).to(device)
-    prefill = _prefiller(model, prompt, _ReadClock(), **cache_kwargs)
+    calibration, decode, prefill = _context_rounds(args.context, ARMS, args, device)
     prefilled = {width: prefill(width) for width in WIDTHS}
     base_step_s = decode[(32, "fused")]["step_s"]
     models = _cost_models(calibration, decode, memory_read_bytes_per_s)
